@@ -1,0 +1,55 @@
+/* Target selection in the kernel: which tgids are sampled, and following their descendants. */
+#ifndef GPUFLAME_TARGETS_H
+#define GPUFLAME_TARGETS_H
+
+#include "maps.h"
+
+const volatile enum target_mode target_mode = TARGET_ALL;
+const volatile __u8 follow_forks = 0;
+
+static __always_inline bool is_target(__u32 tgid)
+{
+	if (tgid == 0) /* the idle task is not CPU time of anybody */
+		return false;
+	if (target_mode == TARGET_ALL)
+		return true;
+	return bpf_map_lookup_elem(&targets, &tgid) != NULL;
+}
+
+/* A new process whose parent is a target becomes one before it can run, so no sample of it is
+ * filtered out for lack of a user-space round trip. */
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(on_process_fork, struct task_struct *parent, struct task_struct *child)
+{
+	__u32 parent_tgid, child_tgid;
+	__u8 one = 1;
+
+	if (target_mode != TARGET_PIDS || !follow_forks)
+		return 0;
+	parent_tgid = parent->tgid;
+	child_tgid = child->tgid;
+	if (parent_tgid == child_tgid) /* a new thread: already covered by its tgid */
+		return 0;
+	if (!bpf_map_lookup_elem(&targets, &parent_tgid))
+		return 0;
+	if (bpf_map_update_elem(&targets, &child_tgid, &one, BPF_NOEXIST) && !bpf_map_lookup_elem(&targets, &child_tgid))
+		count(COUNTER_TARGETS_FULL);
+	return 0;
+}
+
+/* A recycled pid must not inherit its predecessor's membership. */
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(on_process_exit, struct task_struct *task)
+{
+	__u32 tgid;
+
+	if (target_mode != TARGET_PIDS || !follow_forks)
+		return 0;
+	if (task->pid != task->tgid) /* only when the whole process ends */
+		return 0;
+	tgid = task->tgid;
+	bpf_map_delete_elem(&targets, &tgid);
+	return 0;
+}
+
+#endif
