@@ -2,7 +2,7 @@
 
 use std::cell::RefCell;
 use std::mem::{size_of, MaybeUninit};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, IntoRawFd};
 use std::path::Path;
 use std::rc::Rc;
 use std::time::Duration;
@@ -82,7 +82,6 @@ pub struct Counters {
 pub struct CpuSampler {
     // Field order is drop order: detach and stop reading before the object goes.
     _links: Vec<Link>,
-    _perf_events: Vec<OwnedFd>,
     ring: RingBuffer<'static>,
     inbox: Rc<RefCell<Vec<Sample>>>,
     malformed: Rc<RefCell<u64>>,
@@ -137,7 +136,6 @@ impl CpuSampler {
 
         let mut sampler = CpuSampler {
             _links: sampler_links,
-            _perf_events: Vec::new(),
             ring,
             inbox,
             malformed,
@@ -167,8 +165,9 @@ impl CpuSampler {
                 .on_cpu_sample
                 .attach_perf_event(fd.as_raw_fd())
                 .map_err(|source| attach_error(&format!("the sampler to CPU {cpu}"), source))?;
+            // The link owns the perf event from here on: libbpf closes it when the link goes.
+            let _ = fd.into_raw_fd();
             self._links.push(link);
-            self._perf_events.push(fd);
         }
         Ok(())
     }

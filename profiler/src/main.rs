@@ -1,1 +1,39 @@
-fn main(){}
+use std::process::ExitCode;
+
+use clap::Parser;
+use gpuflame::cli::{Cli, Command};
+use gpuflame::{convert, record, UserError};
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let default_level = match cli.verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level)))
+        .with_writer(std::io::stderr)
+        .without_time()
+        .init();
+
+    let result = match &cli.command {
+        Command::Record(args) => args.options().map_err(anyhow::Error::from).and_then(|o| record::run(&o)),
+        Command::Convert(args) => {
+            convert::run(&args.input, &args.output, args.format.as_deref(), args.frequency).map(|()| 0)
+        }
+    };
+    match result {
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        Err(e) => {
+            if let Some(user) = e.downcast_ref::<UserError>() {
+                eprintln!("gpuflame: error: {user}");
+                ExitCode::from(2)
+            } else {
+                eprintln!("gpuflame: error: {e:#}");
+                ExitCode::from(1)
+            }
+        }
+    }
+}

@@ -1,1 +1,173 @@
+//! Native and kernel symbolization for gpuflame.
+//!
+//! Two steps, split in time on purpose. [`Symbolizer::normalize`] turns a process's virtual
+//! addresses into (module, file offset) while the process is alive: it needs /proc/PID/maps.
+//! [`Symbolizer::symbolize_user`] turns those into function, file and line at any later time,
+//! from the module files, cached per module (keyed by build-id when the file has one), so that a
+//! process that exited during a recording still gets its names.
+
+mod demangle;
+mod frames;
+mod modules;
+
+pub use frames::{Symbol, SymbolLine};
+pub use modules::{Module, ModuleId};
+
+use std::collections::HashMap;
+
+use blazesym::normalize::{self, Normalizer, UserMeta};
+use blazesym::symbolize::source::{self as src, Source};
+use blazesym::symbolize::{self, Input};
+use blazesym::Pid;
+
+use modules::ModuleTable;
+
+/// A user-space address after normalization.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum UserAddr {
+    /// Inside a file-backed mapping: symbolizable later without the process.
+    InModule { module: ModuleId, file_offset: u64 },
+    /// Anonymous memory (JIT code), a mapping that was gone, or an unreadable process.
+    Unmapped { addr: u64 },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SymbolizeError {
+    #[error("symbolizing {what}: {source}")]
+    Blazesym { what: String, source: blazesym::Error },
+}
+
+pub struct Symbolizer {
+    normalizer: Normalizer,
+    blaze: symbolize::Symbolizer,
+    modules: ModuleTable,
+    /// Per process, addresses already normalized: hot loops hit this, not /proc.
+    normalized: HashMap<u32, HashMap<u64, UserAddr>>,
+    user_cache: HashMap<(ModuleId, u64), Symbol>,
+    kernel_cache: HashMap<u64, Symbol>,
+}
+
+impl Default for Symbolizer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Symbolizer {
+    pub fn new() -> Self {
+        Symbolizer {
+            normalizer: Normalizer::builder().enable_build_ids(true).enable_build_id_caching(true).build(),
+            blaze: symbolize::Symbolizer::builder()
+                .enable_code_info(true)
+                .enable_inlined_fns(true)
+                .enable_demangling(false)
+                .build(),
+            modules: ModuleTable::default(),
+            normalized: HashMap::new(),
+            user_cache: HashMap::new(),
+            kernel_cache: HashMap::new(),
+        }
+    }
+
+    /// Normalizes addresses of process `pid`. Must run while the process is alive; addresses that
+    /// cannot be placed (the process is gone, anonymous memory) come back as
+    /// [`UserAddr::Unmapped`], never as an error.
+    pub fn normalize(&mut self, pid: u32, addrs: &[u64]) -> Vec<UserAddr> {
+        let known = self.normalized.entry(pid).or_default();
+        let mut missing: Vec<u64> = addrs.iter().copied().filter(|a| !known.contains_key(a)).collect();
+        if !missing.is_empty() {
+            missing.sort_unstable();
+            missing.dedup();
+            let opts = normalize::NormalizeOpts { sorted_addrs: true, ..Default::default() };
+            match self.normalizer.normalize_user_addrs_opts(Pid::from(pid), &missing, &opts) {
+                Ok(out) => {
+                    for (&addr, &(offset, meta)) in missing.iter().zip(out.outputs.iter()) {
+                        let resolved = match out.meta.get(meta) {
+                            Some(UserMeta::Elf(elf)) => UserAddr::InModule {
+                                module: self.modules.intern(&elf.path, elf.build_id.as_deref()),
+                                file_offset: offset,
+                            },
+                            _ => UserAddr::Unmapped { addr },
+                        };
+                        known.insert(addr, resolved);
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(pid, error = %e, "normalizing addresses failed (process gone?)");
+                    // Not remembered: a later sample may still find the process readable.
+                    return addrs
+                        .iter()
+                        .map(|&a| known.get(&a).copied().unwrap_or(UserAddr::Unmapped { addr: a }))
+                        .collect();
+                }
+            }
+        }
+        addrs.iter().map(|a| known[a]).collect()
+    }
+
+    /// Forgets what was normalized for `pid` (it exited or exec'd another program).
+    pub fn forget_process(&mut self, pid: u32) {
+        self.normalized.remove(&pid);
+    }
+
+    pub fn module(&self, id: ModuleId) -> &Module {
+        self.modules.get(id)
+    }
+
+    /// Symbolizes normalized user addresses; the result has one [`Symbol`] per address.
+    pub fn symbolize_user(&mut self, addrs: &[UserAddr]) -> Vec<Symbol> {
+        let mut by_module: HashMap<ModuleId, Vec<u64>> = HashMap::new();
+        for addr in addrs {
+            if let UserAddr::InModule { module, file_offset } = *addr {
+                if !self.user_cache.contains_key(&(module, file_offset)) {
+                    by_module.entry(module).or_default().push(file_offset);
+                }
+            }
+        }
+        for (module, mut offsets) in by_module {
+            offsets.sort_unstable();
+            offsets.dedup();
+            let path = self.modules.get(module).path.clone();
+            let source = Source::Elf(src::Elf::new(&path));
+            let symbols = match self.blaze.symbolize(&source, Input::FileOffset(&offsets)) {
+                Ok(results) => results.into_iter().map(frames::symbol_from).collect(),
+                Err(e) => {
+                    tracing::warn!(module = %path.display(), error = %e, "cannot symbolize module");
+                    vec![Symbol::unknown(); offsets.len()]
+                }
+            };
+            for (offset, symbol) in offsets.into_iter().zip(symbols) {
+                self.user_cache.insert((module, offset), symbol);
+            }
+        }
+        addrs
+            .iter()
+            .map(|addr| match *addr {
+                UserAddr::InModule { module, file_offset } => {
+                    self.user_cache.get(&(module, file_offset)).cloned().unwrap_or_else(Symbol::unknown)
+                }
+                UserAddr::Unmapped { .. } => Symbol::unknown(),
+            })
+            .collect()
+    }
+
+    /// Symbolizes kernel addresses with kallsyms.
+    pub fn symbolize_kernel(&mut self, addrs: &[u64]) -> Vec<Symbol> {
+        let mut missing: Vec<u64> = addrs.iter().copied().filter(|a| !self.kernel_cache.contains_key(a)).collect();
+        missing.sort_unstable();
+        missing.dedup();
+        if !missing.is_empty() {
+            let source = Source::Kernel(src::Kernel::default());
+            let symbols: Vec<Symbol> = match self.blaze.symbolize(&source, Input::AbsAddr(&missing)) {
+                Ok(results) => results.into_iter().map(frames::symbol_from).collect(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot symbolize kernel addresses");
+                    vec![Symbol::unknown(); missing.len()]
+                }
+            };
+            self.kernel_cache.extend(missing.into_iter().zip(symbols));
+        }
+        addrs.iter().map(|a| self.kernel_cache.get(a).cloned().unwrap_or_else(Symbol::unknown)).collect()
+    }
+}
 

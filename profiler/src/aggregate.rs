@@ -1,0 +1,151 @@
+//! Aggregation of raw CPU samples, then symbolization into a [`Profile`].
+//!
+//! User addresses are normalized as each sample arrives, while its process is alive; names are
+//! looked up once at the end, from the files, so short-lived processes keep their symbols.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use gpuflame_bpf::Sample;
+use gpuflame_symbolizer::{Symbol, Symbolizer, UserAddr};
+
+use crate::profile::{Labels, Line, Location, Mapping, Profile, ProfileBuilder, KERNEL_MAPPING};
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct StackKey {
+    pid: u32,
+    tid: u32,
+    comm: String,
+    /// Leaf first, as sampled.
+    kernel: Vec<u64>,
+    user: Vec<UserAddr>,
+}
+
+pub struct CpuAggregator {
+    symbolizer: Symbolizer,
+    counts: HashMap<StackKey, u64>,
+    comms: HashMap<u32, String>,
+    samples: u64,
+}
+
+impl Default for CpuAggregator {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Stacks hold the sampled address, then return addresses. A return address points after the
+/// call, possibly into the next function or line, so the call instruction is looked up instead.
+fn call_sites(frames: &[u64]) -> Vec<u64> {
+    frames.iter().enumerate().map(|(i, &a)| if i == 0 { a } else { a.saturating_sub(1) }).collect()
+}
+
+impl CpuAggregator {
+    pub fn new() -> Self {
+        CpuAggregator { symbolizer: Symbolizer::new(), counts: HashMap::new(), comms: HashMap::new(), samples: 0 }
+    }
+
+    pub fn add(&mut self, sample: &Sample) {
+        // A new command name for a known pid means exec: its old mappings are gone.
+        if let Some(old) = self.comms.insert(sample.pid, sample.comm.clone()) {
+            if old != sample.comm {
+                self.symbolizer.forget_process(sample.pid);
+            }
+        }
+        let user_frames = call_sites(sample.user_stack.frames());
+        let user = if user_frames.is_empty() { Vec::new() } else { self.symbolizer.normalize(sample.pid, &user_frames) };
+        let key = StackKey {
+            pid: sample.pid,
+            tid: sample.tid,
+            comm: sample.comm.clone(),
+            kernel: call_sites(sample.kernel_stack.frames()),
+            user,
+        };
+        *self.counts.entry(key).or_default() += 1;
+        self.samples += 1;
+    }
+
+    pub fn samples(&self) -> u64 {
+        self.samples
+    }
+
+    pub fn processes(&self) -> usize {
+        self.counts.keys().map(|k| k.pid).collect::<HashSet<_>>().len()
+    }
+
+    /// Symbolizes everything and builds the CPU profile.
+    pub fn into_profile(mut self, frequency_hz: u64, start: SystemTime, duration: Duration) -> Profile {
+        let mut profile = Profile::cpu(frequency_hz);
+        profile.time_nanos = start.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64);
+        profile.duration_nanos = duration.as_nanos() as i64;
+
+        let mut user_addrs: Vec<UserAddr> = self.counts.keys().flat_map(|k| k.user.iter().copied()).collect();
+        user_addrs.sort_unstable();
+        user_addrs.dedup();
+        let mut kernel_addrs: Vec<u64> = self.counts.keys().flat_map(|k| k.kernel.iter().copied()).collect();
+        kernel_addrs.sort_unstable();
+        kernel_addrs.dedup();
+        let user_syms: HashMap<UserAddr, Symbol> =
+            user_addrs.iter().copied().zip(self.symbolizer.symbolize_user(&user_addrs)).collect();
+        let kernel_syms: HashMap<u64, Symbol> =
+            kernel_addrs.iter().copied().zip(self.symbolizer.symbolize_kernel(&kernel_addrs)).collect();
+
+        let mut b = ProfileBuilder::default();
+        let kernel_mapping = b.mapping(&mut profile, Mapping { path: KERNEL_MAPPING.into(), build_id: None });
+        let mut user_locations: HashMap<UserAddr, usize> = HashMap::new();
+        let mut kernel_locations: HashMap<u64, usize> = HashMap::new();
+        for (key, count) in &self.counts {
+            let mut stack = Vec::with_capacity(key.user.len() + key.kernel.len());
+            for addr in key.user.iter().rev() {
+                let loc = *user_locations.entry(*addr).or_insert_with(|| {
+                    let location = self.user_location(&mut b, &mut profile, *addr, &user_syms[addr]);
+                    b.location(&mut profile, location)
+                });
+                stack.push(loc);
+            }
+            for addr in key.kernel.iter().rev() {
+                let loc = *kernel_locations.entry(*addr).or_insert_with(|| {
+                    let lines = lines_or_unknown(&kernel_syms[addr], || format!("[unknown] ({KERNEL_MAPPING}+{addr:#x})"));
+                    b.location(&mut profile, Location { mapping: Some(kernel_mapping), address: *addr, kernel: true, lines })
+                });
+                stack.push(loc);
+            }
+            let labels = Labels { pid: Some(key.pid), tid: Some(key.tid), comm: Some(key.comm.clone()) };
+            b.add(stack, labels, *count as i64 * profile.period);
+        }
+        b.finish(&mut profile);
+        profile
+    }
+
+    fn user_location(&self, b: &mut ProfileBuilder, profile: &mut Profile, addr: UserAddr, sym: &Symbol) -> Location {
+        match addr {
+            UserAddr::InModule { module, file_offset } => {
+                let module = self.symbolizer.module(module);
+                let mapping = b.mapping(profile, Mapping { path: module.path.display().to_string(), build_id: module.build_id_hex() });
+                let lines = lines_or_unknown(sym, || format!("[unknown] ({}+{file_offset:#x})", module.file_name()));
+                Location { mapping: Some(mapping), address: file_offset, kernel: false, lines }
+            }
+            UserAddr::Unmapped { addr } => {
+                Location { mapping: None, address: addr, kernel: false, lines: vec![Line::function(format!("[unknown] ({addr:#x})"))] }
+            }
+        }
+    }
+}
+
+fn lines_or_unknown(sym: &Symbol, unknown: impl FnOnce() -> String) -> Vec<Line> {
+    if sym.is_unknown() {
+        return vec![Line::function(unknown())];
+    }
+    sym.lines.iter().map(|l| Line { function: l.function.clone(), file: l.file.clone(), line: l.line }).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::call_sites;
+
+    #[test]
+    fn return_addresses_point_at_the_call() {
+        assert_eq!(call_sites(&[100, 200, 300]), vec![100, 199, 299]);
+        assert!(call_sites(&[]).is_empty());
+    }
+}

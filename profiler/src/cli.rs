@@ -1,0 +1,92 @@
+//! Command-line interface, modelled on perf record and py-spy record.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::record::{RecordOptions, DEFAULT_FREQUENCY_HZ};
+
+#[derive(Parser, Debug)]
+#[command(name = "gpuflame", version, about = "Continuous profiler for AI infrastructure (eBPF): CPU flame graphs of whole machines, processes and commands")]
+pub struct Cli {
+    /// More log output (-v info, -vv debug); RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Record a CPU profile of the whole machine, of processes, or of a command.
+    #[command(after_help = "Examples:
+  gpuflame record -d 10 -o flame.svg               whole machine for 10 s, flame graph
+  gpuflame record -p 1234 -p 5678 -o cpu.pb.gz     two processes until Ctrl-C, pprof
+  gpuflame record -F 199 -o out.folded -- python3 train.py
+                                                   a command and its children, folded stacks
+
+The output format follows the extension (.svg, .pb.gz/.pprof, .folded/.txt) unless --format says.
+Ctrl-C stops the recording early and still writes the output. Needs root (or CAP_BPF + CAP_PERFMON).")]
+    Record(RecordArgs),
+    /// Convert a pprof or folded profile into pprof, folded stacks or an SVG flame graph.
+    #[command(after_help = "Examples:
+  gpuflame convert cpu.pb.gz -o flame.svg
+  gpuflame convert stacks.folded -o cpu.pb.gz -F 99")]
+    Convert(ConvertArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct RecordArgs {
+    /// Profile this process and all its threads (repeatable). Default: the whole machine.
+    #[arg(short = 'p', long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
+    /// Samples per second per CPU.
+    #[arg(short = 'F', long, value_name = "HZ", default_value_t = DEFAULT_FREQUENCY_HZ)]
+    pub frequency: u64,
+    /// Stop after this many seconds (default: until Ctrl-C, or until the command or processes exit).
+    #[arg(short, long, value_name = "SECONDS")]
+    pub duration: Option<f64>,
+    /// Output file.
+    #[arg(short, long, value_name = "FILE", default_value = "gpuflame.svg")]
+    pub output: PathBuf,
+    /// Output format: svg, pprof or folded (default: from the output's extension).
+    #[arg(long, value_name = "FORMAT")]
+    pub format: Option<String>,
+    /// Command to start and profile, with its descendants; its exit code is passed through.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+impl RecordArgs {
+    pub fn options(&self) -> Result<RecordOptions, crate::UserError> {
+        let duration = match self.duration {
+            Some(d) if !(d > 0.0 && d.is_finite()) => return Err(crate::UserError(format!("duration {d} is not a positive number of seconds"))),
+            Some(d) => Some(Duration::from_secs_f64(d)),
+            None => None,
+        };
+        Ok(RecordOptions {
+            pids: self.pids.clone(),
+            frequency_hz: self.frequency,
+            duration,
+            output: self.output.clone(),
+            format: self.format.clone(),
+            command: self.command.clone(),
+        })
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct ConvertArgs {
+    /// A pprof profile (gzipped or not) or folded stacks.
+    pub input: PathBuf,
+    /// Output file.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: PathBuf,
+    /// Output format: svg, pprof or folded (default: from the output's extension).
+    #[arg(long, value_name = "FORMAT")]
+    pub format: Option<String>,
+    /// Sampling frequency that folded input was recorded at (each line's count × 1e9/HZ ns).
+    #[arg(short = 'F', long, value_name = "HZ", default_value_t = DEFAULT_FREQUENCY_HZ)]
+    pub frequency: u64,
+}

@@ -1,0 +1,121 @@
+//! Output formats: how a [`Profile`] is written and read back.
+
+pub mod folded;
+pub mod pprof;
+mod pprof_proto;
+pub mod svg;
+
+use std::fmt;
+use std::io::Write;
+use std::path::Path;
+use std::str::FromStr;
+
+use crate::profile::Profile;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Folded,
+    Pprof,
+    Svg,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("unknown output format '{0}' (expected folded, pprof or svg)")]
+pub struct UnknownFormat(pub String);
+
+impl FromStr for Format {
+    type Err = UnknownFormat;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "folded" | "collapsed" => Ok(Format::Folded),
+            "pprof" | "pb" => Ok(Format::Pprof),
+            "svg" | "flamegraph" => Ok(Format::Svg),
+            _ => Err(UnknownFormat(s.to_string())),
+        }
+    }
+}
+
+impl fmt::Display for Format {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Format::Folded => "folded",
+            Format::Pprof => "pprof",
+            Format::Svg => "svg",
+        })
+    }
+}
+
+impl Format {
+    /// The format an output path asks for by its extension.
+    pub fn from_path(path: &Path) -> Result<Self, UnknownFormat> {
+        let name = path.file_name().map(|n| n.to_string_lossy().to_ascii_lowercase()).unwrap_or_default();
+        let by_suffix = [
+            (".svg", Format::Svg),
+            (".pb.gz", Format::Pprof),
+            (".pprof", Format::Pprof),
+            (".pb", Format::Pprof),
+            (".folded", Format::Folded),
+            (".collapsed", Format::Folded),
+            (".txt", Format::Folded),
+        ];
+        by_suffix
+            .iter()
+            .find(|(suffix, _)| name.ends_with(suffix))
+            .map(|&(_, f)| f)
+            .ok_or_else(|| UnknownFormat(path.extension().map_or_else(|| name.clone(), |e| e.to_string_lossy().into_owned())))
+    }
+
+    /// `--format` when given, else the path's extension.
+    pub fn resolve(explicit: Option<&str>, path: &Path) -> Result<Self, UnknownFormat> {
+        match explicit {
+            Some(f) => f.parse(),
+            None => Self::from_path(path),
+        }
+    }
+}
+
+pub fn write(profile: &Profile, format: Format, title: &str, out: impl Write) -> std::io::Result<()> {
+    match format {
+        Format::Folded => folded::write(profile, out),
+        Format::Pprof => pprof::write(profile, out),
+        Format::Svg => svg::write(profile, title, out),
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error(transparent)]
+    Pprof(#[from] pprof::PprofError),
+    #[error("folded stacks, {0}")]
+    Folded(#[from] folded::FoldedError),
+    #[error("neither a pprof profile nor folded stacks (UTF-8 text)")]
+    Unrecognised,
+}
+
+/// Reads pprof (gzipped or not) or folded stacks, telling them apart by content. Folded samples
+/// count `period` nanoseconds each.
+pub fn read(bytes: &[u8], period: i64) -> Result<Profile, ReadError> {
+    if bytes.starts_with(&[0x1f, 0x8b]) {
+        return Ok(pprof::read(bytes)?);
+    }
+    match std::str::from_utf8(bytes) {
+        Ok(text) => Ok(folded::read(text, period)?),
+        Err(_) => Ok(pprof::read(bytes).map_err(|_| ReadError::Unrecognised)?),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_from_paths() {
+        assert_eq!(Format::from_path(Path::new("a/b.svg")).unwrap(), Format::Svg);
+        assert_eq!(Format::from_path(Path::new("cpu.pb.gz")).unwrap(), Format::Pprof);
+        assert_eq!(Format::from_path(Path::new("x.folded")).unwrap(), Format::Folded);
+        assert_eq!(Format::from_path(Path::new("x.png")).unwrap_err().0, "png");
+        assert_eq!(Format::resolve(Some("pprof"), Path::new("x.png")).unwrap(), Format::Pprof);
+        assert!(Format::resolve(Some("jpeg"), Path::new("x.svg")).is_err());
+    }
+}

@@ -1,0 +1,299 @@
+//! pprof output: profile.proto, gzipped, as `go tool pprof`, Pyroscope and Grafana read it.
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+
+use flate2::read::GzDecoder;
+use flate2::write::GzEncoder;
+use flate2::Compression;
+use prost::Message;
+
+use super::pprof_proto as pb;
+use crate::profile::{Labels, Line, Location, Mapping, Profile, ProfileBuilder, ValueType, KERNEL_MAPPING};
+
+/// Interns strings into a pprof string table, whose entry 0 must be "".
+struct Strings {
+    table: Vec<String>,
+    index: HashMap<String, i64>,
+}
+
+impl Strings {
+    fn new() -> Self {
+        Strings { table: vec![String::new()], index: HashMap::from([(String::new(), 0)]) }
+    }
+
+    fn id(&mut self, s: &str) -> i64 {
+        if let Some(&i) = self.index.get(s) {
+            return i;
+        }
+        self.table.push(s.to_string());
+        let i = self.table.len() as i64 - 1;
+        self.index.insert(s.to_string(), i);
+        i
+    }
+}
+
+/// Encodes a profile into the uncompressed protobuf message.
+pub fn encode(profile: &Profile) -> pb::Profile {
+    let mut strings = Strings::new();
+    let value_type = |vt: &ValueType, s: &mut Strings| pb::ValueType { r#type: s.id(&vt.kind), unit: s.id(&vt.unit) };
+    let sample_type = vec![value_type(&profile.sample_type, &mut strings)];
+    let period_type = Some(value_type(&profile.period_type, &mut strings));
+
+    let mapping = profile
+        .mappings
+        .iter()
+        .enumerate()
+        .map(|(i, m)| pb::Mapping {
+            id: i as u64 + 1,
+            // Addresses are file offsets (or kernel addresses), so the mapping spans them all.
+            memory_start: 0,
+            memory_limit: u64::MAX,
+            file_offset: 0,
+            filename: strings.id(&m.path),
+            build_id: strings.id(m.build_id.as_deref().unwrap_or("")),
+            has_functions: true,
+            has_filenames: true,
+            has_line_numbers: true,
+            has_inline_frames: true,
+        })
+        .collect();
+
+    let mut functions: HashMap<(String, String), u64> = HashMap::new();
+    let mut function = Vec::new();
+    let location = profile
+        .locations
+        .iter()
+        .enumerate()
+        .map(|(i, loc)| pb::Location {
+            id: i as u64 + 1,
+            mapping_id: loc.mapping.map_or(0, |m| m as u64 + 1),
+            address: loc.address,
+            // pprof lists the innermost inlined function first, the caller last.
+            line: loc
+                .lines
+                .iter()
+                .rev()
+                .map(|l| {
+                    let key = (l.function.clone(), l.file.clone().unwrap_or_default());
+                    let next_id = functions.len() as u64 + 1;
+                    let function_id = *functions.entry(key).or_insert_with(|| {
+                        let name = strings.id(&l.function);
+                        function.push(pb::Function {
+                            id: next_id,
+                            name,
+                            system_name: name,
+                            filename: strings.id(l.file.as_deref().unwrap_or("")),
+                            start_line: 0,
+                        });
+                        next_id
+                    });
+                    pb::Line { function_id, line: l.line.map_or(0, i64::from), column: 0 }
+                })
+                .collect(),
+            is_folded: false,
+        })
+        .collect();
+
+    let (pid_key, tid_key, comm_key) = (strings.id("pid"), strings.id("tid"), strings.id("comm"));
+    let sample = profile
+        .samples
+        .iter()
+        .map(|s| {
+            let mut label = Vec::new();
+            if let Some(pid) = s.labels.pid {
+                label.push(pb::Label { key: pid_key, num: pid.into(), ..Default::default() });
+            }
+            if let Some(tid) = s.labels.tid {
+                label.push(pb::Label { key: tid_key, num: tid.into(), ..Default::default() });
+            }
+            if let Some(comm) = &s.labels.comm {
+                label.push(pb::Label { key: comm_key, str: strings.id(comm), ..Default::default() });
+            }
+            pb::Sample {
+                // pprof lists the leaf first.
+                location_id: s.stack.iter().rev().map(|&l| l as u64 + 1).collect(),
+                value: vec![s.value],
+                label,
+            }
+        })
+        .collect();
+
+    pb::Profile {
+        sample_type,
+        sample,
+        mapping,
+        location,
+        function,
+        string_table: strings.table,
+        time_nanos: profile.time_nanos,
+        duration_nanos: profile.duration_nanos,
+        period_type,
+        period: profile.period,
+        ..Default::default()
+    }
+}
+
+/// Writes the gzipped profile.
+pub fn write(profile: &Profile, out: impl Write) -> io::Result<()> {
+    let mut gz = GzEncoder::new(out, Compression::default());
+    gz.write_all(&encode(profile).encode_to_vec())?;
+    gz.finish()?;
+    Ok(())
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PprofError {
+    #[error("not a pprof profile: {0}")]
+    Decode(#[from] prost::DecodeError),
+    #[error("reading the gzip stream: {0}")]
+    Gzip(#[from] io::Error),
+    #[error("invalid pprof profile: {0}")]
+    Invalid(String),
+}
+
+/// Reads a pprof profile, gzipped or not. The first sample type is the one kept.
+pub fn read(bytes: &[u8]) -> Result<Profile, PprofError> {
+    let raw;
+    let bytes = if bytes.starts_with(&[0x1f, 0x8b]) {
+        let mut out = Vec::new();
+        GzDecoder::new(bytes).read_to_end(&mut out)?;
+        raw = out;
+        &raw[..]
+    } else {
+        bytes
+    };
+    decode(&pb::Profile::decode(bytes)?)
+}
+
+fn decode(p: &pb::Profile) -> Result<Profile, PprofError> {
+    let invalid = |what: String| PprofError::Invalid(what);
+    let string = |i: i64| -> Result<&str, PprofError> {
+        p.string_table.get(usize::try_from(i).unwrap_or(usize::MAX)).map(String::as_str).ok_or_else(|| invalid(format!("string index {i} out of range")))
+    };
+    let value_type = |vt: &pb::ValueType| -> Result<ValueType, PprofError> { Ok(ValueType::new(string(vt.r#type)?, string(vt.unit)?)) };
+    let first_type = p.sample_type.first().ok_or_else(|| invalid("no sample type".into()))?;
+    let mut profile = Profile {
+        sample_type: value_type(first_type)?,
+        period_type: match &p.period_type {
+            Some(vt) => value_type(vt)?,
+            None => value_type(first_type)?,
+        },
+        period: p.period,
+        time_nanos: p.time_nanos,
+        duration_nanos: p.duration_nanos,
+        mappings: Vec::new(),
+        locations: Vec::new(),
+        samples: Vec::new(),
+    };
+    let mut builder = ProfileBuilder::default();
+
+    let mut mappings = HashMap::new();
+    for m in &p.mapping {
+        let build_id = string(m.build_id)?;
+        let mapping = Mapping { path: string(m.filename)?.to_string(), build_id: (!build_id.is_empty()).then(|| build_id.to_string()) };
+        mappings.insert(m.id, builder.mapping(&mut profile, mapping));
+    }
+    let functions: HashMap<u64, &pb::Function> = p.function.iter().map(|f| (f.id, f)).collect();
+    let mut locations = HashMap::new();
+    for l in &p.location {
+        let mapping = mappings.get(&l.mapping_id).copied();
+        let kernel = mapping.is_some_and(|m| profile.mappings[m].path == KERNEL_MAPPING);
+        let mut lines = Vec::new();
+        for line in l.line.iter().rev() {
+            let f = functions.get(&line.function_id).ok_or_else(|| invalid(format!("unknown function id {}", line.function_id)))?;
+            let file = string(f.filename)?;
+            lines.push(Line {
+                function: string(f.name)?.to_string(),
+                file: (!file.is_empty()).then(|| file.to_string()),
+                line: u32::try_from(line.line).ok().filter(|&n| n > 0),
+            });
+        }
+        if lines.is_empty() {
+            let module = mapping.map_or("unknown", |m| profile.mappings[m].path.as_str());
+            lines.push(Line::function(format!("[unknown] ({module}+{:#x})", l.address)));
+        }
+        let location = Location { mapping, address: l.address, kernel, lines };
+        locations.insert(l.id, builder.location(&mut profile, location));
+    }
+    let (pid_key, tid_key, comm_key) = ("pid", "tid", "comm");
+    for s in &p.sample {
+        let stack = s
+            .location_id
+            .iter()
+            .rev()
+            .map(|id| locations.get(id).copied().ok_or_else(|| invalid(format!("unknown location id {id}"))))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut labels = Labels::default();
+        for label in &s.label {
+            match string(label.key)? {
+                k if k == pid_key => labels.pid = u32::try_from(label.num).ok(),
+                k if k == tid_key => labels.tid = u32::try_from(label.num).ok(),
+                k if k == comm_key => labels.comm = Some(string(label.str)?.to_string()),
+                _ => {}
+            }
+        }
+        builder.add(stack, labels, s.value.first().copied().unwrap_or(0));
+    }
+    builder.finish(&mut profile);
+    Ok(profile)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample_profile() -> Profile {
+        let mut profile = Profile::cpu(99);
+        profile.time_nanos = 1_700_000_000_000_000_000;
+        profile.duration_nanos = 5_000_000_000;
+        let mut b = ProfileBuilder::default();
+        let exe = b.mapping(&mut profile, Mapping { path: "/bin/app".into(), build_id: Some("abcd".into()) });
+        let k = b.mapping(&mut profile, Mapping { path: KERNEL_MAPPING.into(), build_id: None });
+        let main = b.location(&mut profile, Location { mapping: Some(exe), address: 0x1000, kernel: false, lines: vec![Line { function: "main".into(), file: Some("app.c".into()), line: Some(10) }] });
+        let inl = b.location(
+            &mut profile,
+            Location {
+                mapping: Some(exe),
+                address: 0x1100,
+                kernel: false,
+                lines: vec![Line { function: "outer".into(), file: Some("app.c".into()), line: Some(20) }, Line { function: "inlined".into(), file: Some("app.h".into()), line: Some(3) }],
+            },
+        );
+        let kread = b.location(&mut profile, Location { mapping: Some(k), address: 0xffff_ffff_8100_0000, kernel: true, lines: vec![Line::function("ksys_read")] });
+        let labels = Labels { pid: Some(7), tid: Some(8), comm: Some("app".into()) };
+        b.add(vec![main, inl], labels.clone(), 3 * profile.period);
+        b.add(vec![main, kread], labels, profile.period);
+        b.finish(&mut profile);
+        profile
+    }
+
+    #[test]
+    fn round_trip_keeps_everything() {
+        let profile = sample_profile();
+        let mut bytes = Vec::new();
+        write(&profile, &mut bytes).unwrap();
+        assert_eq!(&bytes[..2], &[0x1f, 0x8b], "gzipped");
+        assert_eq!(read(&bytes).unwrap(), profile);
+    }
+
+    #[test]
+    fn encoding_follows_pprof_conventions() {
+        let p = encode(&sample_profile());
+        assert_eq!(p.string_table[0], "");
+        let st = &p.sample_type[0];
+        assert_eq!((&*p.string_table[st.r#type as usize], &*p.string_table[st.unit as usize]), ("cpu", "nanoseconds"));
+        assert_eq!(p.period, 1_000_000_000 / 99);
+        // The inlined location lists the innermost function first.
+        let inl = p.location.iter().find(|l| l.line.len() == 2).unwrap();
+        let first = p.function.iter().find(|f| f.id == inl.line[0].function_id).unwrap();
+        assert_eq!(p.string_table[first.name as usize], "inlined");
+        assert_eq!(p.string_table[p.mapping[0].build_id as usize], "abcd");
+    }
+
+    #[test]
+    fn garbage_is_an_error() {
+        assert!(read(b"definitely not a profile").is_err());
+        assert!(read(&[0x1f, 0x8b, 0, 1, 2]).is_err());
+    }
+}

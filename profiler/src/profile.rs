@@ -1,0 +1,151 @@
+//! The symbolized, format-independent profile that every writer takes and every reader returns.
+
+/// A pprof-style value type, such as `cpu`/`nanoseconds`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValueType {
+    pub kind: String,
+    pub unit: String,
+}
+
+impl ValueType {
+    pub fn new(kind: &str, unit: &str) -> Self {
+        ValueType { kind: kind.into(), unit: unit.into() }
+    }
+
+    pub fn cpu_nanoseconds() -> Self {
+        Self::new("cpu", "nanoseconds")
+    }
+}
+
+/// The file that code of a [`Location`] lives in.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Mapping {
+    pub path: String,
+    /// Lowercase hex.
+    pub build_id: Option<String>,
+}
+
+/// The name pprof and perf give kernel code.
+pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
+
+/// One function of an inline chain, with where in it the code is.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Line {
+    pub function: String,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+}
+
+impl Line {
+    pub fn function(name: impl Into<String>) -> Self {
+        Line { function: name.into(), file: None, line: None }
+    }
+}
+
+/// One code address. `address` is the file offset for user code and the address for the kernel.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Location {
+    pub mapping: Option<usize>,
+    pub address: u64,
+    pub kernel: bool,
+    /// The inline chain, outermost function first; never empty (unknown code gets an
+    /// `[unknown] (module+0xoffset)` line so that it never vanishes).
+    pub lines: Vec<Line>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Labels {
+    pub pid: Option<u32>,
+    pub tid: Option<u32>,
+    pub comm: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sample {
+    /// Indices into [`Profile::locations`], root first.
+    pub stack: Vec<usize>,
+    pub value: i64,
+    pub labels: Labels,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Profile {
+    pub sample_type: ValueType,
+    pub period_type: ValueType,
+    /// Value of one sample, in the period type's unit (1e9 / Hz for CPU profiles).
+    pub period: i64,
+    /// Start of the recording, Unix epoch nanoseconds.
+    pub time_nanos: i64,
+    pub duration_nanos: i64,
+    pub mappings: Vec<Mapping>,
+    pub locations: Vec<Location>,
+    pub samples: Vec<Sample>,
+}
+
+impl Profile {
+    pub fn cpu(frequency_hz: u64) -> Self {
+        Profile {
+            sample_type: ValueType::cpu_nanoseconds(),
+            period_type: ValueType::cpu_nanoseconds(),
+            period: 1_000_000_000 / frequency_hz.max(1) as i64,
+            time_nanos: 0,
+            duration_nanos: 0,
+            mappings: Vec::new(),
+            locations: Vec::new(),
+            samples: Vec::new(),
+        }
+    }
+
+    pub fn total(&self) -> i64 {
+        self.samples.iter().map(|s| s.value).sum()
+    }
+
+    /// How many samples a value stands for: the value itself for counts, value / period for
+    /// sampled time.
+    pub fn sample_count(&self, value: i64) -> i64 {
+        if self.sample_type.unit == "nanoseconds" && self.period > 0 {
+            value / self.period
+        } else {
+            value
+        }
+    }
+}
+
+/// Builds a [`Profile`], interning mappings and locations.
+#[derive(Default)]
+pub struct ProfileBuilder {
+    mappings: std::collections::HashMap<Mapping, usize>,
+    locations: std::collections::HashMap<Location, usize>,
+    samples: std::collections::HashMap<(Vec<usize>, Labels), i64>,
+}
+
+impl ProfileBuilder {
+    pub fn mapping(&mut self, profile: &mut Profile, mapping: Mapping) -> usize {
+        *self.mappings.entry(mapping).or_insert_with_key(|m| {
+            profile.mappings.push(m.clone());
+            profile.mappings.len() - 1
+        })
+    }
+
+    pub fn location(&mut self, profile: &mut Profile, location: Location) -> usize {
+        *self.locations.entry(location).or_insert_with_key(|l| {
+            profile.locations.push(l.clone());
+            profile.locations.len() - 1
+        })
+    }
+
+    /// Adds `value` to the sample with this stack and labels.
+    pub fn add(&mut self, stack: Vec<usize>, labels: Labels, value: i64) {
+        *self.samples.entry((stack, labels)).or_default() += value;
+    }
+
+    /// Moves the samples into `profile`, in a stable order.
+    pub fn finish(self, profile: &mut Profile) {
+        let mut samples: Vec<_> = self.samples.into_iter().collect();
+        samples.sort();
+        profile.samples = samples
+            .into_iter()
+            .map(|((stack, labels), value)| Sample { stack, value, labels })
+            .collect();
+    }
+}

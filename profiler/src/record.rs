@@ -1,0 +1,164 @@
+//! `gpuflame record`: sample, aggregate, symbolize, write.
+
+use std::fs::{self, File};
+use std::io::BufWriter;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::Context;
+use gpuflame_bpf::{BpfError, CpuSampler, SamplerConfig, Targets};
+
+use crate::aggregate::CpuAggregator;
+use crate::output::{self, Format};
+use crate::status::StatusLine;
+use crate::target::{self, GatedChild};
+use crate::{preflight, UserError};
+
+/// Default sampling frequency of `record`: 99 Hz, off the 100 Hz of timers so as not to sample in
+/// lockstep with periodic work. (The agent will default to 19 Hz.)
+pub const DEFAULT_FREQUENCY_HZ: u64 = 99;
+
+#[derive(Debug, Clone)]
+pub struct RecordOptions {
+    pub pids: Vec<u32>,
+    pub frequency_hz: u64,
+    pub duration: Option<Duration>,
+    pub output: PathBuf,
+    pub format: Option<String>,
+    pub command: Vec<String>,
+}
+
+/// Runs a recording; returns the process exit code (the command's, when one was given).
+pub fn run(opts: &RecordOptions) -> anyhow::Result<i32> {
+    let format = Format::resolve(opts.format.as_deref(), &opts.output).map_err(|e| UserError(e.to_string()))?;
+    if opts.frequency_hz == 0 || opts.frequency_hz > 10_000 {
+        return Err(UserError(format!("frequency {} Hz is out of range (1 to 10000)", opts.frequency_hz)).into());
+    }
+    if !opts.pids.is_empty() && !opts.command.is_empty() {
+        return Err(UserError("give either -p PID or a command after --, not both".into()).into());
+    }
+    preflight::check_privileges()?;
+    preflight::check_btf()?;
+    for &pid in &opts.pids {
+        target::check_pid(pid)?;
+    }
+    let out = File::create(&opts.output)
+        .map_err(|e| UserError(format!("cannot write the output {}: {e}", opts.output.display())))?;
+
+    let result = record(opts, format, out);
+    if result.is_err() {
+        let _ = fs::remove_file(&opts.output);
+    }
+    result
+}
+
+fn record(opts: &RecordOptions, format: Format, out: File) -> anyhow::Result<i32> {
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = Arc::clone(&stop);
+        ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst)).context("installing the Ctrl-C handler")?;
+    }
+
+    let targets = if !opts.command.is_empty() {
+        Targets::Processes { pids: Vec::new(), follow_forks: true }
+    } else if !opts.pids.is_empty() {
+        Targets::Processes { pids: opts.pids.clone(), follow_forks: false }
+    } else {
+        Targets::All
+    };
+    let mut sampler = CpuSampler::start(&SamplerConfig { frequency_hz: opts.frequency_hz, targets }).map_err(user_facing)?;
+
+    let mut child = None;
+    if !opts.command.is_empty() {
+        let gated = GatedChild::spawn(&opts.command)?;
+        sampler.add_target(gated.pid())?;
+        child = Some(gated.release()?);
+    }
+
+    let start_wall = SystemTime::now();
+    let start = Instant::now();
+    let mut aggregator = CpuAggregator::new();
+    let mut status = StatusLine::new();
+    let mut child_status = None;
+    let mut last_liveness_check = Instant::now();
+    loop {
+        for sample in sampler.poll(Duration::from_millis(100))? {
+            aggregator.add(&sample);
+        }
+        if status.due() {
+            status.show(start.elapsed(), aggregator.samples(), sampler.counters()?.lost);
+        }
+        if stop.load(Ordering::SeqCst) || opts.duration.is_some_and(|d| start.elapsed() >= d) {
+            break;
+        }
+        if let Some(c) = child.as_mut() {
+            if let Some(s) = c.try_wait().context("waiting for the command")? {
+                child_status = Some(s);
+                break;
+            }
+        }
+        if !opts.pids.is_empty() && last_liveness_check.elapsed() >= Duration::from_millis(500) {
+            last_liveness_check = Instant::now();
+            if !opts.pids.iter().any(|&p| target::process_alive(p)) {
+                tracing::info!("every target process has exited");
+                break;
+            }
+        }
+    }
+    for sample in sampler.drain()? {
+        aggregator.add(&sample);
+    }
+    let duration = start.elapsed();
+    let counters = sampler.counters()?;
+    let malformed = sampler.malformed_records();
+    drop(sampler);
+    status.clear();
+
+    let processes = aggregator.processes();
+    let samples = aggregator.samples();
+    let profile = aggregator.into_profile(opts.frequency_hz, start_wall, duration);
+    let title = format!("gpuflame CPU profile: {}", describe_targets(opts));
+    let mut writer = BufWriter::new(out);
+    output::write(&profile, format, &title, &mut writer)
+        .and_then(|()| std::io::Write::flush(&mut writer))
+        .with_context(|| format!("writing {}", opts.output.display()))?;
+
+    let failed = counters.kernel_stack_failed + counters.user_stack_failed;
+    eprintln!(
+        "gpuflame: {samples} samples from {processes} processes in {:.1} s ({} lost, {failed} failed stack reads{}) → {} ({format})",
+        duration.as_secs_f64(),
+        counters.lost,
+        if malformed > 0 { format!(", {malformed} malformed records") } else { String::new() },
+        opts.output.display(),
+    );
+    if counters.targets_full > 0 {
+        tracing::warn!(count = counters.targets_full, "new processes could not be followed: the target map was full");
+    }
+
+    match (child, child_status) {
+        (Some(_), Some(s)) => Ok(target::exit_code(s)),
+        (Some(mut c), None) => Ok(target::exit_code(c.wait().context("waiting for the command")?)),
+        _ => Ok(0),
+    }
+}
+
+fn describe_targets(opts: &RecordOptions) -> String {
+    if !opts.command.is_empty() {
+        opts.command.join(" ")
+    } else if !opts.pids.is_empty() {
+        let pids: Vec<String> = opts.pids.iter().map(u32::to_string).collect();
+        format!("PID {}", pids.join(", "))
+    } else {
+        "whole machine".into()
+    }
+}
+
+/// BPF failures that the user can act on become one-line usage errors.
+fn user_facing(e: BpfError) -> anyhow::Error {
+    match e {
+        BpfError::PermissionDenied | BpfError::NoBtf(_) => UserError(e.to_string()).into(),
+        other => other.into(),
+    }
+}
