@@ -17,7 +17,10 @@ use std::collections::HashMap;
 
 use blazesym::normalize::{self, Normalizer, UserMeta};
 use blazesym::symbolize::source::{self as src, Source};
-use blazesym::symbolize::{self, Input};
+use blazesym::symbolize::{self, Input, Symbolized};
+use std::path::Path;
+
+const VDSO: &str = "[vdso]";
 use blazesym::Pid;
 
 use modules::ModuleTable;
@@ -87,6 +90,13 @@ impl Symbolizer {
                                 module: self.modules.intern(&elf.path, elf.build_id.as_deref()),
                                 file_offset: offset,
                             },
+                            // The vDSO exists only in memory: blazesym names its code right away.
+                            Some(UserMeta::Sym(sym)) => {
+                                let module = self.modules.intern(Path::new(VDSO), None);
+                                let symbol = frames::symbol_from(Symbolized::Sym(sym.clone()));
+                                self.user_cache.insert((module, offset), symbol);
+                                UserAddr::InModule { module, file_offset: offset }
+                            }
                             _ => UserAddr::Unmapped { addr },
                         };
                         known.insert(addr, resolved);

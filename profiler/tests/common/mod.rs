@@ -1,0 +1,113 @@
+//! Helpers for the integration tests: build test programs, run gpuflame, read folded stacks.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub const GPUFLAME: &str = env!("CARGO_BIN_EXE_gpuflame");
+
+/// These tests load real BPF programs; without root and BTF they fail, saying why.
+pub fn require_bpf() {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(euid, 0, "this test loads BPF programs and must run as root (euid is {euid}); run the suite with sudo");
+    assert!(
+        Path::new("/sys/kernel/btf/vmlinux").exists(),
+        "this test needs kernel BTF at /sys/kernel/btf/vmlinux (a kernel built with CONFIG_DEBUG_INFO_BTF=y)"
+    );
+}
+
+/// Compiles tests/programs/NAME.c with `flags` into `dir`.
+pub fn build_c(dir: &Path, name: &str, flags: &[&str]) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs").join(format!("{name}.c"));
+    let exe = dir.join(name);
+    let out = Command::new("cc")
+        .args(flags)
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .expect("a C compiler (cc) is needed to build the test programs");
+    assert!(out.status.success(), "compiling {name}.c failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    exe
+}
+
+/// Frame-pointer builds of the test programs, as the CPU-profile tests need them.
+pub const FP_FLAGS: &[&str] = &["-O2", "-g", "-fno-omit-frame-pointer", "-mno-omit-leaf-frame-pointer"];
+
+pub fn gpuflame(args: &[&str]) -> Output {
+    Command::new(GPUFLAME).args(args).output().expect("running gpuflame")
+}
+
+/// Runs gpuflame and fails the test, with its output, unless it exits with `code`.
+pub fn gpuflame_ok(args: &[&str], code: i32) -> Output {
+    let out = gpuflame(args);
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "gpuflame {args:?} exited with {:?}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// One folded line: frames root first (the first is the command name) and its count.
+#[derive(Debug, Clone)]
+pub struct Stack {
+    pub frames: Vec<String>,
+    pub count: u64,
+}
+
+impl Stack {
+    pub fn comm(&self) -> &str {
+        &self.frames[0]
+    }
+
+    /// User frames, root first (everything after the command name that is not a kernel frame).
+    pub fn user(&self) -> Vec<&str> {
+        self.frames[1..].iter().filter(|f| !f.ends_with("_[k]")).map(String::as_str).collect()
+    }
+
+    pub fn kernel(&self) -> Vec<&str> {
+        self.frames[1..].iter().filter(|f| f.ends_with("_[k]")).map(|f| f.trim_end_matches("_[k]")).collect()
+    }
+
+    /// Kernel frames come after every user frame, as the folded format puts them.
+    pub fn kernel_below_user(&self) -> bool {
+        let first_kernel = self.frames.iter().position(|f| f.ends_with("_[k]")).unwrap_or(self.frames.len());
+        self.frames[first_kernel..].iter().all(|f| f.ends_with("_[k]"))
+    }
+
+    pub fn has_sequence(&self, seq: &[&str]) -> bool {
+        let user = self.user();
+        user.windows(seq.len()).any(|w| w == seq)
+    }
+}
+
+pub fn parse_folded(text: &str) -> Vec<Stack> {
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let (stack, count) = l.rsplit_once(' ').unwrap_or_else(|| panic!("bad folded line {l:?}"));
+            Stack {
+                frames: stack.split(';').map(str::to_string).collect(),
+                count: count.parse().unwrap_or_else(|_| panic!("bad count in {l:?}")),
+            }
+        })
+        .collect()
+}
+
+pub fn read_folded(path: &Path) -> Vec<Stack> {
+    parse_folded(&std::fs::read_to_string(path).expect("reading the folded output"))
+}
+
+pub fn total(stacks: &[Stack]) -> u64 {
+    stacks.iter().map(|s| s.count).sum()
+}
+
+pub fn describe(stacks: &[Stack]) -> String {
+    let mut v: Vec<_> = stacks.iter().collect();
+    v.sort_by_key(|s| std::cmp::Reverse(s.count));
+    v.iter().take(15).map(|s| format!("{} {}", s.frames.join(";"), s.count)).collect::<Vec<_>>().join("\n")
+}

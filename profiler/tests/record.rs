@@ -1,0 +1,118 @@
+//! `gpuflame record` on real processes, with real BPF programs. Run as root.
+
+mod common;
+
+use std::process::Command;
+use std::thread::sleep;
+use std::time::Duration;
+
+use common::*;
+
+#[test]
+fn frame_pointer_chain_is_complete_and_symbolized() {
+    require_bpf();
+    let dir = tempfile::tempdir().unwrap();
+    let chain = build_c(dir.path(), "chain", FP_FLAGS);
+    let out = dir.path().join("chain.folded");
+    gpuflame_ok(&["record", "-F", "199", "-o", out.to_str().unwrap(), "--", chain.to_str().unwrap(), "3"], 3);
+
+    let stacks: Vec<Stack> = read_folded(&out).into_iter().filter(|s| s.comm() == "chain").collect();
+    let all = total(&stacks);
+    assert!(all >= 300, "expected ~600 samples of a 3 s spin at 199 Hz, got {all}:\n{}", describe(&stacks));
+    let good: u64 = stacks
+        .iter()
+        .filter(|s| s.has_sequence(&["main", "a", "b", "c"]) && s.kernel_below_user())
+        .map(|s| s.count)
+        .sum();
+    assert!(good * 100 >= all * 95, "only {good} of {all} samples carry main;a;b;c:\n{}", describe(&stacks));
+}
+
+#[test]
+fn syscall_heavy_program_shows_kernel_frames_under_the_syscall() {
+    require_bpf();
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_c(dir.path(), "syscalls", FP_FLAGS);
+    let mut child = Command::new(&exe).arg("4").spawn().unwrap();
+    let out = dir.path().join("sys.folded");
+    let pid = child.id().to_string();
+    gpuflame_ok(&["record", "-p", &pid, "-d", "2", "-o", out.to_str().unwrap()], 0);
+    child.wait().unwrap();
+
+    let stacks = read_folded(&out);
+    let all = total(&stacks);
+    assert!(all >= 100, "expected ~200 samples, got {all}:\n{}", describe(&stacks));
+    assert!(stacks.iter().all(|s| s.comm() == "syscalls"), "-p must record only that process:\n{}", describe(&stacks));
+    let in_read: u64 = stacks
+        .iter()
+        .filter(|s| {
+            // glibc's read() keeps no frame pointer, so the frame-pointer walk goes from it
+            // straight to main (do_reads is skipped until DWARF unwinding lands).
+            s.user().first() == Some(&"__libc_start_call_main")
+                && s.user().contains(&"main")
+                && s.user().last().is_some_and(|f| f.contains("read"))
+                && s.kernel_below_user()
+                && s.kernel().iter().any(|f| matches!(*f, "ksys_read" | "__x64_sys_read" | "vfs_read"))
+        })
+        .map(|s| s.count)
+        .sum();
+    assert!(in_read * 100 >= all * 30, "only {in_read} of {all} samples show the read syscall in the kernel:\n{}", describe(&stacks));
+}
+
+#[test]
+fn command_and_its_grandchild_are_profiled_and_exit_code_passes_through() {
+    require_bpf();
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_c(dir.path(), "forker", FP_FLAGS);
+    let out = dir.path().join("fork.folded");
+    gpuflame_ok(&["record", "-F", "199", "-o", out.to_str().unwrap(), "--", exe.to_str().unwrap()], 7);
+
+    let stacks = read_folded(&out);
+    let count = |f: &str| -> u64 { stacks.iter().filter(|s| s.has_sequence(&["main", f, "spin"])).map(|s| s.count).sum() };
+    let (parent, grandchild) = (count("parent_work"), count("grandchild_work"));
+    assert!(parent >= 50 && grandchild >= 50, "parent {parent}, grandchild {grandchild} samples:\n{}", describe(&stacks));
+}
+
+#[test]
+fn process_that_exits_during_the_recording_is_symbolized() {
+    require_bpf();
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_c(dir.path(), "short_lived", FP_FLAGS);
+    let out = dir.path().join("machine.folded");
+    // The whole machine, with a process that starts after the recording and exits before its end.
+    let mut recorder = Command::new(GPUFLAME).args(["record", "-d", "4", "-o", out.to_str().unwrap()]).spawn().unwrap();
+    sleep(Duration::from_millis(1000));
+    let status = Command::new(&exe).arg("1").status().unwrap();
+    assert!(status.success());
+    assert!(recorder.wait().unwrap().success());
+
+    let stacks: Vec<Stack> = read_folded(&out).into_iter().filter(|s| s.comm() == "short_lived").collect();
+    let all = total(&stacks);
+    assert!(all >= 50, "expected ~99 samples of short_lived, got {all}");
+    let named: u64 = stacks.iter().filter(|s| s.has_sequence(&["main", "short_lived_work"])).map(|s| s.count).sum();
+    assert!(named * 100 >= all * 95, "only {named} of {all} samples were symbolized:\n{}", describe(&stacks));
+}
+
+#[test]
+fn ctrl_c_stops_early_and_still_writes_the_output() {
+    require_bpf();
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_c(dir.path(), "chain", FP_FLAGS);
+    let mut spinner = Command::new(&exe).arg("4").spawn().unwrap();
+    let out = dir.path().join("interrupted.svg");
+    let recorder = Command::new(GPUFLAME)
+        .args(["record", "-o", out.to_str().unwrap()])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    sleep(Duration::from_millis(2000));
+    // SAFETY: sending a signal to our own child.
+    unsafe { libc::kill(recorder.id() as i32, libc::SIGINT) };
+    let output = recorder.wait_with_output().unwrap();
+    spinner.kill().ok();
+    spinner.wait().ok();
+    assert!(output.status.success(), "exit {:?}: {}", output.status, String::from_utf8_lossy(&output.stderr));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("samples from") && stderr.contains("lost"), "no summary line:\n{stderr}");
+    let svg = std::fs::read_to_string(&out).unwrap();
+    assert!(svg.contains("<svg") && svg.contains("chain"), "the flame graph lacks the spinning program");
+}
