@@ -17,11 +17,25 @@ pub fn write(profile: &Profile, title: &str, out: impl Write) -> io::Result<()> 
         lines.iter().filter_map(|l| l.rsplit_once(' ')?.1.parse::<i64>().ok()).sum::<i64>()
     ));
     if lines.is_empty() {
-        // inferno refuses an empty input; an empty graph with its title says more than an error.
-        options.subtitle = Some("no samples were recorded".into());
-        return flamegraph::from_lines(&mut options, ["(no samples) 0"].iter().copied(), out).map_err(io::Error::other);
+        // inferno refuses an empty input; an empty graph that says so beats no file at all.
+        return write_empty(title, out);
     }
     flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), out).map_err(io::Error::other)
+}
+
+fn write_empty(title: &str, mut out: impl Write) -> io::Result<()> {
+    let escaped = title.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
+    write!(
+        out,
+        concat!(
+            r#"<?xml version="1.0" standalone="no"?>"#,
+            r#"<svg version="1.1" width="1200" height="80" xmlns="http://www.w3.org/2000/svg">"#,
+            r#"<text x="600" y="30" text-anchor="middle" font-family="Verdana" font-size="17">{}</text>"#,
+            r#"<text x="600" y="60" text-anchor="middle" font-family="Verdana" font-size="12">no samples were recorded</text>"#,
+            "</svg>\n"
+        ),
+        escaped
+    )
 }
 
 #[cfg(test)]
@@ -44,5 +58,14 @@ mod tests {
         for name in ["main", "compute_&_sum<int>", "leaf", "other"] {
             assert!(titles.iter().any(|t| t.starts_with(name)), "{name} missing from {titles:?}");
         }
+    }
+
+    #[test]
+    fn empty_profile_is_a_valid_svg_that_says_so() {
+        let mut out = Vec::new();
+        write(&crate::profile::Profile::cpu(99), "a <title> & more", &mut out).unwrap();
+        let svg = String::from_utf8(out).unwrap();
+        roxmltree::Document::parse(&svg).expect("well-formed XML");
+        assert!(svg.contains("no samples were recorded") && svg.contains("a &lt;title&gt; &amp; more"));
     }
 }
