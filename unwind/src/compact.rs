@@ -1,0 +1,120 @@
+//! The compact form of unwind tables that goes to BPF: per row a 32-bit address (relative to the
+//! table's base) and a 16-bit index into a rule table shared by all executables. Rules repeat a
+//! lot (rsp+8, rsp+16, … rbp+16), so a few thousand serve every library on a machine.
+
+use std::collections::HashMap;
+
+use crate::{UnwindRule, UnwindTable};
+
+/// Rules shared by all tables, indexed by u16.
+#[derive(Debug, Default, Clone)]
+pub struct RuleTable {
+    rules: Vec<UnwindRule>,
+    index: HashMap<UnwindRule, u16>,
+}
+
+impl RuleTable {
+    pub const CAPACITY: usize = 1 << 16;
+
+    /// The index of `rule`, added if new; None when the table is full.
+    pub fn intern(&mut self, rule: UnwindRule) -> Option<u16> {
+        if let Some(&i) = self.index.get(&rule) {
+            return Some(i);
+        }
+        if self.rules.len() >= Self::CAPACITY {
+            return None;
+        }
+        let i = self.rules.len() as u16;
+        self.rules.push(rule);
+        self.index.insert(rule, i);
+        Some(i)
+    }
+
+    pub fn get(&self, i: u16) -> Option<UnwindRule> {
+        self.rules.get(usize::from(i)).copied()
+    }
+
+    pub fn len(&self) -> usize {
+        self.rules.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
+
+    /// Rules added since `start`, with their indices, for loading into BPF.
+    pub fn since(&self, start: usize) -> impl Iterator<Item = (u16, UnwindRule)> + '_ {
+        self.rules.iter().enumerate().skip(start).map(|(i, r)| (i as u16, *r))
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum CompactError {
+    #[error("the code spans more than 4 GiB")]
+    TooLarge,
+    #[error("the shared rule table is full ({} rules)", RuleTable::CAPACITY)]
+    RulesFull,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CompactTable {
+    /// ELF virtual address that `pcs` are relative to.
+    pub base: u64,
+    pub pcs: Vec<u32>,
+    pub rules: Vec<u16>,
+}
+
+impl CompactTable {
+    pub fn new(table: &UnwindTable, shared: &mut RuleTable) -> Result<Self, CompactError> {
+        let base = table.rows.first().map_or(0, |r| r.pc);
+        let mut pcs = Vec::with_capacity(table.rows.len());
+        let mut rules = Vec::with_capacity(table.rows.len());
+        for row in &table.rows {
+            pcs.push(u32::try_from(row.pc - base).map_err(|_| CompactError::TooLarge)?);
+            rules.push(shared.intern(row.rule).ok_or(CompactError::RulesFull)?);
+        }
+        Ok(CompactTable { base, pcs, rules })
+    }
+
+    pub fn len(&self) -> usize {
+        self.pcs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pcs.is_empty()
+    }
+
+    /// Bytes of row data (the shared rule table not included).
+    pub fn size_bytes(&self) -> usize {
+        self.pcs.len() * 4 + self.rules.len() * 2
+    }
+
+    /// The rule index for `pc`, as the BPF unwinder finds it.
+    pub fn lookup(&self, pc: u64) -> Option<u16> {
+        let rel = u32::try_from(pc.checked_sub(self.base)?).ok()?;
+        let i = self.pcs.partition_point(|&p| p <= rel);
+        i.checked_sub(1).map(|i| self.rules[i])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{CfaRule, RbpRule, UnwindRow};
+
+    #[test]
+    fn compact_lookup_agrees_with_the_table() {
+        let r = |off| UnwindRule { cfa: CfaRule::RspOffset(off), rbp: RbpRule::Unchanged };
+        let table = UnwindTable {
+            rows: vec![UnwindRow { pc: 0x1000, rule: r(8) }, UnwindRow { pc: 0x1004, rule: r(16) }, UnwindRow { pc: 0x1100, rule: UnwindRule::NO_INFO }],
+            stats: Default::default(),
+        };
+        let mut shared = RuleTable::default();
+        let c = CompactTable::new(&table, &mut shared).unwrap();
+        assert_eq!(c.size_bytes(), 18);
+        for pc in [0xfff, 0x1000, 0x1003, 0x1004, 0x10ff, 0x1100, 0x2000] {
+            assert_eq!(c.lookup(pc).and_then(|i| shared.get(i)), table.lookup(pc), "pc {pc:#x}");
+        }
+        assert_eq!(shared.len(), 3);
+    }
+}

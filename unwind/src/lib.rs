@@ -1,0 +1,79 @@
+//! ELF unwind information turned into compact unwind tables for x86-64, for the BPF unwinder.
+//!
+//! [`UnwindTable::from_elf`] reads `.eh_frame` (and `.debug_frame` where `.eh_frame` does not
+//! cover code) with gimli and produces rows sorted by address, each saying how to find the
+//! caller's frame from this one: the CFA rule, where RBP was saved, and (fixed on x86-64) the
+//! return address at CFA-8. Rules the BPF unwinder cannot follow are kept as
+//! [`CfaRule::Unsupported`], never guessed. [`CompactTable`] is the form that goes to BPF.
+
+mod build;
+mod compact;
+mod elf;
+mod rule;
+
+pub use compact::{CompactTable, RuleTable};
+pub use compact::CompactError;
+pub use elf::ExecutableKey;
+pub use rule::{CfaRule, RbpRule, UnwindRule};
+
+use std::path::Path;
+
+/// One row: from `pc` up to the next row's `pc`, `rule` applies. `pc` is a virtual address of
+/// the ELF file (as in its program headers and symbol table, before load bias).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnwindRow {
+    pub pc: u64,
+    pub rule: UnwindRule,
+}
+
+/// The unwind rows of one executable file, sorted by `pc`, with consecutive duplicates merged.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnwindTable {
+    pub rows: Vec<UnwindRow>,
+    pub stats: TableStats,
+}
+
+/// What went into a table, for reports and benchmarks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TableStats {
+    pub fdes: usize,
+    /// Rows as the CFI programs produced them, before merging.
+    pub raw_rows: usize,
+    pub unsupported_rows: usize,
+    pub from_debug_frame: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum UnwindError {
+    #[error("{path}: {source}")]
+    Io { path: String, source: std::io::Error },
+    #[error("not a usable ELF file: {0}")]
+    Elf(#[from] object::Error),
+    #[error("unsupported ELF architecture {0:?} (x86-64 only)")]
+    Architecture(object::Architecture),
+    #[error("malformed call frame information: {0}")]
+    Cfi(#[from] gimli::Error),
+}
+
+impl UnwindTable {
+    /// Reads and builds the table of the ELF file at `path`.
+    pub fn from_path(path: &Path) -> Result<Self, UnwindError> {
+        let io = |source| UnwindError::Io { path: path.display().to_string(), source };
+        let file = std::fs::File::open(path).map_err(io)?;
+        // SAFETY: the file is mapped read-only and only read through this mapping; a concurrent
+        // truncation could fault, which is why only files of mapped executables are read.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+        Self::from_elf(&map)
+    }
+
+    /// Builds the table from the bytes of an ELF file.
+    pub fn from_elf(data: &[u8]) -> Result<Self, UnwindError> {
+        build::from_elf(data)
+    }
+
+    /// The rule for `pc`, if a row covers it.
+    pub fn lookup(&self, pc: u64) -> Option<UnwindRule> {
+        let i = self.rows.partition_point(|r| r.pc <= pc);
+        i.checked_sub(1).map(|i| self.rows[i].rule)
+    }
+}
