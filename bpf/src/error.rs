@@ -17,6 +17,8 @@ pub enum BpfError {
     OnlineCpus(#[source] io::Error),
     #[error("BPF map {map}: {source}")]
     Map { map: &'static str, source: libbpf_rs::Error },
+    #[error("the unwind tables are full: {0}")]
+    UnwindFull(String),
     #[error("the BPF ring buffer: {0}")]
     RingBuffer(#[source] libbpf_rs::Error),
 }

@@ -1,7 +1,7 @@
 //! The CPU sampler: a perf_event program per online CPU, samples through a ring buffer.
 
 use std::cell::RefCell;
-use std::mem::{size_of, MaybeUninit};
+use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, IntoRawFd};
 use std::path::Path;
 use std::rc::Rc;
@@ -10,9 +10,13 @@ use std::time::Duration;
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder};
 
+use gpuflame_unwind::{CompactTable, RuleTable};
+
 use crate::error::{is_permission, BpfError};
+use crate::events::{self, Event};
 use crate::perf;
 use crate::skel::{types, CpuSamplerSkel, CpuSamplerSkelBuilder};
+use crate::unwind_maps::{ExecMapping, TableId, UnwindCapacity, UnwindMaps};
 
 const BTF_PATH: &str = "/sys/kernel/btf/vmlinux";
 
@@ -31,38 +35,13 @@ pub struct SamplerConfig {
     /// Samples per second on each CPU.
     pub frequency_hz: u64,
     pub targets: Targets,
+    /// Capacity of the unwind tables in rows (6 bytes of kernel memory each).
+    pub unwind_rows: u64,
 }
 
-/// The outcome of one stack read in BPF.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StackRead {
-    /// Instruction pointers, leaf first: the sampled address, then return addresses.
-    Frames(Vec<u64>),
-    /// The read failed with this errno (a kernel stack read of a user-mode sample is empty, not
-    /// failed).
-    Failed(i32),
-}
-
-impl StackRead {
-    pub fn frames(&self) -> &[u64] {
-        match self {
-            StackRead::Frames(f) => f,
-            StackRead::Failed(_) => &[],
-        }
-    }
-}
-
-/// One CPU-clock sample as BPF recorded it.
-#[derive(Debug, Clone)]
-pub struct Sample {
-    /// CLOCK_BOOTTIME nanoseconds.
-    pub timestamp_ns: u64,
-    pub pid: u32,
-    pub tid: u32,
-    pub cpu: u32,
-    pub comm: String,
-    pub kernel_stack: StackRead,
-    pub user_stack: StackRead,
+impl SamplerConfig {
+    /// 8M rows (48 MiB of kernel memory): every library of a PyTorch process with room to spare.
+    pub const DEFAULT_UNWIND_ROWS: u64 = 8 << 20;
 }
 
 /// The sampler's counters, summed over CPUs.
@@ -76,6 +55,21 @@ pub struct Counters {
     pub user_stack_failed: u64,
     /// New descendants that did not fit into the target map.
     pub targets_full: u64,
+    pub unwind: UnwindCounters,
+    /// Process events dropped because their ring buffer was full.
+    pub process_events_lost: u64,
+}
+
+/// Why user stacks ended early, by reason; and frames stepped by frame pointers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UnwindCounters {
+    pub no_process: u64,
+    pub no_mapping: u64,
+    pub no_row: u64,
+    pub bad_cfa: u64,
+    pub read_fault: u64,
+    pub truncated: u64,
+    pub frame_pointer_steps: u64,
 }
 
 /// A loaded and attached sampler. Dropping it detaches everything.
@@ -83,8 +77,9 @@ pub struct CpuSampler {
     // Field order is drop order: detach and stop reading before the object goes.
     _links: Vec<Link>,
     ring: RingBuffer<'static>,
-    inbox: Rc<RefCell<Vec<Sample>>>,
+    inbox: Rc<RefCell<Vec<Event>>>,
     malformed: Rc<RefCell<u64>>,
+    unwind: UnwindMaps,
     skel: CpuSamplerSkel<'static>,
 }
 
@@ -107,26 +102,40 @@ impl CpuSampler {
         })?;
         rodata.target_mode = mode;
         rodata.follow_forks = u8::from(follow);
+        let blocks = u32::try_from(config.unwind_rows.div_ceil(16).max(1))
+            .map_err(|_| BpfError::Load(libbpf_rs::Error::from(std::io::Error::other("too many unwind rows"))))?;
+        open.maps.unwind_blocks.set_max_entries(blocks).map_err(BpfError::load)?;
         let skel = open.load().map_err(BpfError::load)?;
 
         let mut sampler_links = Vec::new();
+        for prog in [&skel.progs.on_process_exec, &skel.progs.on_process_exit] {
+            let link = prog.attach().map_err(|source| attach_error("the exec and exit tracepoints", source))?;
+            sampler_links.push(link);
+        }
         if follow {
-            for prog in [&skel.progs.on_process_fork, &skel.progs.on_process_exit] {
-                let link = prog.attach().map_err(|source| attach_error("the fork tracepoints", source))?;
-                sampler_links.push(link);
-            }
+            let link = skel.progs.on_process_fork.attach().map_err(|source| attach_error("the fork tracepoint", source))?;
+            sampler_links.push(link);
         }
 
         let inbox = Rc::new(RefCell::new(Vec::new()));
         let malformed = Rc::new(RefCell::new(0u64));
         let ring = {
-            let (inbox, malformed) = (Rc::clone(&inbox), Rc::clone(&malformed));
+            let (sample_inbox, sample_malformed) = (Rc::clone(&inbox), Rc::clone(&malformed));
+            let (process_inbox, process_malformed) = (Rc::clone(&inbox), Rc::clone(&malformed));
             let mut builder = RingBufferBuilder::new();
             builder
                 .add(&skel.maps.samples, move |data: &[u8]| {
-                    match decode(data) {
-                        Some(sample) => inbox.borrow_mut().push(sample),
-                        None => *malformed.borrow_mut() += 1,
+                    match events::decode_sample(data) {
+                        Some(sample) => sample_inbox.borrow_mut().push(Event::Sample(sample)),
+                        None => *sample_malformed.borrow_mut() += 1,
+                    }
+                    0
+                })
+                .map_err(BpfError::RingBuffer)?
+                .add(&skel.maps.process_events, move |data: &[u8]| {
+                    match events::decode_process_event(data) {
+                        Some(ev) => process_inbox.borrow_mut().push(Event::Process(ev)),
+                        None => *process_malformed.borrow_mut() += 1,
                     }
                     0
                 })
@@ -134,11 +143,12 @@ impl CpuSampler {
             builder.build().map_err(BpfError::RingBuffer)?
         };
 
-        let mut sampler = CpuSampler {
+        let sampler = CpuSampler {
             _links: sampler_links,
             ring,
             inbox,
             malformed,
+            unwind: UnwindMaps::new(blocks),
             skel,
         };
         if let Targets::Processes { pids, .. } = &config.targets {
@@ -146,8 +156,13 @@ impl CpuSampler {
                 sampler.add_target(pid)?;
             }
         }
-        sampler.attach_perf_events(config.frequency_hz)?;
         Ok(sampler)
+    }
+
+    /// Starts sampling: one CPU-clock event per online CPU. Separate from [`CpuSampler::start`]
+    /// so that unwind tables of known processes can be loaded first.
+    pub fn enable(&mut self, frequency_hz: u64) -> Result<(), BpfError> {
+        self.attach_perf_events(frequency_hz)
     }
 
     fn attach_perf_events(&mut self, frequency_hz: u64) -> Result<(), BpfError> {
@@ -181,8 +196,8 @@ impl CpuSampler {
             .map_err(|source| BpfError::Map { map: "targets", source })
     }
 
-    /// Waits up to `timeout` for samples and returns those that arrived.
-    pub fn poll(&mut self, timeout: Duration) -> Result<Vec<Sample>, BpfError> {
+    /// Waits up to `timeout` for events and returns those that arrived.
+    pub fn poll(&mut self, timeout: Duration) -> Result<Vec<Event>, BpfError> {
         match self.ring.poll(timeout) {
             Ok(()) => {}
             // A signal (Ctrl-C) interrupts the wait; that is not an error.
@@ -193,7 +208,7 @@ impl CpuSampler {
     }
 
     /// Reads whatever is in the ring buffer without waiting.
-    pub fn drain(&mut self) -> Result<Vec<Sample>, BpfError> {
+    pub fn drain(&mut self) -> Result<Vec<Event>, BpfError> {
         self.ring.consume().map_err(BpfError::RingBuffer)?;
         Ok(std::mem::take(&mut *self.inbox.borrow_mut()))
     }
@@ -223,7 +238,50 @@ impl CpuSampler {
             kernel_stack_failed: read(types::counter::COUNTER_KSTACK_FAILED)?,
             user_stack_failed: read(types::counter::COUNTER_USTACK_FAILED)?,
             targets_full: read(types::counter::COUNTER_TARGETS_FULL)?,
+            unwind: UnwindCounters {
+                no_process: read(types::counter::COUNTER_UNWIND_NO_PROCESS)?,
+                no_mapping: read(types::counter::COUNTER_UNWIND_NO_MAPPING)?,
+                no_row: read(types::counter::COUNTER_UNWIND_NO_ROW)?,
+                bad_cfa: read(types::counter::COUNTER_UNWIND_BAD_CFA)?,
+                read_fault: read(types::counter::COUNTER_UNWIND_READ_FAULT)?,
+                truncated: read(types::counter::COUNTER_UNWIND_TRUNCATED)?,
+                frame_pointer_steps: read(types::counter::COUNTER_UNWIND_FP_FALLBACK)?,
+            },
+            process_events_lost: read(types::counter::COUNTER_PROCESS_EVENTS_LOST)?,
         })
+    }
+
+    /// Loads the rules added to `rules` since the last call; call before inserting tables that
+    /// use them.
+    pub fn load_rules(&mut self, rules: &RuleTable) -> Result<(), BpfError> {
+        self.unwind.load_rules(&self.skel.maps.unwind_rules, rules)
+    }
+
+    /// How many rules of a [`RuleTable`] are in BPF already.
+    pub fn rules_loaded(&self) -> usize {
+        self.unwind.rules_loaded()
+    }
+
+    /// Loads an executable's table; its rules must be loaded.
+    pub fn insert_table(&mut self, table: &CompactTable) -> Result<TableId, BpfError> {
+        self.unwind.insert_table(&self.skel.maps.unwind_blocks, &self.skel.maps.unwind_tables, table)
+    }
+
+    pub fn remove_table(&mut self, id: TableId) -> Result<(), BpfError> {
+        self.unwind.remove_table(&self.skel.maps.unwind_tables, id)
+    }
+
+    /// Replaces a process's executable mappings. Returns how many did not fit (beyond 1024).
+    pub fn set_process(&self, pid: u32, mappings: &[ExecMapping]) -> Result<usize, BpfError> {
+        UnwindMaps::set_process(&self.skel.maps.processes, pid, mappings)
+    }
+
+    pub fn remove_process(&self, pid: u32) {
+        UnwindMaps::remove_process(&self.skel.maps.processes, pid)
+    }
+
+    pub fn unwind_capacity(&self) -> UnwindCapacity {
+        self.unwind.capacity(self.unwind.rules_loaded())
     }
 }
 
@@ -235,67 +293,3 @@ fn attach_error(what: &str, source: libbpf_rs::Error) -> BpfError {
     }
 }
 
-fn decode(data: &[u8]) -> Option<Sample> {
-    if data.len() < size_of::<types::sample_event>() {
-        return None;
-    }
-    // SAFETY: the length was checked, sample_event is plain old data generated from the BPF
-    // object's BTF, and read_unaligned makes no alignment assumption.
-    let e: types::sample_event = unsafe { std::ptr::read_unaligned(data.as_ptr().cast()) };
-    let comm_bytes: Vec<u8> = e.comm.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
-    Some(Sample {
-        timestamp_ns: e.timestamp_ns,
-        pid: e.pid,
-        tid: e.tid,
-        cpu: e.cpu,
-        comm: String::from_utf8_lossy(&comm_bytes).into_owned(),
-        kernel_stack: stack(&e.kernel_stack, e.kernel_stack_bytes),
-        user_stack: stack(&e.user_stack, e.user_stack_bytes),
-    })
-}
-
-fn stack(frames: &[u64], bytes: i32) -> StackRead {
-    if bytes < 0 {
-        // An empty kernel part of a user-mode sample reads as EFAULT: no failure, no frames.
-        if -bytes == libc::EFAULT {
-            return StackRead::Frames(Vec::new());
-        }
-        return StackRead::Failed(-bytes);
-    }
-    let n = (bytes as usize / size_of::<u64>()).min(frames.len());
-    StackRead::Frames(frames[..n].iter().copied().take_while(|&ip| ip != 0).collect())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn event_layout_matches_the_c_header() {
-        // The generated mirror must keep the header's layout: 40 bytes of fixed fields, the comm,
-        // then two stacks of MAX_STACK_DEPTH (127) frames.
-        assert_eq!(size_of::<types::sample_event>(), 8 + 4 * 6 + 16 + 2 * 127 * 8);
-        assert_eq!(std::mem::offset_of!(types::sample_event, comm), 32);
-        assert_eq!(std::mem::offset_of!(types::sample_event, kernel_stack), 48);
-    }
-
-    #[test]
-    fn decodes_a_record() {
-        let mut e = types::sample_event::default();
-        e.pid = 42;
-        e.tid = 43;
-        e.comm[..3].copy_from_slice(&[b'f' as i8, b'o' as i8, b'o' as i8]);
-        e.kernel_stack_bytes = -libc::EFAULT;
-        e.user_stack[..2].copy_from_slice(&[0x1000, 0x2000]);
-        e.user_stack_bytes = 16;
-        // SAFETY: viewing a plain-old-data struct as bytes.
-        let bytes = unsafe {
-            std::slice::from_raw_parts((&e as *const types::sample_event).cast::<u8>(), size_of::<types::sample_event>())
-        };
-        let s = decode(bytes).unwrap();
-        assert_eq!((s.pid, s.tid, s.comm.as_str()), (42, 43, "foo"));
-        assert_eq!(s.kernel_stack, StackRead::Frames(vec![]));
-        assert_eq!(s.user_stack, StackRead::Frames(vec![0x1000, 0x2000]));
-        assert!(decode(&bytes[..10]).is_none());
-    }
-}

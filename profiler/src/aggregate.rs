@@ -6,7 +6,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use gpuflame_bpf::Sample;
+use gpuflame_bpf::{Sample, UnwindStatus};
 use gpuflame_symbolizer::{Symbol, Symbolizer, UserAddr};
 
 use crate::profile::{Labels, Line, Location, Mapping, Profile, ProfileBuilder, KERNEL_MAPPING};
@@ -19,6 +19,8 @@ struct StackKey {
     /// Leaf first, as sampled.
     kernel: Vec<u64>,
     user: Vec<UserAddr>,
+    /// The unwinder stopped at its depth limit: the root of the stack is missing.
+    truncated: bool,
 }
 
 pub struct CpuAggregator {
@@ -26,6 +28,9 @@ pub struct CpuAggregator {
     counts: HashMap<StackKey, u64>,
     comms: HashMap<u32, String>,
     samples: u64,
+    /// Samples with a user stack, and those of them that reached the outermost frame.
+    user_stacks: u64,
+    complete_user_stacks: u64,
 }
 
 impl Default for CpuAggregator {
@@ -42,7 +47,14 @@ fn call_sites(frames: &[u64]) -> Vec<u64> {
 
 impl CpuAggregator {
     pub fn new() -> Self {
-        CpuAggregator { symbolizer: Symbolizer::new(), counts: HashMap::new(), comms: HashMap::new(), samples: 0 }
+        CpuAggregator {
+            symbolizer: Symbolizer::new(),
+            counts: HashMap::new(),
+            comms: HashMap::new(),
+            samples: 0,
+            user_stacks: 0,
+            complete_user_stacks: 0,
+        }
     }
 
     pub fn add(&mut self, sample: &Sample) {
@@ -52,7 +64,11 @@ impl CpuAggregator {
                 self.symbolizer.forget_process(sample.pid);
             }
         }
-        let user_frames = call_sites(sample.user_stack.frames());
+        let user_frames = call_sites(&sample.user_stack);
+        if sample.unwind != UnwindStatus::KernelThread {
+            self.user_stacks += 1;
+            self.complete_user_stacks += u64::from(sample.unwind.is_complete());
+        }
         let user = if user_frames.is_empty() { Vec::new() } else { self.symbolizer.normalize(sample.pid, &user_frames) };
         let key = StackKey {
             pid: sample.pid,
@@ -60,6 +76,7 @@ impl CpuAggregator {
             comm: sample.comm.clone(),
             kernel: call_sites(sample.kernel_stack.frames()),
             user,
+            truncated: sample.unwind == UnwindStatus::Truncated,
         };
         *self.counts.entry(key).or_default() += 1;
         self.samples += 1;
@@ -67,6 +84,11 @@ impl CpuAggregator {
 
     pub fn samples(&self) -> u64 {
         self.samples
+    }
+
+    /// Fraction of user stacks that reached their outermost frame (thread entry).
+    pub fn complete_fraction(&self) -> Option<f64> {
+        (self.user_stacks > 0).then(|| self.complete_user_stacks as f64 / self.user_stacks as f64)
     }
 
     pub fn processes(&self) -> usize {
@@ -95,7 +117,11 @@ impl CpuAggregator {
         let mut user_locations: HashMap<UserAddr, usize> = HashMap::new();
         let mut kernel_locations: HashMap<u64, usize> = HashMap::new();
         for (key, count) in &self.counts {
-            let mut stack = Vec::with_capacity(key.user.len() + key.kernel.len());
+            let mut stack = Vec::with_capacity(key.user.len() + key.kernel.len() + 1);
+            if key.truncated {
+                let location = Location { mapping: None, address: 0, kernel: false, lines: vec![Line::function("[truncated]")] };
+                stack.push(b.location(&mut profile, location));
+            }
             for addr in key.user.iter().rev() {
                 let loc = *user_locations.entry(*addr).or_insert_with(|| {
                     let location = self.user_location(&mut b, &mut profile, *addr, &user_syms[addr]);

@@ -5,6 +5,7 @@ pub mod cli;
 pub mod convert;
 pub mod output;
 pub mod preflight;
+pub mod process;
 pub mod profile;
 pub mod record;
 pub mod status;

@@ -8,10 +8,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
-use gpuflame_bpf::{BpfError, CpuSampler, SamplerConfig, Targets};
+use gpuflame_bpf::{BpfError, Counters, CpuSampler, Event, SamplerConfig, Targets};
 
 use crate::aggregate::CpuAggregator;
 use crate::output::{self, Format};
+use crate::process::ProcessTracker;
 use crate::status::StatusLine;
 use crate::target::{self, GatedChild};
 use crate::{preflight, UserError};
@@ -68,7 +69,27 @@ fn record(opts: &RecordOptions, format: Format, out: File) -> anyhow::Result<i32
     } else {
         Targets::All
     };
-    let mut sampler = CpuSampler::start(&SamplerConfig { frequency_hz: opts.frequency_hz, targets }).map_err(user_facing)?;
+    let config = SamplerConfig { frequency_hz: opts.frequency_hz, targets, unwind_rows: SamplerConfig::DEFAULT_UNWIND_ROWS };
+    let mut sampler = CpuSampler::start(&config).map_err(user_facing)?;
+
+    // Tables of the processes that already run are loaded before the first sample, so that their
+    // stacks are complete from the start.
+    let mut tracker = ProcessTracker::new();
+    let preload = Instant::now();
+    if opts.command.is_empty() && opts.pids.is_empty() {
+        tracker.refresh_all(&mut sampler);
+    }
+    for &pid in &opts.pids {
+        tracker.refresh(&mut sampler, pid);
+    }
+    tracing::info!(
+        processes = tracker.processes(),
+        tables = tracker.stats.tables_built,
+        rows = tracker.stats.rows_loaded,
+        elapsed_ms = preload.elapsed().as_millis() as u64,
+        "unwind tables loaded"
+    );
+    sampler.enable(opts.frequency_hz)?;
 
     let mut child = None;
     if !opts.command.is_empty() {
@@ -84,8 +105,11 @@ fn record(opts: &RecordOptions, format: Format, out: File) -> anyhow::Result<i32
     let mut child_status = None;
     let mut last_liveness_check = Instant::now();
     loop {
-        for sample in sampler.poll(Duration::from_millis(100))? {
-            aggregator.add(&sample);
+        for event in sampler.poll(Duration::from_millis(100))? {
+            match event {
+                Event::Sample(sample) => aggregator.add(&sample),
+                Event::Process(ev) => tracker.handle(&mut sampler, ev),
+            }
         }
         if status.due() {
             status.show(start.elapsed(), aggregator.samples(), sampler.counters()?.lost);
@@ -107,8 +131,10 @@ fn record(opts: &RecordOptions, format: Format, out: File) -> anyhow::Result<i32
             }
         }
     }
-    for sample in sampler.drain()? {
-        aggregator.add(&sample);
+    for event in sampler.drain()? {
+        if let Event::Sample(sample) = event {
+            aggregator.add(&sample);
+        }
     }
     let duration = start.elapsed();
     let counters = sampler.counters()?;
@@ -116,6 +142,7 @@ fn record(opts: &RecordOptions, format: Format, out: File) -> anyhow::Result<i32
     drop(sampler);
     status.clear();
 
+    let complete = aggregator.complete_fraction();
     let processes = aggregator.processes();
     let samples = aggregator.samples();
     let profile = aggregator.into_profile(opts.frequency_hz, start_wall, duration);
@@ -127,12 +154,14 @@ fn record(opts: &RecordOptions, format: Format, out: File) -> anyhow::Result<i32
 
     let failed = counters.kernel_stack_failed + counters.user_stack_failed;
     eprintln!(
-        "gpuflame: {samples} samples from {processes} processes in {:.1} s ({} lost, {failed} failed stack reads{}) → {} ({format})",
+        "gpuflame: {samples} samples from {processes} processes in {:.1} s ({} lost, {failed} incomplete stacks{}{}) → {} ({format})",
         duration.as_secs_f64(),
         counters.lost,
+        complete.map_or(String::new(), |c| format!(", {:.1}% of user stacks complete", c * 100.0)),
         if malformed > 0 { format!(", {malformed} malformed records") } else { String::new() },
         opts.output.display(),
     );
+    report_unwinding(&counters, &tracker);
     if counters.targets_full > 0 {
         tracing::warn!(count = counters.targets_full, "new processes could not be followed: the target map was full");
     }
@@ -141,6 +170,38 @@ fn record(opts: &RecordOptions, format: Format, out: File) -> anyhow::Result<i32
         (Some(_), Some(s)) => Ok(target::exit_code(s)),
         (Some(mut c), None) => Ok(target::exit_code(c.wait().context("waiting for the command")?)),
         _ => Ok(0),
+    }
+}
+
+/// Unwind failures by reason, on request (-v), or as a warning when tables could not be loaded.
+fn report_unwinding(counters: &Counters, tracker: &ProcessTracker) {
+    let u = &counters.unwind;
+    tracing::info!(
+        no_process = u.no_process,
+        no_mapping = u.no_mapping,
+        no_row = u.no_row,
+        bad_cfa = u.bad_cfa,
+        read_fault = u.read_fault,
+        truncated = u.truncated,
+        frame_pointer_steps = u.frame_pointer_steps,
+        kernel_stack_failed = counters.kernel_stack_failed,
+        "unwinding"
+    );
+    let t = &tracker.stats;
+    tracing::info!(
+        tables = t.tables_built,
+        rows = t.rows_loaded,
+        build_ms = t.build_time.as_millis() as u64,
+        evicted = t.tables_evicted,
+        failures = t.table_failures,
+        "unwind tables"
+    );
+    if t.mappings_dropped > 0 || counters.process_events_lost > 0 {
+        tracing::warn!(
+            mappings_dropped = t.mappings_dropped,
+            process_events_lost = counters.process_events_lost,
+            "some code could not be described to the unwinder"
+        );
     }
 }
 

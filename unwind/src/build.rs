@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use gimli::{BaseAddresses, CieOrFde, DebugFrame, EhFrame, LittleEndian, UnwindContext, UnwindSection};
-use object::{Object, ObjectSection};
+use object::{Object, ObjectSection, ObjectSegment};
 
 use crate::rule::{classify, UnwindRule};
 use crate::{TableStats, UnwindError, UnwindRow, UnwindTable};
@@ -53,7 +53,14 @@ pub(crate) fn from_elf(data: &[u8]) -> Result<UnwindTable, UnwindError> {
         fdes.extend(extra.into_iter().filter(|f| !covered.iter().any(|&(s, e)| f.start < e && s < f.end)));
         stats.from_debug_frame = fdes.len() > before;
     }
-    Ok(UnwindTable { rows: merge(fdes), stats })
+    let segments = file
+        .segments()
+        .map(|seg| {
+            let (file_offset, file_size) = seg.file_range();
+            crate::LoadSegment { file_offset, vaddr: seg.address(), file_size }
+        })
+        .collect();
+    Ok(UnwindTable { rows: merge(fdes), segments, stats })
 }
 
 fn collect<'a, S: UnwindSection<Slice<'a>>>(

@@ -107,6 +107,7 @@ mod tests {
         let r = |off| UnwindRule { cfa: CfaRule::RspOffset(off), rbp: RbpRule::Unchanged };
         let table = UnwindTable {
             rows: vec![UnwindRow { pc: 0x1000, rule: r(8) }, UnwindRow { pc: 0x1004, rule: r(16) }, UnwindRow { pc: 0x1100, rule: UnwindRule::NO_INFO }],
+            segments: Vec::new(),
             stats: Default::default(),
         };
         let mut shared = RuleTable::default();

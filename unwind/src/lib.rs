@@ -30,7 +30,27 @@ pub struct UnwindRow {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UnwindTable {
     pub rows: Vec<UnwindRow>,
+    /// The file's loadable segments, to turn runtime addresses into file addresses.
+    pub segments: Vec<LoadSegment>,
     pub stats: TableStats,
+}
+
+/// A PT_LOAD segment: `file_size` bytes at `file_offset` are mapped at virtual address `vaddr`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadSegment {
+    pub file_offset: u64,
+    pub vaddr: u64,
+    pub file_size: u64,
+}
+
+/// The load bias of a mapping that maps the file at `file_offset` to `start`: runtime address
+/// minus the file's virtual address. None when no segment holds that offset.
+pub fn load_bias(segments: &[LoadSegment], start: u64, file_offset: u64) -> Option<u64> {
+    let seg = segments
+        .iter()
+        .find(|s| s.file_offset <= file_offset && file_offset < s.file_offset + s.file_size.max(1))?;
+    let vaddr = seg.vaddr + (file_offset - seg.file_offset);
+    Some(start.wrapping_sub(vaddr))
 }
 
 /// What went into a table, for reports and benchmarks.
@@ -75,5 +95,21 @@ impl UnwindTable {
     pub fn lookup(&self, pc: u64) -> Option<UnwindRule> {
         let i = self.rows.partition_point(|r| r.pc <= pc);
         i.checked_sub(1).map(|i| self.rows[i].rule)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn load_bias_of_pie_and_non_pie_mappings() {
+        // A PIE's text segment: file offset 0x1000 at vaddr 0x1000, mapped at 0x5555_5555_5000.
+        let pie = [LoadSegment { file_offset: 0, vaddr: 0, file_size: 0x1000 }, LoadSegment { file_offset: 0x1000, vaddr: 0x1000, file_size: 0x2000 }];
+        assert_eq!(load_bias(&pie, 0x5555_5555_5000, 0x1000), Some(0x5555_5555_4000));
+        // A non-PIE executable maps at its link address: no bias.
+        let exe = [LoadSegment { file_offset: 0x1000, vaddr: 0x401000, file_size: 0x5000 }];
+        assert_eq!(load_bias(&exe, 0x401000, 0x1000), Some(0));
+        assert_eq!(load_bias(&exe, 0x401000, 0x9000), None);
     }
 }

@@ -1,13 +1,15 @@
 // SPDX-License-Identifier: GPL-2.0
 /* CPU-time sampling: a perf_event program on the software CPU clock of every online CPU. */
 #include "vmlinux.h"
+#include <bpf/bpf_core_read.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 
 #include "events.h"
 #include "maps.h"
+#include "native_unwind.h"
+#include "process_events.h"
 #include "targets.h"
-#include "user_stack.h"
 
 #ifndef EFAULT
 #define EFAULT 14
@@ -15,39 +17,42 @@
 
 char LICENSE[] SEC("license") = "GPL";
 
-/* Keep struct sample_event and enum counter in the object's BTF so that libbpf-cargo generates their Rust mirror. */
+/* Keep these types in the object's BTF so that libbpf-cargo generates their Rust mirror. */
 struct sample_event layout_sample_event = {};
+struct process_event layout_process_event = {};
 enum counter layout_counter = COUNTER_SAMPLES;
+enum unwind_status layout_unwind_status = UNWIND_END_OF_STACK;
+enum process_event_kind layout_process_event_kind = PROCESS_EXEC;
+enum cfa_kind layout_cfa_kind = CFA_NO_INFO;
+enum rbp_kind layout_rbp_kind = RBP_UNCHANGED;
 
 SEC("perf_event")
 int on_cpu_sample(struct bpf_perf_event_data *ctx)
 {
 	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tgid = id >> 32;
+	__u32 tgid = id >> 32, zero = 0;
 	struct sample_event *e;
 
 	if (!is_target(tgid))
 		return 0;
 	count(COUNTER_SAMPLES);
 
-	e = bpf_ringbuf_reserve(&samples, sizeof(*e), 0);
-	if (!e) {
-		count(COUNTER_LOST);
+	e = bpf_map_lookup_elem(&sample_scratch, &zero);
+	if (!e)
 		return 0;
-	}
 	e->timestamp_ns = bpf_ktime_get_boot_ns();
 	e->pid = tgid;
 	e->tid = (__u32)id;
 	e->cpu = bpf_get_smp_processor_id();
-	e->_pad = 0;
 	bpf_get_current_comm(e->comm, sizeof(e->comm));
 
 	/* A sample taken in user mode has no kernel part; only real failures are counted. */
 	e->kernel_stack_bytes = bpf_get_stack(ctx, e->kernel_stack, sizeof(e->kernel_stack), 0);
 	if (e->kernel_stack_bytes < 0 && e->kernel_stack_bytes != -EFAULT)
 		count(COUNTER_KSTACK_FAILED);
-	collect_user_stack(ctx, e);
+	unwind_user_stack(e);
 
-	bpf_ringbuf_submit(e, 0);
+	if (bpf_ringbuf_output(&samples, e, sizeof(*e), 0))
+		count(COUNTER_LOST);
 	return 0;
 }

@@ -4,22 +4,49 @@
 #define GPUFLAME_EVENTS_H
 
 /* The kernel's perf_event_max_stack default; bpf_get_stack() refuses deeper buffers there. */
-#define MAX_STACK_DEPTH 127
+#define MAX_KERNEL_FRAMES 127
+/* Native frames the unwinder walks per sample; deeper stacks end truncated. A power of two. */
+#define MAX_USER_FRAMES 256
 #define COMM_LEN 16
 
-/* One CPU-clock sample, sent through the `samples` ring buffer. Stack lengths are in bytes as
- * bpf_get_stack() returns them: negative is an error code, 0 an empty stack. */
+/* Why the user stack ended. */
+enum unwind_status {
+	UNWIND_END_OF_STACK = 0, /* reached the outermost frame (undefined return address) */
+	UNWIND_TRUNCATED = 1,    /* MAX_USER_FRAMES reached */
+	UNWIND_NO_PROCESS = 2,   /* the process's mappings are not loaded yet */
+	UNWIND_NO_MAPPING = 3,   /* the address is in no known executable mapping */
+	UNWIND_NO_ROW = 4,       /* no unwind row, and no frame pointer to fall back to */
+	UNWIND_BAD_CFA = 5,      /* a rule the unwinder does not follow, or a CFA of 0 */
+	UNWIND_READ_FAULT = 6,   /* reading the stack failed (paged out, or garbage) */
+	UNWIND_KERNEL_THREAD = 7,/* no user stack at all */
+	UNWIND_ZERO_RA = 8,      /* return address 0: the end of a stack without CFI marking */
+};
+
+/* One CPU-clock sample, sent through the `samples` ring buffer. */
 struct sample_event {
 	__u64 timestamp_ns;
 	__u32 pid;
 	__u32 tid;
 	__u32 cpu;
+	/* Bytes as bpf_get_stack() returns them: negative is an error code, 0 an empty stack. */
 	__s32 kernel_stack_bytes;
-	__s32 user_stack_bytes;
-	__u32 _pad;
+	__u32 user_frames;        /* entries of user_stack in use */
+	__u32 unwind_status;      /* enum unwind_status */
 	char comm[COMM_LEN];
-	__u64 kernel_stack[MAX_STACK_DEPTH];
-	__u64 user_stack[MAX_STACK_DEPTH];
+	__u64 kernel_stack[MAX_KERNEL_FRAMES];
+	__u64 user_stack[MAX_USER_FRAMES];
+};
+
+/* Process life-cycle events for the process tracker, through the `process_events` ring buffer. */
+enum process_event_kind {
+	PROCESS_EXEC = 0,    /* exec'd a new program: mappings changed */
+	PROCESS_EXIT = 1,    /* the whole process ended */
+	PROCESS_UNKNOWN = 2, /* a sample met a process or address the unwinder has no tables for */
+};
+
+struct process_event {
+	__u32 pid;
+	__u32 kind;
 };
 
 /* Indices of the per-CPU `counters` array. */
@@ -27,15 +54,83 @@ enum counter {
 	COUNTER_SAMPLES = 0,       /* samples of target processes seen by the program */
 	COUNTER_LOST = 1,          /* ring buffer full: sample dropped */
 	COUNTER_KSTACK_FAILED = 2, /* bpf_get_stack() failed on the kernel stack */
-	COUNTER_USTACK_FAILED = 3, /* user stack could not be read */
+	COUNTER_USTACK_FAILED = 3, /* the user stack ended before its outermost frame */
 	COUNTER_TARGETS_FULL = 4,  /* a descendant could not be added to `targets` */
-	COUNTER_MAX = 5,
+	COUNTER_UNWIND_NO_PROCESS = 5,
+	COUNTER_UNWIND_NO_MAPPING = 6,
+	COUNTER_UNWIND_NO_ROW = 7,
+	COUNTER_UNWIND_BAD_CFA = 8,
+	COUNTER_UNWIND_READ_FAULT = 9,
+	COUNTER_UNWIND_TRUNCATED = 10,
+	COUNTER_UNWIND_FP_FALLBACK = 11, /* frames stepped with frame pointers for lack of rows */
+	COUNTER_PROCESS_EVENTS_LOST = 12,
+	COUNTER_MAX = 13,
 };
 
 /* Which processes are sampled, set before load. */
 enum target_mode {
 	TARGET_ALL = 0,  /* every process but the idle task */
 	TARGET_PIDS = 1, /* the tgids in `targets`, and their descendants when follow_forks is set */
+};
+
+/* --- Unwind tables (written by user space, read by the unwinder) --- */
+
+#define MAX_PROCESS_MAPPINGS 1024 /* executable mappings per process; a power of two */
+#define ROWS_PER_BLOCK 16
+
+/* An executable mapping of a process: [begin, end) runs the code of table `table_id`, and the
+ * file's virtual address of `addr` is addr - load_bias. */
+struct exec_mapping {
+	__u64 begin;
+	__u64 end;
+	__u64 load_bias;
+	__u32 table_id;
+	__u32 flags;
+};
+
+#define MAPPING_HAS_TABLE 1 /* else: no unwind info (JIT, anonymous): frame pointers */
+
+struct process_info {
+	__u32 mapping_count;
+	__u32 _pad;
+	struct exec_mapping mappings[MAX_PROCESS_MAPPINGS]; /* sorted by begin, not overlapping */
+};
+
+/* Where table `table_id` lives in `unwind_blocks`. Row addresses are relative to `base`. */
+struct table_info {
+	__u64 base;
+	__u32 first_block;
+	__u32 block_count;
+};
+
+/* ROWS_PER_BLOCK rows: start addresses (relative to the table's base, ascending; unused slots are
+ * 0xffffffff) and indices into `unwind_rules`. 6 bytes per row. */
+struct unwind_block {
+	__u32 pc[ROWS_PER_BLOCK];
+	__u16 rule[ROWS_PER_BLOCK];
+};
+
+enum cfa_kind {
+	CFA_NO_INFO = 0,
+	CFA_RSP_OFFSET = 1,
+	CFA_RBP_OFFSET = 2,
+	CFA_PLT = 3,       /* rsp + 8 + ((rip & 15) >= rbp_offset ? 8 : 0) */
+	CFA_DEREF_RBP = 4, /* *(rbp + cfa_offset) */
+	CFA_END_OF_STACK = 5,
+	CFA_UNSUPPORTED = 6,
+};
+
+enum rbp_kind {
+	RBP_UNCHANGED = 0,
+	RBP_CFA_OFFSET = 1, /* saved at cfa + rbp_offset */
+	RBP_UNSUPPORTED = 2,
+};
+
+struct unwind_rule {
+	__u8 cfa_kind;
+	__u8 rbp_kind;
+	__s16 rbp_offset;
+	__s32 cfa_offset;
 };
 
 #endif

@@ -5,11 +5,19 @@
 #include "events.h"
 
 #define MAX_TARGETS 65536
+#define MAX_PROCESSES 16384
+#define MAX_TABLES 16384
+#define MAX_RULES 65536
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 16 * 1024 * 1024);
 } samples SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 * 1024);
+} process_events SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -26,12 +34,68 @@ struct {
 	__type(value, __u8);
 } targets SEC(".maps");
 
+/* The sample being built: too big for the BPF stack. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct sample_event);
+} sample_scratch SEC(".maps");
+
+/* tgid -> its executable mappings. Allocated on use: most processes never appear. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_PROCESSES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, struct process_info);
+} processes SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_TABLES);
+	__type(key, __u32);
+	__type(value, struct table_info);
+} unwind_tables SEC(".maps");
+
+/* All tables' rows; user space sizes it before load and hands out ranges of blocks. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct unwind_block);
+} unwind_blocks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_RULES);
+	__type(key, __u32);
+	__type(value, struct unwind_rule);
+} unwind_rules SEC(".maps");
+
+/* tgid -> when a refresh of its mappings was last asked for, so that a process with code the
+ * tracker cannot describe (JIT) does not flood user space. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, __u32);
+	__type(value, __u64);
+} refresh_requested SEC(".maps");
+
 static __always_inline void count(enum counter c)
 {
 	__u32 key = c;
 	__u64 *v = bpf_map_lookup_elem(&counters, &key);
 	if (v)
 		*v += 1;
+}
+
+static __always_inline void send_process_event(__u32 pid, enum process_event_kind kind)
+{
+	struct process_event ev = { .pid = pid, .kind = kind };
+
+	if (bpf_ringbuf_output(&process_events, &ev, sizeof(ev), 0))
+		count(COUNTER_PROCESS_EVENTS_LOST);
 }
 
 #endif

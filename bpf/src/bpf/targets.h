@@ -37,19 +37,4 @@ int BPF_PROG(on_process_fork, struct task_struct *parent, struct task_struct *ch
 	return 0;
 }
 
-/* A recycled pid must not inherit its predecessor's membership. */
-SEC("tp_btf/sched_process_exit")
-int BPF_PROG(on_process_exit, struct task_struct *task)
-{
-	__u32 tgid;
-
-	if (target_mode != TARGET_PIDS || !follow_forks)
-		return 0;
-	if (task->pid != task->tgid) /* only when the whole process ends */
-		return 0;
-	tgid = task->tgid;
-	bpf_map_delete_elem(&targets, &tgid);
-	return 0;
-}
-
 #endif

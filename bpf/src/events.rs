@@ -1,0 +1,199 @@
+//! Typed forms of what the BPF programs send, decoded from the ring buffers.
+
+use std::mem::size_of;
+
+use crate::skel::types;
+
+/// The outcome of the kernel stack read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StackRead {
+    /// Instruction pointers, leaf first: the sampled address, then return addresses.
+    Frames(Vec<u64>),
+    /// The read failed with this errno.
+    Failed(i32),
+}
+
+impl StackRead {
+    pub fn frames(&self) -> &[u64] {
+        match self {
+            StackRead::Frames(f) => f,
+            StackRead::Failed(_) => &[],
+        }
+    }
+}
+
+/// Why the user stack ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UnwindStatus {
+    /// Reached the outermost frame: the stack is complete.
+    EndOfStack,
+    /// Deeper than the unwinder walks.
+    Truncated,
+    /// The process's tables were not loaded yet.
+    NoProcess,
+    NoMapping,
+    NoRow,
+    BadCfa,
+    ReadFault,
+    KernelThread,
+    /// A zero return address: the end of a stack whose outermost frame has no CFI marking.
+    ZeroReturnAddress,
+    Unknown(u32),
+}
+
+impl UnwindStatus {
+    fn from_raw(v: u32) -> Self {
+        match v {
+            0 => UnwindStatus::EndOfStack,
+            1 => UnwindStatus::Truncated,
+            2 => UnwindStatus::NoProcess,
+            3 => UnwindStatus::NoMapping,
+            4 => UnwindStatus::NoRow,
+            5 => UnwindStatus::BadCfa,
+            6 => UnwindStatus::ReadFault,
+            7 => UnwindStatus::KernelThread,
+            8 => UnwindStatus::ZeroReturnAddress,
+            other => UnwindStatus::Unknown(other),
+        }
+    }
+
+    /// Whether the stack reached its outermost frame.
+    pub fn is_complete(self) -> bool {
+        matches!(self, UnwindStatus::EndOfStack | UnwindStatus::ZeroReturnAddress | UnwindStatus::KernelThread)
+    }
+}
+
+/// One CPU-clock sample as BPF recorded it.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    /// CLOCK_BOOTTIME nanoseconds.
+    pub timestamp_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub cpu: u32,
+    pub comm: String,
+    pub kernel_stack: StackRead,
+    /// Leaf first.
+    pub user_stack: Vec<u64>,
+    pub unwind: UnwindStatus,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcessEventKind {
+    Exec,
+    Exit,
+    /// A sample met code the unwinder has no table for: the mappings should be read again.
+    Unknown,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessEvent {
+    pub pid: u32,
+    pub kind: ProcessEventKind,
+}
+
+/// What the sampler's ring buffers deliver, in order of arrival per buffer.
+#[derive(Debug, Clone)]
+pub enum Event {
+    Sample(Sample),
+    Process(ProcessEvent),
+}
+
+/// # Safety
+/// `T` must be plain old data (the generated BTF mirrors are).
+pub(crate) unsafe fn read_pod<T: Copy>(data: &[u8]) -> Option<T> {
+    if data.len() < size_of::<T>() {
+        return None;
+    }
+    // SAFETY: the length was checked; the caller guarantees T is plain old data; read_unaligned
+    // makes no alignment assumption.
+    Some(unsafe { std::ptr::read_unaligned(data.as_ptr().cast()) })
+}
+
+pub(crate) fn as_bytes<T: Copy>(v: &T) -> &[u8] {
+    // SAFETY: viewing a Copy value as its bytes; the generated types have no padding holes that
+    // the kernel would read as meaningful (they are zero-initialised by Default).
+    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }
+}
+
+pub(crate) fn decode_sample(data: &[u8]) -> Option<Sample> {
+    // SAFETY: sample_event is generated from BTF and plain old data.
+    let e: Box<types::sample_event> = Box::new(unsafe { read_pod(data)? });
+    let comm_bytes: Vec<u8> = e.comm.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    let user_frames = (e.user_frames as usize).min(e.user_stack.len());
+    Some(Sample {
+        timestamp_ns: e.timestamp_ns,
+        pid: e.pid,
+        tid: e.tid,
+        cpu: e.cpu,
+        comm: String::from_utf8_lossy(&comm_bytes).into_owned(),
+        kernel_stack: kernel_stack(&e.kernel_stack, e.kernel_stack_bytes),
+        user_stack: e.user_stack[..user_frames].to_vec(),
+        unwind: UnwindStatus::from_raw(e.unwind_status),
+    })
+}
+
+pub(crate) fn decode_process_event(data: &[u8]) -> Option<ProcessEvent> {
+    // SAFETY: process_event is generated from BTF and plain old data.
+    let e: types::process_event = unsafe { read_pod(data)? };
+    let kind = match e.kind {
+        0 => ProcessEventKind::Exec,
+        1 => ProcessEventKind::Exit,
+        2 => ProcessEventKind::Unknown,
+        _ => return None,
+    };
+    Some(ProcessEvent { pid: e.pid, kind })
+}
+
+fn kernel_stack(frames: &[u64], bytes: i32) -> StackRead {
+    if bytes < 0 {
+        // An empty kernel part of a user-mode sample reads as EFAULT: no failure, no frames.
+        if -bytes == libc::EFAULT {
+            return StackRead::Frames(Vec::new());
+        }
+        return StackRead::Failed(-bytes);
+    }
+    let n = (bytes as usize / size_of::<u64>()).min(frames.len());
+    StackRead::Frames(frames[..n].iter().copied().take_while(|&ip| ip != 0).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_layout_matches_the_c_header() {
+        // 32 bytes of fixed fields, the comm, 127 kernel frames, 256 user frames.
+        assert_eq!(std::mem::offset_of!(types::sample_event, comm), 32);
+        assert_eq!(std::mem::offset_of!(types::sample_event, kernel_stack), 48);
+        assert_eq!(size_of::<types::sample_event>(), 48 + 127 * 8 + 256 * 8);
+        assert_eq!(size_of::<types::unwind_block>(), 16 * 6);
+        assert_eq!(size_of::<types::unwind_rule>(), 8);
+        assert_eq!(size_of::<types::exec_mapping>(), 32);
+        assert_eq!(size_of::<types::process_info>(), 8 + 1024 * 32);
+    }
+
+    #[test]
+    fn decodes_a_sample() {
+        let mut e: Box<types::sample_event> = Box::default();
+        e.pid = 42;
+        e.tid = 43;
+        e.comm[..3].copy_from_slice(&[b'f' as i8, b'o' as i8, b'o' as i8]);
+        e.kernel_stack_bytes = -libc::EFAULT;
+        e.user_stack[..2].copy_from_slice(&[0x1000, 0x2000]);
+        e.user_frames = 2;
+        e.unwind_status = 1;
+        let s = decode_sample(as_bytes(&*e)).unwrap();
+        assert_eq!((s.pid, s.tid, s.comm.as_str()), (42, 43, "foo"));
+        assert_eq!(s.kernel_stack, StackRead::Frames(vec![]));
+        assert_eq!(s.user_stack, vec![0x1000, 0x2000]);
+        assert_eq!(s.unwind, UnwindStatus::Truncated);
+        assert!(decode_sample(&as_bytes(&*e)[..10]).is_none());
+    }
+
+    #[test]
+    fn decodes_process_events() {
+        let e = types::process_event { pid: 7, kind: 1 };
+        assert_eq!(decode_process_event(as_bytes(&e)), Some(ProcessEvent { pid: 7, kind: ProcessEventKind::Exit }));
+    }
+}

@@ -1,0 +1,198 @@
+//! The unwind maps seen from user space: rules, tables of rows, and each process's executable
+//! mappings. Only this module knows how they are laid out.
+
+use std::collections::HashMap;
+
+use gpuflame_unwind::{CfaRule, CompactTable, RbpRule, RuleTable, UnwindRule};
+use libbpf_rs::{MapCore, MapFlags, MapMut};
+
+use crate::blocks::BlockAllocator;
+use crate::events::as_bytes;
+use crate::skel::types;
+use crate::BpfError;
+
+/// Rows per block of `unwind_blocks` (ROWS_PER_BLOCK in events.h).
+const ROWS_PER_BLOCK: usize = 16;
+pub(crate) const MAX_PROCESS_MAPPINGS: usize = 1024;
+const MAX_TABLES: u32 = 16384;
+
+/// A table loaded into BPF.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TableId(u32);
+
+/// An executable mapping of a process, as the unwinder needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExecMapping {
+    pub begin: u64,
+    pub end: u64,
+    /// Runtime address minus the ELF file's virtual address.
+    pub load_bias: u64,
+    /// None: code without unwind information (frame pointers are tried).
+    pub table: Option<TableId>,
+}
+
+/// How full the unwind maps are.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UnwindCapacity {
+    pub rows_used: u64,
+    pub rows_total: u64,
+    pub tables: u32,
+    pub rules: u32,
+}
+
+pub(crate) struct UnwindMaps {
+    blocks: BlockAllocator,
+    tables: HashMap<u32, (u32, u32)>,
+    free_ids: Vec<u32>,
+    next_id: u32,
+    rules_loaded: usize,
+}
+
+fn map_err(map: &'static str) -> impl Fn(libbpf_rs::Error) -> BpfError {
+    move |source| BpfError::Map { map, source }
+}
+
+fn rule_value(rule: UnwindRule) -> types::unwind_rule {
+    let (cfa_kind, cfa_offset, mut rbp_offset) = match rule.cfa {
+        CfaRule::NoInfo => (types::cfa_kind::CFA_NO_INFO, 0, 0),
+        CfaRule::RspOffset(o) => (types::cfa_kind::CFA_RSP_OFFSET, o, 0),
+        CfaRule::RbpOffset(o) => (types::cfa_kind::CFA_RBP_OFFSET, o, 0),
+        CfaRule::Plt { threshold } => (types::cfa_kind::CFA_PLT, 0, i16::from(threshold)),
+        CfaRule::DerefRbp(o) => (types::cfa_kind::CFA_DEREF_RBP, o, 0),
+        CfaRule::EndOfStack => (types::cfa_kind::CFA_END_OF_STACK, 0, 0),
+        CfaRule::Unsupported => (types::cfa_kind::CFA_UNSUPPORTED, 0, 0),
+    };
+    let rbp_kind = match rule.rbp {
+        RbpRule::Unchanged => types::rbp_kind::RBP_UNCHANGED,
+        RbpRule::CfaOffset(o) => match i16::try_from(o) {
+            Ok(o) if !matches!(rule.cfa, CfaRule::Plt { .. }) => {
+                rbp_offset = o;
+                types::rbp_kind::RBP_CFA_OFFSET
+            }
+            _ => types::rbp_kind::RBP_UNSUPPORTED,
+        },
+        RbpRule::Unsupported => types::rbp_kind::RBP_UNSUPPORTED,
+    };
+    types::unwind_rule { cfa_kind: cfa_kind.0 as u8, rbp_kind: rbp_kind.0 as u8, rbp_offset, cfa_offset }
+}
+
+impl UnwindMaps {
+    pub(crate) fn new(block_capacity: u32) -> Self {
+        UnwindMaps { blocks: BlockAllocator::new(block_capacity), tables: HashMap::new(), free_ids: Vec::new(), next_id: 0, rules_loaded: 0 }
+    }
+
+    pub(crate) fn load_rules(&mut self, map: &MapMut<'_>, rules: &RuleTable) -> Result<(), BpfError> {
+        for (i, rule) in rules.since(self.rules_loaded) {
+            map.update(&u32::from(i).to_ne_bytes(), as_bytes(&rule_value(rule)), MapFlags::ANY).map_err(map_err("unwind_rules"))?;
+        }
+        self.rules_loaded = rules.len();
+        Ok(())
+    }
+
+    pub(crate) fn insert_table(&mut self, blocks_map: &MapMut<'_>, tables_map: &MapMut<'_>, table: &CompactTable) -> Result<TableId, BpfError> {
+        let block_count = table.len().div_ceil(ROWS_PER_BLOCK) as u32;
+        let id = match self.free_ids.pop() {
+            Some(id) => id,
+            None if self.next_id < MAX_TABLES => {
+                self.next_id += 1;
+                self.next_id - 1
+            }
+            None => return Err(BpfError::UnwindFull(format!("all {MAX_TABLES} table slots are in use"))),
+        };
+        let Some(first) = self.blocks.alloc(block_count) else {
+            self.free_ids.push(id);
+            return Err(BpfError::UnwindFull(format!(
+                "{} rows do not fit: {} of {} rows free",
+                table.len(),
+                u64::from(self.blocks.free_blocks()) * ROWS_PER_BLOCK as u64,
+                u64::from(self.blocks.capacity()) * ROWS_PER_BLOCK as u64
+            )));
+        };
+        let mut keys = Vec::with_capacity(block_count as usize * 4);
+        let mut values = Vec::with_capacity(block_count as usize * std::mem::size_of::<types::unwind_block>());
+        for (b, chunk) in table.pcs.chunks(ROWS_PER_BLOCK).zip(table.rules.chunks(ROWS_PER_BLOCK)).enumerate() {
+            let mut block = types::unwind_block { pc: [u32::MAX; ROWS_PER_BLOCK], rule: [0; ROWS_PER_BLOCK] };
+            block.pc[..chunk.0.len()].copy_from_slice(chunk.0);
+            block.rule[..chunk.1.len()].copy_from_slice(chunk.1);
+            keys.extend_from_slice(&(first + b as u32).to_ne_bytes());
+            values.extend_from_slice(as_bytes(&block));
+        }
+        let written = if block_count > 0 {
+            blocks_map.update_batch(&keys, &values, block_count, MapFlags::ANY, MapFlags::ANY)
+        } else {
+            Ok(())
+        };
+        let info = types::table_info { base: table.base, first_block: first, block_count };
+        let written = written.and_then(|()| tables_map.update(&id.to_ne_bytes(), as_bytes(&info), MapFlags::ANY));
+        if let Err(e) = written {
+            self.blocks.release(first, block_count);
+            self.free_ids.push(id);
+            return Err(map_err("unwind_blocks")(e));
+        }
+        self.tables.insert(id, (first, block_count));
+        Ok(TableId(id))
+    }
+
+    pub(crate) fn remove_table(&mut self, tables_map: &MapMut<'_>, id: TableId) -> Result<(), BpfError> {
+        let Some((first, count)) = self.tables.remove(&id.0) else { return Ok(()) };
+        // An empty entry first, so no sample reads blocks that are being reused.
+        let empty = types::table_info::default();
+        tables_map.update(&id.0.to_ne_bytes(), as_bytes(&empty), MapFlags::ANY).map_err(map_err("unwind_tables"))?;
+        self.blocks.release(first, count);
+        self.free_ids.push(id.0);
+        Ok(())
+    }
+
+    pub(crate) fn set_process(map: &MapMut<'_>, pid: u32, mappings: &[ExecMapping]) -> Result<usize, BpfError> {
+        let mut sorted: Vec<ExecMapping> = mappings.to_vec();
+        sorted.sort_by_key(|m| m.begin);
+        let kept = sorted.len().min(MAX_PROCESS_MAPPINGS);
+        let mut info: Box<types::process_info> = Box::default();
+        info.mapping_count = kept as u32;
+        for (slot, m) in info.mappings.iter_mut().zip(&sorted[..kept]) {
+            *slot = types::exec_mapping {
+                begin: m.begin,
+                end: m.end,
+                load_bias: m.load_bias,
+                table_id: m.table.map_or(0, |t| t.0),
+                flags: u32::from(m.table.is_some()),
+            };
+        }
+        map.update(&pid.to_ne_bytes(), as_bytes(&*info), MapFlags::ANY).map_err(map_err("processes"))?;
+        Ok(sorted.len() - kept)
+    }
+
+    pub(crate) fn remove_process(map: &MapMut<'_>, pid: u32) {
+        // Already gone when the exit handler in BPF removed it first.
+        let _ = map.delete(&pid.to_ne_bytes());
+    }
+
+    pub(crate) fn capacity(&self, rules: usize) -> UnwindCapacity {
+        let used = self.blocks.capacity() - self.blocks.free_blocks();
+        UnwindCapacity {
+            rows_used: u64::from(used) * ROWS_PER_BLOCK as u64,
+            rows_total: u64::from(self.blocks.capacity()) * ROWS_PER_BLOCK as u64,
+            tables: self.tables.len() as u32,
+            rules: rules as u32,
+        }
+    }
+
+    pub(crate) fn rules_loaded(&self) -> usize {
+        self.rules_loaded
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rules_encode_as_the_c_side_reads_them() {
+        let r = rule_value(UnwindRule { cfa: CfaRule::RspOffset(24), rbp: RbpRule::CfaOffset(-16) });
+        assert_eq!((r.cfa_kind, r.cfa_offset, r.rbp_kind, r.rbp_offset), (1, 24, 1, -16));
+        let plt = rule_value(UnwindRule { cfa: CfaRule::Plt { threshold: 11 }, rbp: RbpRule::Unchanged });
+        assert_eq!((plt.cfa_kind, plt.rbp_offset, plt.rbp_kind), (3, 11, 0));
+        let end = rule_value(UnwindRule { cfa: CfaRule::EndOfStack, rbp: RbpRule::Unchanged });
+        assert_eq!(end.cfa_kind, 5);
+    }
+}

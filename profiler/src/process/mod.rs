@@ -1,0 +1,7 @@
+//! Process tracking: which executables each target process maps, and their unwind tables in BPF.
+
+mod maps;
+mod tracker;
+
+pub use maps::{parse_maps, MapsEntry};
+pub use tracker::{ProcessTracker, TrackerStats};
