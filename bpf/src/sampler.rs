@@ -2,7 +2,7 @@
 
 use std::cell::RefCell;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, IntoRawFd};
+use std::os::fd::{AsFd, AsRawFd, IntoRawFd};
 use std::path::Path;
 use std::rc::Rc;
 use std::time::Duration;
@@ -196,7 +196,8 @@ impl CpuSampler {
             .map_err(|source| BpfError::Map { map: "targets", source })
     }
 
-    /// Waits up to `timeout` for events and returns those that arrived.
+    /// Waits up to `timeout` for events and returns those that arrived. Samples do not wake the
+    /// reader until their buffer is a quarter full, so this always drains after waiting.
     pub fn poll(&mut self, timeout: Duration) -> Result<Vec<Event>, BpfError> {
         match self.ring.poll(timeout) {
             Ok(()) => {}
@@ -204,7 +205,7 @@ impl CpuSampler {
             Err(e) if e.kind() == libbpf_rs::ErrorKind::Interrupted => {}
             Err(e) => return Err(BpfError::RingBuffer(e)),
         }
-        Ok(std::mem::take(&mut *self.inbox.borrow_mut()))
+        self.drain()
     }
 
     /// Reads whatever is in the ring buffer without waiting.
@@ -278,6 +279,17 @@ impl CpuSampler {
 
     pub fn remove_process(&self, pid: u32) {
         UnwindMaps::remove_process(&self.skel.maps.processes, pid)
+    }
+
+    /// How often the sampling program ran and its total run time in ns, as the kernel counts it
+    /// while `kernel.bpf_stats_enabled` is 1 (0 otherwise).
+    pub fn sampler_run_stats(&self) -> Option<(u64, u64)> {
+        let fd = self.skel.progs.on_cpu_sample.as_fd().as_raw_fd();
+        let mut info = libbpf_sys::bpf_prog_info::default();
+        let mut len = std::mem::size_of::<libbpf_sys::bpf_prog_info>() as u32;
+        // SAFETY: info is a zeroed bpf_prog_info and len its size; the kernel fills at most len bytes.
+        let ret = unsafe { libbpf_sys::bpf_prog_get_info_by_fd(fd, &mut info, &mut len) };
+        (ret == 0).then_some((info.run_cnt, info.run_time_ns))
     }
 
     pub fn unwind_capacity(&self) -> UnwindCapacity {

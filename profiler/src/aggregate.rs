@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use gpuflame_bpf::{Sample, UnwindStatus};
-use gpuflame_symbolizer::{Symbol, Symbolizer, UserAddr};
+use gpuflame_symbolizer::{MappedFile, Symbol, Symbolizer, UserAddr};
 
 use crate::profile::{Labels, Line, Location, Mapping, Profile, ProfileBuilder, KERNEL_MAPPING};
 
@@ -57,7 +57,9 @@ impl CpuAggregator {
         }
     }
 
-    pub fn add(&mut self, sample: &Sample) {
+    /// Adds a sample. `files` are the process's mappings as the process tracker read them, so
+    /// that its addresses are placed even if it has exited by now.
+    pub fn add(&mut self, sample: &Sample, files: Option<&[MappedFile]>) {
         // A new command name for a known pid means exec: its old mappings are gone.
         if let Some(old) = self.comms.insert(sample.pid, sample.comm.clone()) {
             if old != sample.comm {
@@ -69,7 +71,11 @@ impl CpuAggregator {
             self.user_stacks += 1;
             self.complete_user_stacks += u64::from(sample.unwind.is_complete());
         }
-        let user = if user_frames.is_empty() { Vec::new() } else { self.symbolizer.normalize(sample.pid, &user_frames) };
+        let user = match files {
+            _ if user_frames.is_empty() => Vec::new(),
+            Some(files) => self.symbolizer.normalize_in(sample.pid, &user_frames, files),
+            None => self.symbolizer.normalize(sample.pid, &user_frames),
+        };
         let key = StackKey {
             pid: sample.pid,
             tid: sample.tid,

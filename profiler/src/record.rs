@@ -107,7 +107,7 @@ fn record(opts: &RecordOptions, format: Format, out: File) -> anyhow::Result<i32
     loop {
         for event in sampler.poll(Duration::from_millis(100))? {
             match event {
-                Event::Sample(sample) => aggregator.add(&sample),
+                Event::Sample(sample) => aggregator.add(&sample, tracker.files(sample.pid)),
                 Event::Process(ev) => tracker.handle(&mut sampler, ev),
             }
         }
@@ -133,12 +133,15 @@ fn record(opts: &RecordOptions, format: Format, out: File) -> anyhow::Result<i32
     }
     for event in sampler.drain()? {
         if let Event::Sample(sample) = event {
-            aggregator.add(&sample);
+            aggregator.add(&sample, tracker.files(sample.pid));
         }
     }
     let duration = start.elapsed();
     let counters = sampler.counters()?;
     let malformed = sampler.malformed_records();
+    if let Some((runs, ns)) = sampler.sampler_run_stats().filter(|&(runs, _)| runs > 0) {
+        tracing::info!(runs, avg_ns = ns / runs, "BPF sampling program cost (kernel.bpf_stats_enabled=1)");
+    }
     drop(sampler);
     status.clear();
 

@@ -45,10 +45,7 @@ fn syscall_heavy_program_shows_kernel_frames_under_the_syscall() {
     let in_read: u64 = stacks
         .iter()
         .filter(|s| {
-            // glibc's read() keeps no frame pointer, so the frame-pointer walk goes from it
-            // straight to main (do_reads is skipped until DWARF unwinding lands).
-            s.user().first() == Some(&"__libc_start_call_main")
-                && s.user().contains(&"main")
+            s.has_sequence(&["main", "do_reads"])
                 && s.user().last().is_some_and(|f| f.contains("read"))
                 && s.kernel_below_user()
                 && s.kernel().iter().any(|f| matches!(*f, "ksys_read" | "__x64_sys_read" | "vfs_read"))

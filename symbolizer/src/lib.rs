@@ -34,6 +34,17 @@ pub enum UserAddr {
     Unmapped { addr: u64 },
 }
 
+/// An executable file mapping of a process, as a process tracker saw it while the process lived.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MappedFile {
+    pub start: u64,
+    pub end: u64,
+    /// File offset mapped at `start`.
+    pub offset: u64,
+    pub path: std::path::PathBuf,
+    pub build_id: Option<Vec<u8>>,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum SymbolizeError {
     #[error("symbolizing {what}: {source}")]
@@ -113,6 +124,28 @@ impl Symbolizer {
             }
         }
         addrs.iter().map(|a| known[a]).collect()
+    }
+
+    /// Normalizes with mappings recorded earlier (sorted by start), so that a process that has
+    /// exited since is still placed; addresses outside them go through [`Symbolizer::normalize`].
+    pub fn normalize_in(&mut self, pid: u32, addrs: &[u64], mappings: &[MappedFile]) -> Vec<UserAddr> {
+        let mut out: Vec<Option<UserAddr>> = Vec::with_capacity(addrs.len());
+        let mut rest = Vec::new();
+        for &addr in addrs {
+            let i = mappings.partition_point(|m| m.start <= addr);
+            match i.checked_sub(1).map(|i| &mappings[i]).filter(|m| addr < m.end) {
+                Some(m) => {
+                    let module = self.modules.intern(&m.path, m.build_id.as_deref());
+                    out.push(Some(UserAddr::InModule { module, file_offset: addr - m.start + m.offset }));
+                }
+                None => {
+                    out.push(None);
+                    rest.push(addr);
+                }
+            }
+        }
+        let mut fallback = if rest.is_empty() { Vec::new() } else { self.normalize(pid, &rest) }.into_iter();
+        out.into_iter().map(|a| a.or_else(|| fallback.next()).unwrap_or(UserAddr::Unmapped { addr: 0 })).collect()
     }
 
     /// Forgets what was normalized for `pid` (it exited or exec'd another program).

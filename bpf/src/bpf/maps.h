@@ -9,9 +9,13 @@
 #define MAX_TABLES 16384
 #define MAX_RULES 65536
 
+#define SAMPLES_RINGBUF_BYTES (16 * 1024 * 1024)
+/* Wake the reader once a quarter of the buffer is in use. */
+#define SAMPLES_WAKEUP_BYTES (SAMPLES_RINGBUF_BYTES / 4)
+
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 16 * 1024 * 1024);
+	__uint(max_entries, SAMPLES_RINGBUF_BYTES);
 } samples SEC(".maps");
 
 struct {

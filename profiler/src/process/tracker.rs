@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use gpuflame_bpf::{CpuSampler, ExecMapping, ProcessEvent, ProcessEventKind, TableId};
+use gpuflame_symbolizer::MappedFile;
 use gpuflame_unwind::{load_bias, CompactTable, ExecutableKey, LoadSegment, RuleTable, UnwindTable};
 
 use super::maps::{parse_maps, MapsEntry};
@@ -38,8 +39,15 @@ pub struct ProcessTracker {
     /// (dev, inode) from /proc/PID/maps → key, so known files are not opened again.
     keys_by_inode: HashMap<(String, u64), ExecutableKey>,
     processes: HashMap<u32, Vec<ExecutableKey>>,
+    /// Each process's file mappings as last read, for symbolization after it exits; exited
+    /// processes stay a while, since their last samples may still be in flight.
+    files: HashMap<u32, Vec<MappedFile>>,
+    exited: Vec<(Instant, u32)>,
     pub stats: TrackerStats,
 }
+
+/// How long the mappings of an exited process are kept for its last samples.
+const EXITED_GRACE: Duration = Duration::from_secs(5);
 
 impl ProcessTracker {
     pub fn new() -> Self {
@@ -63,6 +71,7 @@ impl ProcessTracker {
         let entries: Vec<MapsEntry> = parse_maps(&text).into_iter().filter(|e| e.executable).collect();
         let mut mappings = Vec::with_capacity(entries.len());
         let mut keys = Vec::new();
+        let mut files = Vec::new();
         for entry in &entries {
             let (table, bias, key) = match self.executable_for(sampler, pid, entry) {
                 Some(key) => {
@@ -75,6 +84,14 @@ impl ProcessTracker {
                 None => (None, 0, None),
             };
             if let Some(key) = key {
+                if entry.path.starts_with('/') {
+                    let build_id = match &key {
+                        ExecutableKey::BuildId(id) => Some(id.clone()),
+                        ExecutableKey::File { .. } => None,
+                    };
+                    let path = PathBuf::from(entry.path.strip_suffix(" (deleted)").unwrap_or(&entry.path));
+                    files.push(MappedFile { start: entry.start, end: entry.end, offset: entry.offset, path, build_id });
+                }
                 keys.push(key);
             }
             mappings.push(ExecMapping { begin: entry.start, end: entry.end, load_bias: bias, table });
@@ -92,6 +109,7 @@ impl ProcessTracker {
                 exe.users.insert(pid);
             }
         }
+        self.files.insert(pid, files);
         let old = self.processes.insert(pid, keys);
         if let Some(old) = old {
             self.release_unused(sampler, pid, &old);
@@ -101,6 +119,17 @@ impl ProcessTracker {
     /// Forgets a process; evicts tables no other process uses.
     pub fn exited(&mut self, sampler: &mut CpuSampler, pid: u32) {
         sampler.remove_process(pid);
+        let now = Instant::now();
+        self.exited.push((now, pid));
+        while let Some(&(t, old)) = self.exited.first() {
+            if now.duration_since(t) < EXITED_GRACE {
+                break;
+            }
+            self.exited.remove(0);
+            if !self.processes.contains_key(&old) {
+                self.files.remove(&old);
+            }
+        }
         if let Some(keys) = self.processes.remove(&pid) {
             self.release_unused(sampler, pid, &keys);
         }
@@ -210,14 +239,16 @@ impl ProcessTracker {
     /// Loads every process that runs now (whole-machine recordings).
     pub fn refresh_all(&mut self, sampler: &mut CpuSampler) {
         let Ok(dir) = fs::read_dir("/proc") else { return };
-        let own = std::process::id();
         for entry in dir.flatten() {
             if let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) {
-                if pid != own {
-                    self.refresh(sampler, pid);
-                }
+                self.refresh(sampler, pid);
             }
         }
+    }
+
+    /// The file mappings of a process (sorted by start), also for a while after it exited.
+    pub fn files(&self, pid: u32) -> Option<&[MappedFile]> {
+        self.files.get(&pid).map(Vec::as_slice)
     }
 
     pub fn processes(&self) -> usize {
