@@ -53,6 +53,10 @@ pub struct RecordArgs {
     /// Output format: svg, pprof or folded (default: from the output's extension).
     #[arg(long, value_name = "FORMAT")]
     pub format: Option<String>,
+    /// Capacity of the BPF unwind tables, in rows (6 bytes of kernel memory each). Libraries that
+    /// do not fit are unwound with frame pointers, and counted.
+    #[arg(long, value_name = "ROWS", default_value_t = gpuflame_bpf::SamplerConfig::DEFAULT_UNWIND_ROWS)]
+    pub unwind_rows: u64,
     /// Command to start and profile, with its descendants; its exit code is passed through.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -72,6 +76,7 @@ impl RecordArgs {
             output: self.output.clone(),
             format: self.format.clone(),
             command: self.command.clone(),
+            unwind_rows: self.unwind_rows,
         })
     }
 }

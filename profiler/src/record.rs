@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
-use gpuflame_bpf::{BpfError, Counters, CpuSampler, Event, SamplerConfig, Targets};
+use gpuflame_bpf::{BpfError, Counters, CpuSampler, Event, SamplerConfig, Targets, UnwindCapacity};
 
 use crate::aggregate::CpuAggregator;
 use crate::output::{self, Format};
@@ -29,6 +29,7 @@ pub struct RecordOptions {
     pub output: PathBuf,
     pub format: Option<String>,
     pub command: Vec<String>,
+    pub unwind_rows: u64,
 }
 
 /// Runs a recording; returns the process exit code (the command's, when one was given).
@@ -69,7 +70,7 @@ fn record(opts: &RecordOptions, format: Format, out: File) -> anyhow::Result<i32
     } else {
         Targets::All
     };
-    let config = SamplerConfig { frequency_hz: opts.frequency_hz, targets, unwind_rows: SamplerConfig::DEFAULT_UNWIND_ROWS };
+    let config = SamplerConfig { frequency_hz: opts.frequency_hz, targets, unwind_rows: opts.unwind_rows };
     let mut sampler = CpuSampler::start(&config).map_err(user_facing)?;
 
     // Tables of the processes that already run are loaded before the first sample, so that their
@@ -142,6 +143,7 @@ fn record(opts: &RecordOptions, format: Format, out: File) -> anyhow::Result<i32
     if let Some((runs, ns)) = sampler.sampler_run_stats().filter(|&(runs, _)| runs > 0) {
         tracing::info!(runs, avg_ns = ns / runs, "BPF sampling program cost (kernel.bpf_stats_enabled=1)");
     }
+    let sampler_capacity = sampler.unwind_capacity();
     drop(sampler);
     status.clear();
 
@@ -164,7 +166,7 @@ fn record(opts: &RecordOptions, format: Format, out: File) -> anyhow::Result<i32
         if malformed > 0 { format!(", {malformed} malformed records") } else { String::new() },
         opts.output.display(),
     );
-    report_unwinding(&counters, &tracker);
+    report_unwinding(&counters, &tracker, sampler_capacity);
     if counters.targets_full > 0 {
         tracing::warn!(count = counters.targets_full, "new processes could not be followed: the target map was full");
     }
@@ -177,7 +179,7 @@ fn record(opts: &RecordOptions, format: Format, out: File) -> anyhow::Result<i32
 }
 
 /// Unwind failures by reason, on request (-v), or as a warning when tables could not be loaded.
-fn report_unwinding(counters: &Counters, tracker: &ProcessTracker) {
+fn report_unwinding(counters: &Counters, tracker: &ProcessTracker, capacity: UnwindCapacity) {
     let u = &counters.unwind;
     tracing::info!(
         no_process = u.no_process,
@@ -197,8 +199,18 @@ fn report_unwinding(counters: &Counters, tracker: &ProcessTracker) {
         build_ms = t.build_time.as_millis() as u64,
         evicted = t.tables_evicted,
         failures = t.table_failures,
+        rows_in_use = capacity.rows_used,
+        rows_capacity = capacity.rows_total,
+        rules = capacity.rules,
         "unwind tables"
     );
+    if t.table_failures > 0 {
+        tracing::warn!(
+            files = t.table_failures,
+            "unwind tables of some files could not be loaded (no unwind information, or --unwind-rows {} is full); their code is unwound with frame pointers",
+            capacity.rows_total
+        );
+    }
     if t.mappings_dropped > 0 || counters.process_events_lost > 0 {
         tracing::warn!(
             mappings_dropped = t.mappings_dropped,

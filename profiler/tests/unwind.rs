@@ -221,3 +221,19 @@ fn library_dlopened_during_the_recording_gets_its_table() {
     let evicted = log.lines().find(|l| l.contains("evicted=")).and_then(|l| l.split("evicted=").nth(1)).and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse::<u32>().ok());
     assert!(evicted.is_some_and(|n| n >= 2), "tables were not evicted:\n{log}");
 }
+
+#[test]
+fn full_unwind_tables_are_reported_not_fatal() {
+    require_bpf();
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build(dir.path(), "chain.c", "tables_full", &no_fp("-O2"), "cc");
+    let out = dir.path().join("full.folded");
+    let output = gpuflame_ok(&["record", "--unwind-rows", "100", "-F", "199", "-o", out.to_str().unwrap(), "--", exe.to_str().unwrap(), "1"], 3);
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert!(log.contains("unwind tables are full"), "no report of the full tables:\n{log}");
+    assert!(log.contains("incomplete stacks"), "{log}");
+    // Sampling went on: the program's samples are there, with the frames that could be walked.
+    let stacks = read_folded(&out);
+    assert!(total(&stacks) >= 100, "{}", describe(&stacks));
+    assert!(stacks.iter().any(|s| s.user().last() == Some(&"c")), "{}", describe(&stacks));
+}

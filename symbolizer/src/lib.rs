@@ -170,15 +170,25 @@ impl Symbolizer {
         for (module, mut offsets) in by_module {
             offsets.sort_unstable();
             offsets.dedup();
-            let path = self.modules.get(module).path.clone();
-            let source = Source::Elf(src::Elf::new(&path));
-            let symbols = match self.blaze.symbolize(&source, Input::FileOffset(&offsets)) {
-                Ok(results) => results.into_iter().map(frames::symbol_from).collect(),
-                Err(e) => {
-                    tracing::warn!(module = %path.display(), error = %e, "cannot symbolize module");
-                    vec![Symbol::unknown(); offsets.len()]
+            let m = self.modules.get(module);
+            let paths: Vec<_> = std::iter::once(m.path.clone()).chain(m.other_paths.iter().cloned()).collect();
+            let mut symbols = vec![Symbol::unknown(); offsets.len()];
+            for path in paths {
+                let pending: Vec<usize> = (0..offsets.len()).filter(|&i| symbols[i].is_unknown()).collect();
+                if pending.is_empty() {
+                    break;
                 }
-            };
+                let wanted: Vec<u64> = pending.iter().map(|&i| offsets[i]).collect();
+                let source = Source::Elf(src::Elf::new(&path));
+                match self.blaze.symbolize(&source, Input::FileOffset(&wanted)) {
+                    Ok(results) => {
+                        for (&i, r) in pending.iter().zip(results) {
+                            symbols[i] = frames::symbol_from(r);
+                        }
+                    }
+                    Err(e) => tracing::debug!(module = %path.display(), error = %e, "cannot symbolize with this file"),
+                }
+            }
             for (offset, symbol) in offsets.into_iter().zip(symbols) {
                 self.user_cache.insert((module, offset), symbol);
             }

@@ -6,6 +6,9 @@ use std::path::{Path, PathBuf};
 pub struct Module {
     pub path: PathBuf,
     pub build_id: Option<Vec<u8>>,
+    /// Other files with the same build-id (a stripped copy and the original, say): tried in turn
+    /// for addresses that `path` cannot name.
+    pub other_paths: Vec<PathBuf>,
 }
 
 impl Module {
@@ -43,10 +46,14 @@ impl ModuleTable {
             None => self.by_path.get(path),
         };
         if let Some(&id) = existing {
+            let m = &mut self.modules[id.0 as usize];
+            if m.path != path && !m.other_paths.iter().any(|p| p == path) {
+                m.other_paths.push(path.to_path_buf());
+            }
             return id;
         }
         let id = ModuleId(self.modules.len() as u32);
-        self.modules.push(Module { path: path.to_path_buf(), build_id: build_id.map(<[u8]>::to_vec) });
+        self.modules.push(Module { path: path.to_path_buf(), build_id: build_id.map(<[u8]>::to_vec), other_paths: Vec::new() });
         match build_id {
             Some(b) => self.by_build_id.insert(b.to_vec(), id),
             None => self.by_path.insert(path.to_path_buf(), id),
@@ -71,6 +78,7 @@ mod tests {
         let c = t.intern(Path::new("/a/libx.so"), None);
         let d = t.intern(Path::new("/a/libx.so"), None);
         assert_eq!(a, b);
+        assert_eq!(t.get(a).other_paths, [PathBuf::from("/b/libx.so")]);
         assert_ne!(a, c);
         assert_eq!(c, d);
         assert_eq!(t.get(a).build_id_hex().as_deref(), Some("0102"));
