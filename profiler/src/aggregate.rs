@@ -101,16 +101,21 @@ impl CpuAggregator {
         self.counts.keys().map(|k| k.pid).collect::<HashSet<_>>().len()
     }
 
-    /// Symbolizes everything and builds the CPU profile.
-    pub fn into_profile(mut self, frequency_hz: u64, start: SystemTime, duration: Duration) -> Profile {
+    /// Symbolizes what was gathered since the last call and builds its CPU profile; the counts
+    /// start again from zero, the symbol caches stay.
+    pub fn take_profile(&mut self, frequency_hz: u64, start: SystemTime, duration: Duration) -> Profile {
+        let counts = std::mem::take(&mut self.counts);
+        self.samples = 0;
+        self.user_stacks = 0;
+        self.complete_user_stacks = 0;
         let mut profile = Profile::cpu(frequency_hz);
         profile.time_nanos = start.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64);
         profile.duration_nanos = duration.as_nanos() as i64;
 
-        let mut user_addrs: Vec<UserAddr> = self.counts.keys().flat_map(|k| k.user.iter().copied()).collect();
+        let mut user_addrs: Vec<UserAddr> = counts.keys().flat_map(|k| k.user.iter().copied()).collect();
         user_addrs.sort_unstable();
         user_addrs.dedup();
-        let mut kernel_addrs: Vec<u64> = self.counts.keys().flat_map(|k| k.kernel.iter().copied()).collect();
+        let mut kernel_addrs: Vec<u64> = counts.keys().flat_map(|k| k.kernel.iter().copied()).collect();
         kernel_addrs.sort_unstable();
         kernel_addrs.dedup();
         let user_syms: HashMap<UserAddr, Symbol> =
@@ -122,7 +127,7 @@ impl CpuAggregator {
         let kernel_mapping = b.mapping(&mut profile, Mapping { path: KERNEL_MAPPING.into(), build_id: None });
         let mut user_locations: HashMap<UserAddr, usize> = HashMap::new();
         let mut kernel_locations: HashMap<u64, usize> = HashMap::new();
-        for (key, count) in &self.counts {
+        for (key, count) in &counts {
             let mut stack = Vec::with_capacity(key.user.len() + key.kernel.len() + 1);
             if key.truncated {
                 let location = Location { mapping: None, address: 0, kernel: false, lines: vec![Line::function("[truncated]")] };

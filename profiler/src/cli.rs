@@ -29,6 +29,16 @@ pub enum Command {
 The output format follows the extension (.svg, .pb.gz/.pprof, .folded/.txt) unless --format says.
 Ctrl-C stops the recording early and still writes the output. Needs root (or CAP_BPF + CAP_PERFMON).")]
     Record(RecordArgs),
+    /// Profile the whole machine continuously and push every window to Pyroscope.
+    #[command(after_help = "Examples:
+  gpuflame agent --server http://pyroscope:4040
+  gpuflame agent --server https://profiles.example.com --tenant-id team-a \\
+      --basic-auth-user agent --basic-auth-password-file /etc/gpuflame/password --label cluster=gpu-a
+  gpuflame agent --config /etc/gpuflame/agent.toml --print-config
+
+Secrets come from GPUFLAME_BASIC_AUTH_PASSWORD, GPUFLAME_BEARER_TOKEN, or files; a process names
+its own service by setting GPUFLAME_SERVICE_NAME in its environment.")]
+    Agent(crate::agent::config::AgentArgs),
     /// Convert a pprof or folded profile into pprof, folded stacks or an SVG flame graph.
     #[command(after_help = "Examples:
   gpuflame convert cpu.pb.gz -o flame.svg

@@ -1,5 +1,6 @@
 //! gpuflame: the profiler. BPF events → aggregation → symbolization → profile → writers.
 
+pub mod agent;
 pub mod aggregate;
 pub mod cli;
 pub mod convert;
@@ -8,6 +9,7 @@ pub mod preflight;
 pub mod process;
 pub mod profile;
 pub mod record;
+pub mod session;
 pub mod status;
 pub mod target;
 

@@ -22,6 +22,7 @@ fn main() -> ExitCode {
 
     let result = match &cli.command {
         Command::Record(args) => args.options().map_err(anyhow::Error::from).and_then(|o| record::run(&o)),
+        Command::Agent(args) => gpuflame::agent::run(args),
         Command::Convert(args) => {
             convert::run(&args.input, &args.output, args.format.as_deref(), args.frequency).map(|()| 0)
         }

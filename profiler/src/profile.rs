@@ -111,6 +111,45 @@ impl Profile {
     }
 }
 
+impl Profile {
+    /// The profile of the samples that `keep` accepts, with only the locations and mappings they
+    /// use.
+    pub fn subset(&self, keep: impl Fn(&Sample) -> bool) -> Profile {
+        let mut out = Profile { mappings: Vec::new(), locations: Vec::new(), samples: Vec::new(), ..self.clone_header() };
+        let mut b = ProfileBuilder::default();
+        let mut locations: std::collections::HashMap<usize, usize> = std::collections::HashMap::new();
+        for sample in self.samples.iter().filter(|s| keep(s)) {
+            let stack = sample
+                .stack
+                .iter()
+                .map(|&l| {
+                    *locations.entry(l).or_insert_with(|| {
+                        let mut loc = self.locations[l].clone();
+                        loc.mapping = loc.mapping.map(|m| b.mapping(&mut out, self.mappings[m].clone()));
+                        b.location(&mut out, loc)
+                    })
+                })
+                .collect();
+            b.add(stack, sample.labels.clone(), sample.value);
+        }
+        b.finish(&mut out);
+        out
+    }
+
+    fn clone_header(&self) -> Profile {
+        Profile {
+            sample_type: self.sample_type.clone(),
+            period_type: self.period_type.clone(),
+            period: self.period,
+            time_nanos: self.time_nanos,
+            duration_nanos: self.duration_nanos,
+            mappings: Vec::new(),
+            locations: Vec::new(),
+            samples: Vec::new(),
+        }
+    }
+}
+
 /// Builds a [`Profile`], interning mappings and locations.
 #[derive(Default)]
 pub struct ProfileBuilder {

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
-use gpuflame_bpf::{BpfError, Counters, CpuSampler, Event, SamplerConfig, Targets, UnwindCapacity};
+use gpuflame_bpf::{Counters, Targets, UnwindCapacity};
 
-use crate::aggregate::CpuAggregator;
 use crate::output::{self, Format};
 use crate::process::ProcessTracker;
+use crate::session::Session;
 use crate::status::StatusLine;
 use crate::target::{self, GatedChild};
 use crate::{preflight, UserError};
@@ -70,50 +70,24 @@ fn record(opts: &RecordOptions, format: Format, out: File) -> anyhow::Result<i32
     } else {
         Targets::All
     };
-    let config = SamplerConfig { frequency_hz: opts.frequency_hz, targets, unwind_rows: opts.unwind_rows };
-    let mut sampler = CpuSampler::start(&config).map_err(user_facing)?;
-
-    // Tables of the processes that already run are loaded before the first sample, so that their
-    // stacks are complete from the start.
-    let mut tracker = ProcessTracker::new();
-    let preload = Instant::now();
-    if opts.command.is_empty() && opts.pids.is_empty() {
-        tracker.refresh_all(&mut sampler);
-    }
-    for &pid in &opts.pids {
-        tracker.refresh(&mut sampler, pid);
-    }
-    tracing::info!(
-        processes = tracker.processes(),
-        tables = tracker.stats.tables_built,
-        rows = tracker.stats.rows_loaded,
-        elapsed_ms = preload.elapsed().as_millis() as u64,
-        "unwind tables loaded"
-    );
-    sampler.enable(opts.frequency_hz)?;
+    let mut session = Session::start(targets, opts.frequency_hz, opts.unwind_rows)?;
 
     let mut child = None;
     if !opts.command.is_empty() {
         let gated = GatedChild::spawn(&opts.command)?;
-        sampler.add_target(gated.pid())?;
+        session.sampler.add_target(gated.pid())?;
         child = Some(gated.release()?);
     }
 
     let start_wall = SystemTime::now();
     let start = Instant::now();
-    let mut aggregator = CpuAggregator::new();
     let mut status = StatusLine::new();
     let mut child_status = None;
     let mut last_liveness_check = Instant::now();
     loop {
-        for event in sampler.poll(Duration::from_millis(100))? {
-            match event {
-                Event::Sample(sample) => aggregator.add(&sample, tracker.files(sample.pid)),
-                Event::Process(ev) => tracker.handle(&mut sampler, ev),
-            }
-        }
+        session.pump(Duration::from_millis(100))?;
         if status.due() {
-            status.show(start.elapsed(), aggregator.samples(), sampler.counters()?.lost);
+            status.show(start.elapsed(), session.aggregator.samples(), session.sampler.counters()?.lost);
         }
         if stop.load(Ordering::SeqCst) || opts.duration.is_some_and(|d| start.elapsed() >= d) {
             break;
@@ -132,25 +106,22 @@ fn record(opts: &RecordOptions, format: Format, out: File) -> anyhow::Result<i32
             }
         }
     }
-    for event in sampler.drain()? {
-        if let Event::Sample(sample) = event {
-            aggregator.add(&sample, tracker.files(sample.pid));
-        }
-    }
+    session.drain()?;
     let duration = start.elapsed();
-    let counters = sampler.counters()?;
-    let malformed = sampler.malformed_records();
-    if let Some((runs, ns)) = sampler.sampler_run_stats().filter(|&(runs, _)| runs > 0) {
+    let counters = session.sampler.counters()?;
+    let malformed = session.sampler.malformed_records();
+    if let Some((runs, ns)) = session.sampler.sampler_run_stats().filter(|&(runs, _)| runs > 0) {
         tracing::info!(runs, avg_ns = ns / runs, "BPF sampling program cost (kernel.bpf_stats_enabled=1)");
     }
-    let sampler_capacity = sampler.unwind_capacity();
-    drop(sampler);
+    let sampler_capacity = session.sampler.unwind_capacity();
     status.clear();
 
+    let Session { sampler, tracker, mut aggregator, .. } = session;
+    drop(sampler);
     let complete = aggregator.complete_fraction();
     let processes = aggregator.processes();
     let samples = aggregator.samples();
-    let profile = aggregator.into_profile(opts.frequency_hz, start_wall, duration);
+    let profile = aggregator.take_profile(opts.frequency_hz, start_wall, duration);
     let title = format!("gpuflame CPU profile: {}", describe_targets(opts));
     let mut writer = BufWriter::new(out);
     output::write(&profile, format, &title, &mut writer)
@@ -231,10 +202,3 @@ fn describe_targets(opts: &RecordOptions) -> String {
     }
 }
 
-/// BPF failures that the user can act on become one-line usage errors.
-fn user_facing(e: BpfError) -> anyhow::Error {
-    match e {
-        BpfError::PermissionDenied | BpfError::NoBtf(_) => UserError(e.to_string()).into(),
-        other => other.into(),
-    }
-}

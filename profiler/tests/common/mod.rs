@@ -1,6 +1,8 @@
 //! Helpers for the integration tests: build test programs, run gpuflame, read folded stacks.
 #![allow(dead_code)]
 
+pub mod receiver;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

@@ -1,0 +1,319 @@
+//! The agent's configuration: flags, environment (through the flags' `env`), an optional TOML
+//! file, defaults — in that order of precedence.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Args;
+use gpuflame_server_upload::{Auth, Secret};
+use regex::Regex;
+use serde::Deserialize;
+
+use super::service::{NameFrom, NameRule};
+use crate::UserError;
+
+/// Agent options. Secrets are read from the environment or from files, never from flags, so they
+/// do not show in `ps`.
+#[derive(Args, Debug, Default)]
+pub struct AgentArgs {
+    /// Pyroscope server URL, such as http://pyroscope:4040.
+    #[arg(long, env = "GPUFLAME_SERVER")]
+    pub server: Option<String>,
+    /// TOML configuration file (same keys as the flags, with underscores).
+    #[arg(long, env = "GPUFLAME_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Seconds per profile window [default: 15].
+    #[arg(long, value_name = "SECONDS", env = "GPUFLAME_WINDOW")]
+    pub window: Option<f64>,
+    /// Samples per second per CPU [default: 19].
+    #[arg(short = 'F', long, value_name = "HZ", env = "GPUFLAME_FREQUENCY")]
+    pub frequency: Option<u64>,
+    /// Label added to every series (repeatable): --label env=prod.
+    #[arg(long = "label", value_name = "KEY=VALUE")]
+    pub labels: Vec<String>,
+    /// Where service_name comes from when no rule or GPUFLAME_SERVICE_NAME says [default: comm].
+    #[arg(long, value_enum, env = "GPUFLAME_SERVICE_NAME_FROM")]
+    pub service_name_from: Option<NameFrom>,
+    /// Service name rule (repeatable): REGEX=NAME, the regex matched on the command line; NAME may
+    /// use $1 for groups.
+    #[arg(long = "service-name", value_name = "REGEX=NAME")]
+    pub service_names: Vec<String>,
+    /// Tenant, sent as X-Scope-OrgID.
+    #[arg(long, env = "GPUFLAME_TENANT_ID")]
+    pub tenant_id: Option<String>,
+    /// User for basic auth; the password comes from GPUFLAME_BASIC_AUTH_PASSWORD or a file.
+    #[arg(long, env = "GPUFLAME_BASIC_AUTH_USER")]
+    pub basic_auth_user: Option<String>,
+    #[arg(long, value_name = "FILE")]
+    pub basic_auth_password_file: Option<PathBuf>,
+    /// File holding a bearer token (or set GPUFLAME_BEARER_TOKEN).
+    #[arg(long, value_name = "FILE")]
+    pub bearer_token_file: Option<PathBuf>,
+    /// PEM CA certificate(s) to trust besides the system roots.
+    #[arg(long, value_name = "FILE", env = "GPUFLAME_CA_CERT")]
+    pub ca_cert: Option<PathBuf>,
+    /// Bound of the upload queue in bytes; the oldest profiles are dropped (and counted) beyond it
+    /// [default: 67108864].
+    #[arg(long, value_name = "BYTES", env = "GPUFLAME_QUEUE_BYTES")]
+    pub queue_bytes: Option<u64>,
+    /// Directory where undelivered profiles are kept across restarts.
+    #[arg(long, value_name = "DIR", env = "GPUFLAME_SPOOL_DIR")]
+    pub spool_dir: Option<PathBuf>,
+    /// Seconds to deliver queued profiles after SIGTERM/SIGINT [default: 10].
+    #[arg(long, value_name = "SECONDS", env = "GPUFLAME_SHUTDOWN_TIMEOUT")]
+    pub shutdown_timeout: Option<f64>,
+    /// Longest wait between retries of a failed push, in seconds [default: 30].
+    #[arg(long, value_name = "SECONDS", env = "GPUFLAME_MAX_BACKOFF")]
+    pub max_backoff: Option<f64>,
+    /// Serve Prometheus metrics here: PORT (on 127.0.0.1) or ADDRESS:PORT.
+    #[arg(long, value_name = "ADDR", env = "GPUFLAME_METRICS_ADDR")]
+    pub metrics_addr: Option<String>,
+    /// Capacity of the BPF unwind tables in rows [default: 8388608].
+    #[arg(long, value_name = "ROWS")]
+    pub unwind_rows: Option<u64>,
+    /// Push one window and exit.
+    #[arg(long)]
+    pub once: bool,
+    /// Print the effective configuration (secrets redacted) and exit.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+#[derive(Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    server: Option<String>,
+    window: Option<f64>,
+    frequency: Option<u64>,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+    service_name_from: Option<NameFrom>,
+    #[serde(default)]
+    service_names: Vec<FileRule>,
+    tenant_id: Option<String>,
+    basic_auth_user: Option<String>,
+    basic_auth_password: Option<String>,
+    basic_auth_password_file: Option<PathBuf>,
+    bearer_token: Option<String>,
+    bearer_token_file: Option<PathBuf>,
+    ca_cert: Option<PathBuf>,
+    queue_bytes: Option<u64>,
+    spool_dir: Option<PathBuf>,
+    shutdown_timeout: Option<f64>,
+    max_backoff: Option<f64>,
+    metrics_addr: Option<String>,
+    unwind_rows: Option<u64>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct FileRule {
+    pattern: String,
+    name: String,
+}
+
+/// The resolved configuration.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub server: String,
+    pub window: Duration,
+    pub frequency_hz: u64,
+    pub labels: BTreeMap<String, String>,
+    pub service_name_from: NameFrom,
+    pub service_names: Vec<NameRule>,
+    pub tenant_id: Option<String>,
+    pub auth: Auth,
+    pub ca_cert: Option<PathBuf>,
+    pub queue_bytes: u64,
+    pub spool_dir: Option<PathBuf>,
+    pub shutdown_timeout: Duration,
+    pub max_backoff: Duration,
+    pub metrics_addr: Option<String>,
+    pub unwind_rows: u64,
+    pub once: bool,
+}
+
+pub const DEFAULT_FREQUENCY_HZ: u64 = 19;
+
+fn err(msg: impl Into<String>) -> UserError {
+    UserError(msg.into())
+}
+
+fn read_secret(path: &Path, what: &str) -> Result<Secret, UserError> {
+    let text = std::fs::read_to_string(path).map_err(|e| err(format!("cannot read the {what} file {}: {e}", path.display())))?;
+    Ok(Secret::new(text.trim_end_matches(['\n', '\r'])))
+}
+
+fn seconds(v: f64, what: &str) -> Result<Duration, UserError> {
+    if v > 0.0 && v.is_finite() {
+        Ok(Duration::from_secs_f64(v))
+    } else {
+        Err(err(format!("{what} must be a positive number of seconds, not {v}")))
+    }
+}
+
+impl AgentConfig {
+    pub fn resolve(args: &AgentArgs) -> Result<Self, UserError> {
+        let file: FileConfig = match &args.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| err(format!("cannot read the config file {}: {e}", path.display())))?;
+                toml::from_str(&text).map_err(|e| err(format!("config file {}: {}", path.display(), e.message())))?
+            }
+            None => FileConfig::default(),
+        };
+        let server = args.server.clone().or(file.server).unwrap_or_default();
+        let mut labels = file.labels;
+        for kv in &args.labels {
+            let (k, v) = kv.split_once('=').ok_or_else(|| err(format!("--label {kv:?} is not KEY=VALUE")))?;
+            labels.insert(k.to_string(), v.to_string());
+        }
+        for reserved in ["service_name", "__name__"] {
+            if labels.contains_key(reserved) {
+                return Err(err(format!("the label {reserved} is set by the agent; use --service-name rules for service names")));
+            }
+        }
+        let mut service_names = Vec::new();
+        let rules = args
+            .service_names
+            .iter()
+            .map(|r| r.rsplit_once('=').map(|(p, n)| (p.to_string(), n.to_string())).ok_or_else(|| err(format!("--service-name {r:?} is not REGEX=NAME"))))
+            .chain(file.service_names.into_iter().map(|r| Ok((r.pattern, r.name))));
+        for rule in rules {
+            let (pattern, name) = rule?;
+            let pattern = Regex::new(&pattern).map_err(|e| err(format!("service-name pattern {pattern:?}: {e}")))?;
+            service_names.push(NameRule { pattern, name });
+        }
+
+        let password = match (&args.basic_auth_password_file, std::env::var("GPUFLAME_BASIC_AUTH_PASSWORD").ok(), &file.basic_auth_password_file, file.basic_auth_password) {
+            (Some(f), _, _, _) => Some(read_secret(f, "password")?),
+            (None, Some(p), _, _) => Some(Secret::new(p)),
+            (None, None, Some(f), _) => Some(read_secret(f, "password")?),
+            (None, None, None, p) => p.map(Secret::new),
+        };
+        let token = match (&args.bearer_token_file, std::env::var("GPUFLAME_BEARER_TOKEN").ok(), &file.bearer_token_file, file.bearer_token) {
+            (Some(f), _, _, _) => Some(read_secret(f, "bearer token")?),
+            (None, Some(t), _, _) => Some(Secret::new(t)),
+            (None, None, Some(f), _) => Some(read_secret(f, "bearer token")?),
+            (None, None, None, t) => t.map(Secret::new),
+        };
+        let user = args.basic_auth_user.clone().or(file.basic_auth_user);
+        let auth = match (user, password, token) {
+            (Some(_), _, Some(_)) => return Err(err("give basic auth or a bearer token, not both")),
+            (Some(user), Some(password), None) => Auth::Basic { user, password },
+            (Some(_), None, None) => return Err(err("basic auth needs a password: GPUFLAME_BASIC_AUTH_PASSWORD or --basic-auth-password-file")),
+            (None, Some(_), _) => return Err(err("a basic-auth password was given without --basic-auth-user")),
+            (None, None, Some(t)) => Auth::Bearer(t),
+            (None, None, None) => Auth::None,
+        };
+
+        let frequency_hz = args.frequency.or(file.frequency).unwrap_or(DEFAULT_FREQUENCY_HZ);
+        if frequency_hz == 0 || frequency_hz > 10_000 {
+            return Err(err(format!("frequency {frequency_hz} Hz is out of range (1 to 10000)")));
+        }
+        let metrics_addr = args.metrics_addr.clone().or(file.metrics_addr).map(|a| if a.contains(':') { a } else { format!("127.0.0.1:{a}") });
+        Ok(AgentConfig {
+            server,
+            window: seconds(args.window.or(file.window).unwrap_or(15.0), "window")?,
+            frequency_hz,
+            labels,
+            service_name_from: args.service_name_from.or(file.service_name_from).unwrap_or(NameFrom::Comm),
+            service_names,
+            tenant_id: args.tenant_id.clone().or(file.tenant_id),
+            auth,
+            ca_cert: args.ca_cert.clone().or(file.ca_cert),
+            queue_bytes: args.queue_bytes.or(file.queue_bytes).unwrap_or(64 << 20),
+            spool_dir: args.spool_dir.clone().or(file.spool_dir),
+            shutdown_timeout: seconds(args.shutdown_timeout.or(file.shutdown_timeout).unwrap_or(10.0), "shutdown timeout")?,
+            max_backoff: seconds(args.max_backoff.or(file.max_backoff).unwrap_or(30.0), "max backoff")?,
+            metrics_addr,
+            unwind_rows: args.unwind_rows.or(file.unwind_rows).unwrap_or(gpuflame_bpf::SamplerConfig::DEFAULT_UNWIND_ROWS),
+            once: args.once,
+        })
+    }
+
+    /// The configuration as TOML, secrets redacted.
+    pub fn to_toml(&self) -> String {
+        let q = |s: &str| format!("{s:?}");
+        let mut out = String::new();
+        out += &format!("server = {}\n", q(&self.server));
+        out += &format!("window = {}\n", self.window.as_secs_f64());
+        out += &format!("frequency = {}\n", self.frequency_hz);
+        out += &format!("service_name_from = {}\n", q(match self.service_name_from {
+            NameFrom::Comm => "comm",
+            NameFrom::Cmdline => "cmdline",
+        }));
+        if let Some(t) = &self.tenant_id {
+            out += &format!("tenant_id = {}\n", q(t));
+        }
+        match &self.auth {
+            Auth::None => {}
+            Auth::Basic { user, .. } => out += &format!("basic_auth_user = {}\nbasic_auth_password = \"<redacted>\"\n", q(user)),
+            Auth::Bearer(_) => out += "bearer_token = \"<redacted>\"\n",
+        }
+        if let Some(c) = &self.ca_cert {
+            out += &format!("ca_cert = {}\n", q(&c.display().to_string()));
+        }
+        out += &format!("queue_bytes = {}\n", self.queue_bytes);
+        if let Some(d) = &self.spool_dir {
+            out += &format!("spool_dir = {}\n", q(&d.display().to_string()));
+        }
+        out += &format!("shutdown_timeout = {}\n", self.shutdown_timeout.as_secs_f64());
+        out += &format!("max_backoff = {}\n", self.max_backoff.as_secs_f64());
+        if let Some(m) = &self.metrics_addr {
+            out += &format!("metrics_addr = {}\n", q(m));
+        }
+        out += &format!("unwind_rows = {}\n", self.unwind_rows);
+        out += "\n[labels]\n";
+        for (k, v) in &self.labels {
+            out += &format!("{} = {}\n", q(k), q(v));
+        }
+        for r in &self.service_names {
+            out += &format!("\n[[service_names]]\npattern = {}\nname = {}\n", q(r.pattern.as_str()), q(&r.name));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_the_file_and_secrets_stay_hidden() {
+        let dir = std::env::temp_dir().join(format!("gpuflame-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = dir.join("agent.toml");
+        let pw = dir.join("pw");
+        std::fs::write(&pw, "s3cret\n").unwrap();
+        std::fs::write(
+            &cfg,
+            format!(
+                "server = \"http://file:4040\"\nwindow = 30\nbasic_auth_user = \"bob\"\nbasic_auth_password_file = {:?}\n[labels]\nenv = \"prod\"\n[[service_names]]\npattern = \"train\"\nname = \"trainer\"\n",
+                pw.display().to_string()
+            ),
+        )
+        .unwrap();
+        let args = AgentArgs { config: Some(cfg), server: Some("http://flag:4040".into()), labels: vec!["zone=a".into()], ..Default::default() };
+        let c = AgentConfig::resolve(&args).unwrap();
+        assert_eq!(c.server, "http://flag:4040");
+        assert_eq!(c.window, Duration::from_secs(30));
+        assert_eq!(c.frequency_hz, 19);
+        assert_eq!(c.labels.len(), 2);
+        assert!(matches!(&c.auth, Auth::Basic { user, password } if user == "bob" && password.expose() == "s3cret"));
+        let toml = c.to_toml();
+        assert!(!toml.contains("s3cret") && toml.contains("<redacted>") && toml.contains("trainer"), "{toml}");
+        assert!(!format!("{c:?}").contains("s3cret"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn bad_settings_are_clear_errors() {
+        let bad = AgentArgs { labels: vec!["novalue".into()], ..Default::default() };
+        assert!(AgentConfig::resolve(&bad).unwrap_err().0.contains("KEY=VALUE"));
+        let bad = AgentArgs { labels: vec!["service_name=x".into()], ..Default::default() };
+        assert!(AgentConfig::resolve(&bad).is_err());
+        let bad = AgentArgs { window: Some(-1.0), ..Default::default() };
+        assert!(AgentConfig::resolve(&bad).is_err());
+    }
+}

@@ -1,0 +1,90 @@
+//! Prometheus text metrics of the agent itself, served on --metrics-addr.
+
+use std::fmt::Write as _;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use gpuflame_bpf::{Counters, UnwindCapacity};
+use gpuflame_server_upload::QueueStats;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// What the profiling loop last reported.
+#[derive(Debug, Default, Clone)]
+pub struct AgentMetrics {
+    pub samples: u64,
+    pub counters: Counters,
+    pub capacity: UnwindCapacity,
+    pub windows: u64,
+    pub processes_tracked: usize,
+}
+
+pub fn render(m: &AgentMetrics, q: &QueueStats) -> String {
+    let mut out = String::new();
+    let mut metric = |name: &str, kind: &str, help: &str, values: &[(&str, u64)]| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (labels, v) in values {
+            let _ = writeln!(out, "{name}{labels} {v}");
+        }
+    };
+    let u = &m.counters.unwind;
+    metric("gpuflame_samples_total", "counter", "CPU samples taken in BPF.", &[("", m.counters.samples)]);
+    metric("gpuflame_samples_aggregated_total", "counter", "CPU samples that reached user space.", &[("", m.samples)]);
+    metric("gpuflame_samples_lost_total", "counter", "Samples dropped because the ring buffer was full.", &[("", m.counters.lost)]);
+    metric(
+        "gpuflame_unwind_errors_total",
+        "counter",
+        "User stacks that ended before their outermost frame, by reason.",
+        &[
+            ("{reason=\"no_process\"}", u.no_process),
+            ("{reason=\"no_mapping\"}", u.no_mapping),
+            ("{reason=\"no_row\"}", u.no_row),
+            ("{reason=\"bad_cfa\"}", u.bad_cfa),
+            ("{reason=\"read_fault\"}", u.read_fault),
+            ("{reason=\"truncated\"}", u.truncated),
+        ],
+    );
+    metric("gpuflame_kernel_stack_errors_total", "counter", "Kernel stack reads that failed.", &[("", m.counters.kernel_stack_failed)]);
+    metric("gpuflame_windows_total", "counter", "Profile windows completed.", &[("", m.windows)]);
+    metric("gpuflame_profiles_pushed_total", "counter", "Push requests delivered.", &[("", q.pushed.load(Ordering::Relaxed))]);
+    metric("gpuflame_profiles_failed_total", "counter", "Push requests the server refused (4xx).", &[("", q.failed.load(Ordering::Relaxed))]);
+    metric("gpuflame_profiles_dropped_total", "counter", "Push requests dropped: queue bound reached, or undelivered at exit.", &[("", q.dropped.load(Ordering::Relaxed))]);
+    metric("gpuflame_push_retries_total", "counter", "Push attempts that will be retried.", &[("", q.retries.load(Ordering::Relaxed))]);
+    metric("gpuflame_queue_bytes", "gauge", "Bytes waiting in the upload queue.", &[("", q.bytes.load(Ordering::Relaxed))]);
+    metric("gpuflame_queue_bytes_max", "gauge", "Most bytes the upload queue has held.", &[("", q.max_bytes_seen.load(Ordering::Relaxed))]);
+    metric(
+        "gpuflame_bpf_map_entries",
+        "gauge",
+        "BPF map use: unwind rows in use and their capacity.",
+        &[("{map=\"unwind_rows\",kind=\"used\"}", m.capacity.rows_used), ("{map=\"unwind_rows\",kind=\"capacity\"}", m.capacity.rows_total)],
+    );
+    metric("gpuflame_processes_tracked", "gauge", "Processes whose unwind tables are loaded.", &[("", m.processes_tracked as u64)]);
+    out
+}
+
+/// Answers every HTTP request on `listener` with the metrics.
+pub async fn serve(listener: std::net::TcpListener, state: Arc<Mutex<AgentMetrics>>, queue: Arc<QueueStats>) {
+    let listener = match listener.set_nonblocking(true).and_then(|()| tokio::net::TcpListener::from_std(listener)) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(error = %e, "metrics endpoint");
+            return;
+        }
+    };
+    loop {
+        let Ok((mut conn, _)) = listener.accept().await else { continue };
+        let body = {
+            let m = state.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            render(&m, &queue)
+        };
+        tokio::spawn(async move {
+            let mut buf = [0u8; 2048];
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(2), conn.read(&mut buf)).await;
+            let response = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = conn.write_all(response.as_bytes()).await;
+            let _ = conn.shutdown().await;
+        });
+    }
+}

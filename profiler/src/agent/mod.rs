@@ -1,0 +1,193 @@
+//! `gpuflame agent`: profiles the whole machine continuously and pushes every window to
+//! Pyroscope, one series per (service, profile type).
+
+pub mod config;
+pub mod metrics;
+pub mod service;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::Context;
+use gpuflame_bpf::Targets;
+use gpuflame_server_upload::{LabelPair, PushConfig, PushItem, PushRequest, Queue, RawProfileSeries, RawSample, Uploader};
+use prost::Message;
+use tokio::sync::watch;
+
+use crate::output::pprof;
+use crate::profile::Profile;
+use crate::session::Session;
+use crate::{preflight, UserError};
+use config::{AgentArgs, AgentConfig};
+use metrics::AgentMetrics;
+use service::ServiceNamer;
+
+/// Pyroscope's profile type name of CPU profiles.
+pub const CPU_PROFILE_NAME: &str = "process_cpu";
+
+pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
+    let cfg = AgentConfig::resolve(args)?;
+    if args.print_config {
+        print!("{}", cfg.to_toml());
+        return Ok(0);
+    }
+    if cfg.server.is_empty() {
+        return Err(UserError("the agent needs --server URL (or GPUFLAME_SERVER, or server in the config file)".into()).into());
+    }
+    preflight::check_privileges()?;
+    preflight::check_btf()?;
+
+    let queue = Arc::new(Queue::new(cfg.queue_bytes));
+    let mut seq = 0u64;
+    if let Some(dir) = &cfg.spool_dir {
+        let n = queue.load_spool(dir, &mut seq).with_context(|| format!("reading the spool directory {}", dir.display()))?;
+        if n > 0 {
+            tracing::info!(profiles = n, dir = %dir.display(), "queued profiles spooled by an earlier run");
+        }
+    }
+    let push = PushConfig {
+        url: cfg.server.clone(),
+        auth: cfg.auth.clone(),
+        tenant: cfg.tenant_id.clone(),
+        ca_cert: cfg.ca_cert.clone(),
+        request_timeout: Duration::from_secs(10),
+        backoff_initial: Duration::from_millis(500).min(cfg.max_backoff),
+        backoff_max: cfg.max_backoff,
+    };
+    let uploader = Uploader::new(push, Arc::clone(&queue)).map_err(|e| UserError(e.to_string()))?;
+    let metrics_listener = match &cfg.metrics_addr {
+        Some(addr) => Some(std::net::TcpListener::bind(addr).map_err(|e| UserError(format!("cannot serve metrics on {addr}: {e}")))?),
+        None => None,
+    };
+
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = Arc::clone(&stop);
+        ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst)).context("installing the signal handler")?;
+    }
+    let metrics_state = Arc::new(Mutex::new(AgentMetrics::default()));
+    let (shutdown_tx, shutdown_rx) = watch::channel(None);
+    let upload_thread = {
+        let (state, qstats) = (Arc::clone(&metrics_state), Arc::clone(&queue.stats));
+        std::thread::Builder::new().name("gpuflame-upload".into()).spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            Ok::<usize, std::io::Error>(rt.block_on(async move {
+                if let Some(listener) = metrics_listener {
+                    tokio::spawn(metrics::serve(listener, state, qstats));
+                }
+                uploader.run(shutdown_rx).await
+            }))
+        })?
+    };
+
+    let result = profile_loop(&cfg, &stop, &queue, &metrics_state, &mut seq);
+    let _ = shutdown_tx.send(Some(Instant::now() + cfg.shutdown_timeout));
+    let remaining = match upload_thread.join() {
+        Ok(Ok(n)) => n,
+        Ok(Err(e)) => return Err(e).context("starting the upload runtime"),
+        Err(_) => anyhow::bail!("the upload thread panicked"),
+    };
+    let windows = result?;
+    let queued = seq;
+    if remaining > 0 {
+        match &cfg.spool_dir {
+            Some(dir) => {
+                let n = queue.spool_to(dir).with_context(|| format!("spooling to {}", dir.display()))?;
+                tracing::warn!(profiles = n, dir = %dir.display(), "undelivered profiles spooled for the next run");
+            }
+            None => {
+                queue.stats.dropped.fetch_add(remaining as u64, Ordering::Relaxed);
+                tracing::warn!(profiles = remaining, "undelivered profiles dropped at exit (set --spool-dir to keep them)");
+            }
+        }
+    }
+    let s = &queue.stats;
+    eprintln!(
+        "gpuflame agent: {windows} windows, {queued} profiles queued, {} pushed, {} failed, {} dropped, {} retries",
+        s.pushed.load(Ordering::Relaxed),
+        s.failed.load(Ordering::Relaxed),
+        s.dropped.load(Ordering::Relaxed),
+        s.retries.load(Ordering::Relaxed)
+    );
+    Ok(0)
+}
+
+/// Samples in windows until stopped; returns the number of windows.
+fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &Mutex<AgentMetrics>, seq: &mut u64) -> anyhow::Result<u64> {
+    let mut session = Session::start(Targets::All, cfg.frequency_hz, cfg.unwind_rows)?;
+    let mut namer = ServiceNamer::new(cfg.service_name_from, cfg.service_names.clone());
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "unknown".into());
+    let run_id = format!("{:x}", SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64));
+    let mut windows = 0u64;
+    let mut total_samples = 0u64;
+    let mut window_start = Instant::now();
+    let mut window_wall = SystemTime::now();
+    let mut last_metrics = Instant::now();
+    loop {
+        session.pump(Duration::from_millis(100))?;
+        let stopping = stop.load(Ordering::SeqCst);
+        let window_done = window_start.elapsed() >= cfg.window;
+        if stopping || window_done || last_metrics.elapsed() >= Duration::from_secs(1) {
+            last_metrics = Instant::now();
+            let mut m = metrics.lock().unwrap_or_else(|p| p.into_inner());
+            m.samples = total_samples + session.aggregator.samples();
+            m.counters = session.sampler.counters()?;
+            m.capacity = session.sampler.unwind_capacity();
+            m.windows = windows;
+            m.processes_tracked = session.tracker.processes();
+        }
+        if !(stopping || window_done) {
+            continue;
+        }
+        session.drain()?;
+        total_samples += session.aggregator.samples();
+        let profile = session.aggregator.take_profile(cfg.frequency_hz, window_wall, window_start.elapsed());
+        window_start = Instant::now();
+        window_wall = SystemTime::now();
+        windows += 1;
+        if let Some(body) = encode_window(&profile, cfg, &mut namer, &hostname, &format!("{run_id}-{seq}")) {
+            queue.push(PushItem { seq: *seq, body, spool_file: None });
+            *seq += 1;
+        }
+        namer.retain(crate::target::process_alive);
+        if stopping || cfg.once {
+            return Ok(windows);
+        }
+    }
+}
+
+/// The push request of one window: a series per service, or None when nothing was sampled.
+fn encode_window(profile: &Profile, cfg: &AgentConfig, namer: &mut ServiceNamer, hostname: &str, id: &str) -> Option<Vec<u8>> {
+    if profile.samples.is_empty() {
+        return None;
+    }
+    let mut service_of: HashMap<(u32, String), String> = HashMap::new();
+    for s in &profile.samples {
+        let pid = s.labels.pid.unwrap_or(0);
+        let comm = s.labels.comm.clone().unwrap_or_default();
+        service_of.entry((pid, comm.clone())).or_insert_with(|| namer.service(pid, &comm));
+    }
+    let mut services: Vec<&String> = service_of.values().collect();
+    services.sort();
+    services.dedup();
+    let key = |s: &crate::profile::Sample| (s.labels.pid.unwrap_or(0), s.labels.comm.clone().unwrap_or_default());
+    let series = services
+        .into_iter()
+        .map(|service| {
+            let subset = profile.subset(|s| service_of.get(&key(s)) == Some(service));
+            let mut raw = Vec::new();
+            // Writing into a Vec cannot fail.
+            let _ = pprof::write(&subset, &mut raw);
+            let mut labels = vec![
+                LabelPair::new("__name__", CPU_PROFILE_NAME),
+                LabelPair::new("service_name", service.clone()),
+                LabelPair::new("hostname", hostname),
+            ];
+            labels.extend(cfg.labels.iter().map(|(k, v)| LabelPair::new(k.clone(), v.clone())));
+            RawProfileSeries { labels, samples: vec![RawSample { raw_profile: raw, id: id.to_string() }] }
+        })
+        .collect();
+    Some(PushRequest { series }.encode_to_vec())
+}

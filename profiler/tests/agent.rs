@@ -1,0 +1,230 @@
+//! `gpuflame agent` against a Pyroscope push endpoint in the test: labels, totals, faults.
+//! Run as root (the agent profiles the whole machine).
+
+mod common;
+
+use std::process::{Child, Command, Output, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use common::receiver::Receiver;
+use common::*;
+
+struct Workload(Child);
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spinner(dir: &std::path::Path, name: &str, env: Option<(&str, &str)>) -> Workload {
+    let exe = build_c(dir, "chain", FP_FLAGS);
+    let named = dir.join(name);
+    std::fs::copy(&exe, &named).unwrap();
+    let mut cmd = Command::new(&named);
+    cmd.arg("60");
+    if let Some((k, v)) = env {
+        cmd.env(k, v);
+    }
+    Workload(cmd.spawn().unwrap())
+}
+
+fn agent(args: &[&str]) -> Child {
+    Command::new(GPUFLAME).arg("agent").args(args).stderr(Stdio::piped()).spawn().expect("starting the agent")
+}
+
+fn sigterm_and_wait(child: Child) -> Output {
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "agent exited with {:?}:\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+/// The numbers of the agent's summary line.
+fn summary(stderr: &str) -> std::collections::HashMap<String, u64> {
+    let line = stderr.lines().find(|l| l.starts_with("gpuflame agent:")).unwrap_or_else(|| panic!("no summary in:\n{stderr}"));
+    let words: Vec<&str> = line.trim_start_matches("gpuflame agent:").split(',').map(str::trim).collect();
+    words
+        .iter()
+        .filter_map(|w| {
+            let (n, what) = w.split_once(' ')?;
+            Some((what.to_string(), n.parse().ok()?))
+        })
+        .collect()
+}
+
+fn window_seq(id: &str) -> u64 {
+    id.rsplit('-').next().and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("bad sample id {id}"))
+}
+
+#[test]
+fn known_workload_arrives_with_its_labels_and_totals() {
+    require_bpf();
+    let dir = tempfile::tempdir().unwrap();
+    let workload = spinner(dir.path(), "trainer_bin", Some(("GPUFLAME_SERVICE_NAME", "llm-trainer")));
+    let plain = spinner(dir.path(), "plainspin", None);
+    sleep(Duration::from_millis(300));
+    let receiver = Receiver::start(Box::new(|_| 200));
+    let child = Command::new(GPUFLAME)
+        .args(["agent", "--server", &receiver.url(), "--once", "--window", "3", "-F", "99", "--label", "cluster=test", "--tenant-id", "team-a", "-v"])
+        .env("GPUFLAME_BEARER_TOKEN", "tok-s3cret")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("tok-s3cret"), "the token leaked into the log:\n{stderr}");
+    drop((workload, plain));
+
+    let got = receiver.received();
+    let trainer: Vec<_> = got.iter().filter(|r| r.labels.get("service_name").map(String::as_str) == Some("llm-trainer")).collect();
+    assert_eq!(trainer.len(), 1, "one series for the service, got {:?}", got.iter().map(|r| &r.labels).collect::<Vec<_>>());
+    let r = trainer[0];
+    assert_eq!(r.labels.get("__name__").map(String::as_str), Some("process_cpu"));
+    assert_eq!(r.labels.get("cluster").map(String::as_str), Some("test"));
+    assert!(r.labels.contains_key("hostname"));
+    assert_eq!(r.headers.get("authorization").map(String::as_str), Some("Bearer tok-s3cret"));
+    assert_eq!(r.headers.get("x-scope-orgid").map(String::as_str), Some("team-a"));
+    assert_eq!((r.profile.sample_type.kind.as_str(), r.profile.sample_type.unit.as_str()), ("cpu", "nanoseconds"));
+    // A process spinning for the 3 s window at 99 Hz: about 297 samples of 1e9/99 ns, on a
+    // machine where it shares two CPUs with the other spinner.
+    let samples = r.profile.total() / r.profile.period;
+    assert!((200..=320).contains(&samples), "{samples} samples for a 3 s window at 99 Hz");
+    assert!(r.profile.samples.iter().all(|s| s.labels.pid.is_some() && s.labels.comm.as_deref() == Some("trainer_bin")));
+    // The process without the variable is named by its comm.
+    assert!(got.iter().any(|r| r.labels.get("service_name").map(String::as_str) == Some("plainspin")));
+
+    // Every pushed profile decodes with go tool pprof.
+    for (i, r) in got.iter().enumerate() {
+        let path = dir.path().join(format!("pushed-{i}.pb.gz"));
+        std::fs::write(&path, &r.raw).unwrap();
+        let out = Command::new("go").args(["tool", "pprof", "-raw"]).arg(&path).output().expect("go is needed (apt-get install golang-go)");
+        assert!(out.status.success(), "go tool pprof failed on the profile of {:?}: {}", r.labels, String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+#[test]
+fn server_errors_then_recovery_deliver_every_window_exactly_once() {
+    require_bpf();
+    let dir = tempfile::tempdir().unwrap();
+    let _w = spinner(dir.path(), "steady", None);
+    // The first five requests fail with 500.
+    let receiver = Receiver::start(Box::new(|n| if n < 5 { 500 } else { 200 }));
+    let child = agent(&["--server", &receiver.url(), "--window", "0.5", "-F", "49", "--max-backoff", "0.3"]);
+    sleep(Duration::from_secs(5));
+    let out = sigterm_and_wait(child);
+    let stats = summary(&String::from_utf8_lossy(&out.stderr));
+    let mut seqs: Vec<u64> = receiver.received().iter().filter(|r| r.labels["service_name"] == "steady").map(|r| window_seq(&r.id)).collect();
+    seqs.sort();
+    let queued = stats["profiles queued"];
+    assert!(queued >= 4, "{stats:?}");
+    assert_eq!(stats["pushed"], queued, "every window delivered: {stats:?}");
+    assert_eq!(stats["dropped"], 0);
+    assert!(stats["retries"] >= 5);
+    // The steady process is in every window: each window exactly once, none missing.
+    assert_eq!(seqs, (0..queued).collect::<Vec<_>>(), "windows received: {seqs:?}");
+}
+
+#[test]
+fn server_down_longer_than_the_queue_bound_drops_exactly_and_keeps_running() {
+    require_bpf();
+    let dir = tempfile::tempdir().unwrap();
+    let _w = spinner(dir.path(), "steady", None);
+    // A port with nothing listening on it, for now.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let bound = 10_000;
+    let child = agent(&[
+        "--server",
+        &format!("http://127.0.0.1:{port}"),
+        "--window",
+        "0.3",
+        "-F",
+        "49",
+        "--queue-bytes",
+        &bound.to_string(),
+        "--max-backoff",
+        "0.5",
+        "--metrics-addr",
+        &metrics_port.to_string(),
+    ]);
+    sleep(Duration::from_secs(6));
+    let metrics = http_get(metrics_port);
+    let max_bytes: u64 = metric(&metrics, "gpuflame_queue_bytes_max");
+    let dropped_while_down = metric(&metrics, "gpuflame_profiles_dropped_total");
+    assert!(max_bytes <= bound, "queue held {max_bytes} bytes, bound {bound}");
+    assert!(dropped_while_down > 0, "the bound was never reached:\n{metrics}");
+    // The server comes back.
+    let receiver = Receiver::start_on(&format!("127.0.0.1:{port}"), Box::new(|_| 200));
+    sleep(Duration::from_secs(3));
+    let out = sigterm_and_wait(child);
+    let stats = summary(&String::from_utf8_lossy(&out.stderr));
+    let received: std::collections::BTreeSet<String> = receiver.received().iter().map(|r| r.id.clone()).collect();
+    assert_eq!(received.len() as u64, stats["pushed"], "{stats:?}");
+    assert_eq!(stats["pushed"] + stats["dropped"] + stats["failed"], stats["profiles queued"], "every window is either delivered or counted as dropped: {stats:?}");
+    assert!(stats["dropped"] >= dropped_while_down);
+}
+
+#[test]
+fn sigterm_mid_window_flushes_the_partial_window() {
+    require_bpf();
+    let dir = tempfile::tempdir().unwrap();
+    let _w = spinner(dir.path(), "steady", None);
+    let receiver = Receiver::start(Box::new(|_| 200));
+    let child = agent(&["--server", &receiver.url(), "--window", "60", "-F", "49"]);
+    sleep(Duration::from_secs(3));
+    let stopped = Instant::now();
+    sigterm_and_wait(child);
+    assert!(stopped.elapsed() < Duration::from_secs(5), "shutdown took {:?}", stopped.elapsed());
+    let got = receiver.received();
+    let steady: Vec<_> = got.iter().filter(|r| r.labels["service_name"] == "steady").collect();
+    assert_eq!(steady.len(), 1);
+    let secs = steady[0].profile.duration_nanos as f64 / 1e9;
+    assert!((1.0..8.0).contains(&secs), "the flushed window lasted {secs} s");
+    assert!(steady[0].profile.total() > 0);
+}
+
+#[test]
+fn unauthorized_is_reported_once_and_clearly() {
+    require_bpf();
+    let dir = tempfile::tempdir().unwrap();
+    let _w = spinner(dir.path(), "steady", None);
+    let receiver = Receiver::start(Box::new(|_| 401));
+    let child = Command::new(GPUFLAME)
+        .args(["agent", "--server", &receiver.url(), "--window", "0.5", "-F", "49", "--basic-auth-user", "agent"])
+        .env("GPUFLAME_BASIC_AUTH_PASSWORD", "pw-s3cret")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    sleep(Duration::from_secs(4));
+    let out = sigterm_and_wait(child);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let reports: Vec<&str> = stderr.lines().filter(|l| l.contains("401")).collect();
+    assert_eq!(reports.len(), 1, "expected one report of the 401:\n{stderr}");
+    assert!(reports[0].contains("refused the credentials"), "{}", reports[0]);
+    assert!(!stderr.contains("pw-s3cret"));
+    let stats = summary(&stderr);
+    assert!(stats["failed"] >= 3, "{stats:?}");
+    assert!(receiver.requests.load(std::sync::atomic::Ordering::SeqCst) >= 3);
+}
+
+fn http_get(port: u16) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("the metrics endpoint");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+}
