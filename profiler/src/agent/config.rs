@@ -72,6 +72,9 @@ pub struct AgentArgs {
     /// Capacity of the BPF unwind tables in rows [default: 8388608].
     #[arg(long, value_name = "ROWS")]
     pub unwind_rows: Option<u64>,
+    /// The hostname label [default: the kernel's hostname; in a pod, pass the node name].
+    #[arg(long, env = "GPUFLAME_HOSTNAME")]
+    pub hostname: Option<String>,
     /// Push one window and exit.
     #[arg(long)]
     pub once: bool,
@@ -104,6 +107,7 @@ struct FileConfig {
     max_backoff: Option<f64>,
     metrics_addr: Option<String>,
     unwind_rows: Option<u64>,
+    hostname: Option<String>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -131,6 +135,7 @@ pub struct AgentConfig {
     pub max_backoff: Duration,
     pub metrics_addr: Option<String>,
     pub unwind_rows: u64,
+    pub hostname: String,
     pub once: bool,
 }
 
@@ -228,6 +233,10 @@ impl AgentConfig {
             max_backoff: seconds(args.max_backoff.or(file.max_backoff).unwrap_or(30.0), "max backoff")?,
             metrics_addr,
             unwind_rows: args.unwind_rows.or(file.unwind_rows).unwrap_or(gpuflame_bpf::SamplerConfig::DEFAULT_UNWIND_ROWS),
+            hostname: match args.hostname.clone().or(file.hostname) {
+                Some(h) => h,
+                None => std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "unknown".into()),
+            },
             once: args.once,
         })
     }
@@ -264,6 +273,7 @@ impl AgentConfig {
             out += &format!("metrics_addr = {}\n", q(m));
         }
         out += &format!("unwind_rows = {}\n", self.unwind_rows);
+        out += &format!("hostname = {}\n", q(&self.hostname));
         out += "\n[labels]\n";
         for (k, v) in &self.labels {
             out += &format!("{} = {}\n", q(k), q(v));

@@ -118,7 +118,7 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
 fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &Mutex<AgentMetrics>, seq: &mut u64) -> anyhow::Result<u64> {
     let mut session = Session::start(Targets::All, cfg.frequency_hz, cfg.unwind_rows)?;
     let mut namer = ServiceNamer::new(cfg.service_name_from, cfg.service_names.clone());
-    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "unknown".into());
+    let hostname = cfg.hostname.clone();
     let run_id = format!("{:x}", SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64));
     let mut windows = 0u64;
     let mut total_samples = 0u64;
