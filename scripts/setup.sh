@@ -22,3 +22,17 @@ if ! command -v cargo >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/cargo" ]; then
     echo "setup: installing the Rust toolchain with rustup" >&2
     curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal >&2
 fi
+
+# Debian's CPython 3.13 and 3.14 builds, which the Python tests profile (bookworm has neither).
+pythons=${GPUFLAME_TEST_PYTHONS:-/opt/gpuflame-pythons}
+get_python="$(cd "$(dirname "$0")/../.." && pwd)/shared/tools/get-python.sh"
+for v in 3.13 3.14; do
+    if [ ! -x "$pythons/$v/usr/bin/python$v" ]; then
+        if [ ! -f "$get_python" ]; then
+            echo "setup: $get_python is missing; cannot install Python $v for the tests" >&2
+            exit 1
+        fi
+        echo "setup: installing Debian's Python $v into $pythons" >&2
+        bash "$get_python" "$v" "$pythons" >/dev/null
+    fi
+done

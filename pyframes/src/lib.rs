@@ -1,0 +1,14 @@
+//! CPython as gpuflame sees it from outside the process: which interpreter a process runs, the
+//! offsets of the interpreter structures that the BPF walker follows, and (for symbolization)
+//! code objects and their line tables. Pure Rust, no BPF.
+//!
+//! Offsets for 3.8 to 3.12 come from tables generated from each version's headers
+//! (`tools/gen-offsets.sh`); from 3.13 on the interpreter describes itself in the
+//! `_Py_DebugOffsets` header at the start of `_PyRuntime`, read at run time.
+
+mod detect;
+mod offsets;
+mod tables;
+
+pub use detect::{find_interpreter, Interpreter, Mapping, PyError};
+pub use offsets::{FrameEntry, PyOffsets};
