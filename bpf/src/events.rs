@@ -63,6 +63,37 @@ impl UnwindStatus {
     }
 }
 
+/// One frame of a user stack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UserFrame {
+    /// A native instruction pointer (the sampled address or a return address).
+    Native(u64),
+    /// A CPython frame: the code object's address in the process, the code's first line (to
+    /// tell a reused address apart), and the last instruction (bytes up to 3.9, code units from
+    /// 3.10).
+    Python { code: u64, first_line: u32, lasti: u32 },
+}
+
+const PY_FRAME_TAG: u64 = 1 << 63;
+
+/// Splits the raw stack slots: a Python frame is two slots, the first tagged.
+fn split_user_frames(slots: &[u64]) -> Vec<UserFrame> {
+    let mut out = Vec::with_capacity(slots.len());
+    let mut i = 0;
+    while i < slots.len() {
+        let v = slots[i];
+        if v & PY_FRAME_TAG != 0 {
+            let second = slots.get(i + 1).copied().unwrap_or(0);
+            out.push(UserFrame::Python { code: v & !PY_FRAME_TAG, first_line: (second >> 32) as u32, lasti: second as u32 });
+            i += 2;
+        } else {
+            out.push(UserFrame::Native(v));
+            i += 1;
+        }
+    }
+    out
+}
+
 /// One CPU-clock sample as BPF recorded it.
 #[derive(Debug, Clone)]
 pub struct Sample {
@@ -73,8 +104,8 @@ pub struct Sample {
     pub cpu: u32,
     pub comm: String,
     pub kernel_stack: StackRead,
-    /// Leaf first.
-    pub user_stack: Vec<u64>,
+    /// Leaf first; Python frames in place of the evaluation loop that ran them.
+    pub user_stack: Vec<UserFrame>,
     pub unwind: UnwindStatus,
 }
 
@@ -128,7 +159,7 @@ pub(crate) fn decode_sample(data: &[u8]) -> Option<Sample> {
         cpu: e.cpu,
         comm: String::from_utf8_lossy(&comm_bytes).into_owned(),
         kernel_stack: kernel_stack(&e.kernel_stack, e.kernel_stack_bytes),
-        user_stack: e.user_stack[..user_frames].to_vec(),
+        user_stack: split_user_frames(&e.user_stack[..user_frames]),
         unwind: UnwindStatus::from_raw(e.unwind_status),
     })
 }
@@ -186,9 +217,18 @@ mod tests {
         let s = decode_sample(as_bytes(&*e)).unwrap();
         assert_eq!((s.pid, s.tid, s.comm.as_str()), (42, 43, "foo"));
         assert_eq!(s.kernel_stack, StackRead::Frames(vec![]));
-        assert_eq!(s.user_stack, vec![0x1000, 0x2000]);
+        assert_eq!(s.user_stack, vec![UserFrame::Native(0x1000), UserFrame::Native(0x2000)]);
         assert_eq!(s.unwind, UnwindStatus::Truncated);
         assert!(decode_sample(&as_bytes(&*e)[..10]).is_none());
+    }
+
+    #[test]
+    fn python_frames_take_two_slots() {
+        let slots = [0x1000, 0x7f00_0000_1000 | PY_FRAME_TAG, (41 << 32) | 12, 0x2000];
+        assert_eq!(
+            split_user_frames(&slots),
+            vec![UserFrame::Native(0x1000), UserFrame::Python { code: 0x7f00_0000_1000, first_line: 41, lasti: 12 }, UserFrame::Native(0x2000)]
+        );
     }
 
     #[test]

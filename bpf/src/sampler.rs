@@ -16,7 +16,7 @@ use crate::error::{is_permission, BpfError};
 use crate::events::{self, Event};
 use crate::perf;
 use crate::skel::{types, CpuSamplerSkel, CpuSamplerSkelBuilder};
-use crate::unwind_maps::{ExecMapping, TableId, UnwindCapacity, UnwindMaps};
+use crate::unwind_maps::{ExecMapping, PythonProcess, TableId, UnwindCapacity, UnwindMaps};
 
 const BTF_PATH: &str = "/sys/kernel/btf/vmlinux";
 
@@ -58,6 +58,16 @@ pub struct Counters {
     pub unwind: UnwindCounters,
     /// Process events dropped because their ring buffer was full.
     pub process_events_lost: u64,
+    pub python: PythonCounters,
+}
+
+/// The Python walker's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PythonCounters {
+    pub frames: u64,
+    /// Samples of Python processes whose thread state was not found.
+    pub no_thread: u64,
+    pub read_faults: u64,
 }
 
 /// Why user stacks ended early, by reason; and frames stepped by frame pointers.
@@ -249,6 +259,11 @@ impl CpuSampler {
                 frame_pointer_steps: read(types::counter::COUNTER_UNWIND_FP_FALLBACK)?,
             },
             process_events_lost: read(types::counter::COUNTER_PROCESS_EVENTS_LOST)?,
+            python: PythonCounters {
+                frames: read(types::counter::COUNTER_PY_FRAMES)?,
+                no_thread: read(types::counter::COUNTER_PY_NO_THREAD)?,
+                read_faults: read(types::counter::COUNTER_PY_READ_FAULT)?,
+            },
         })
     }
 
@@ -278,7 +293,13 @@ impl CpuSampler {
     }
 
     pub fn remove_process(&self, pid: u32) {
-        UnwindMaps::remove_process(&self.skel.maps.processes, pid)
+        UnwindMaps::remove_process(&self.skel.maps.processes, pid);
+        UnwindMaps::remove_process(&self.skel.maps.python_processes, pid);
+    }
+
+    /// Tells the Python walker where the process's interpreter is.
+    pub fn set_python(&self, pid: u32, py: &PythonProcess) -> Result<(), BpfError> {
+        UnwindMaps::set_python(&self.skel.maps.python_processes, pid, py)
     }
 
     /// How often the sampling program ran and its total run time in ns, as the kernel counts it

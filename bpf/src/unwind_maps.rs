@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use gpuflame_pyframes::{FrameEntry, PyOffsets};
 use gpuflame_unwind::{CfaRule, CompactTable, RbpRule, RuleTable, UnwindRule};
 use libbpf_rs::{MapCore, MapFlags, MapMut};
 
@@ -29,6 +30,15 @@ pub struct ExecMapping {
     pub load_bias: u64,
     /// None: code without unwind information (frame pointers are tried).
     pub table: Option<TableId>,
+}
+
+/// Where a process's CPython interpreter is, for the Python walker.
+#[derive(Debug, Clone)]
+pub struct PythonProcess {
+    pub runtime: u64,
+    /// `_PyEval_EvalFrameDefault` and its cold part.
+    pub eval_ranges: Vec<(u64, u64)>,
+    pub offsets: PyOffsets,
 }
 
 /// How full the unwind maps are.
@@ -160,6 +170,43 @@ impl UnwindMaps {
         }
         map.update(&pid.to_ne_bytes(), as_bytes(&*info), MapFlags::ANY).map_err(map_err("processes"))?;
         Ok(sorted.len() - kept)
+    }
+
+    pub(crate) fn set_python(map: &MapMut<'_>, pid: u32, py: &PythonProcess) -> Result<(), BpfError> {
+        let o = &py.offsets;
+        let off = |v: usize| u16::try_from(v).unwrap_or(u16::MAX);
+        let (frame_kind, frame_entry, owner_cstack) = match o.frame_entry {
+            FrameEntry::FrameObject => (0u8, u16::MAX, 0u8),
+            FrameEntry::IsEntry { offset } => (1, off(offset), 0),
+            FrameEntry::Owner { offset, cstack } => (2, off(offset), cstack),
+        };
+        let mut value = types::py_process {
+            runtime: py.runtime,
+            o: types::py_offsets {
+                runtime_interpreters_head: off(o.runtime_interpreters_head),
+                interp_threads_head: off(o.interp_threads_head),
+                tstate_next: off(o.tstate_next),
+                tstate_thread_id: off(o.tstate_thread_id),
+                tstate_frame: off(o.tstate_frame),
+                cframe_current_frame: o.cframe_current_frame.map_or(u16::MAX, off),
+                frame_previous: off(o.frame_previous),
+                frame_code: off(o.frame_code),
+                frame_instr: off(o.frame_instr),
+                frame_entry,
+                code_adaptive: o.code_adaptive.map_or(u16::MAX, off),
+                code_firstlineno: off(o.code_firstlineno),
+                frame_kind,
+                owner_cstack,
+                code_tagged: u8::from(o.version >= (3, 14)),
+                _pad: 0,
+            },
+            ..Default::default()
+        };
+        for (i, &(lo, hi)) in py.eval_ranges.iter().take(value.eval_lo.len()).enumerate() {
+            value.eval_lo[i] = lo;
+            value.eval_hi[i] = hi;
+        }
+        map.update(&pid.to_ne_bytes(), as_bytes(&value), MapFlags::ANY).map_err(map_err("python_processes"))
     }
 
     pub(crate) fn remove_process(map: &MapMut<'_>, pid: u32) {

@@ -6,10 +6,19 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use gpuflame_bpf::{Sample, UnwindStatus};
-use gpuflame_symbolizer::{MappedFile, Symbol, Symbolizer, UserAddr};
+use gpuflame_bpf::{Sample, UnwindStatus, UserFrame};
+use gpuflame_pyframes::Interpreter;
+use gpuflame_symbolizer::{MappedFile, PyFrame, PythonSymbolizer, Symbol, Symbolizer, UserAddr};
 
-use crate::profile::{Labels, Line, Location, Mapping, Profile, ProfileBuilder, KERNEL_MAPPING};
+use crate::profile::{Labels, Line, Location, Mapping, Profile, ProfileBuilder, KERNEL_MAPPING, PYTHON_MAPPING};
+
+/// A user frame in an aggregated stack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum UserKey {
+    Native(UserAddr),
+    /// Index into the aggregator's Python frames.
+    Python(u32),
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct StackKey {
@@ -18,13 +27,16 @@ struct StackKey {
     comm: String,
     /// Leaf first, as sampled.
     kernel: Vec<u64>,
-    user: Vec<UserAddr>,
+    user: Vec<UserKey>,
     /// The unwinder stopped at its depth limit: the root of the stack is missing.
     truncated: bool,
 }
 
 pub struct CpuAggregator {
     symbolizer: Symbolizer,
+    python: PythonSymbolizer,
+    py_frames: Vec<PyFrame>,
+    py_index: HashMap<PyFrame, u32>,
     counts: HashMap<StackKey, u64>,
     comms: HashMap<u32, String>,
     samples: u64,
@@ -49,6 +61,9 @@ impl CpuAggregator {
     pub fn new() -> Self {
         CpuAggregator {
             symbolizer: Symbolizer::new(),
+            python: PythonSymbolizer::new(),
+            py_frames: Vec::new(),
+            py_index: HashMap::new(),
             counts: HashMap::new(),
             comms: HashMap::new(),
             samples: 0,
@@ -59,23 +74,52 @@ impl CpuAggregator {
 
     /// Adds a sample. `files` are the process's mappings as the process tracker read them, so
     /// that its addresses are placed even if it has exited by now.
-    pub fn add(&mut self, sample: &Sample, files: Option<&[MappedFile]>) {
+    pub fn add(&mut self, sample: &Sample, files: Option<&[MappedFile]>, python: Option<&Interpreter>) {
         // A new command name for a known pid means exec: its old mappings are gone.
         if let Some(old) = self.comms.insert(sample.pid, sample.comm.clone()) {
             if old != sample.comm {
                 self.symbolizer.forget_process(sample.pid);
+                self.python.forget_process(sample.pid);
             }
         }
-        let user_frames = call_sites(&sample.user_stack);
+        // Native addresses go through normalization in one batch; Python frames are named now,
+        // while the process and its code objects are alive.
+        let native: Vec<u64> = sample
+            .user_stack
+            .iter()
+            .enumerate()
+            .filter_map(|(i, f)| match f {
+                UserFrame::Native(a) if i == 0 => Some(*a),
+                UserFrame::Native(a) => Some(a.saturating_sub(1)),
+                UserFrame::Python { .. } => None,
+            })
+            .collect();
         if sample.unwind != UnwindStatus::KernelThread {
             self.user_stacks += 1;
             self.complete_user_stacks += u64::from(sample.unwind.is_complete());
         }
-        let user = match files {
-            _ if user_frames.is_empty() => Vec::new(),
-            Some(files) => self.symbolizer.normalize_in(sample.pid, &user_frames, files),
-            None => self.symbolizer.normalize(sample.pid, &user_frames),
+        let normalized = match files {
+            _ if native.is_empty() => Vec::new(),
+            Some(files) => self.symbolizer.normalize_in(sample.pid, &native, files),
+            None => self.symbolizer.normalize(sample.pid, &native),
         };
+        let mut normalized = normalized.into_iter();
+        let mut user = Vec::with_capacity(sample.user_stack.len());
+        for frame in &sample.user_stack {
+            match *frame {
+                UserFrame::Native(a) => user.push(UserKey::Native(normalized.next().unwrap_or(UserAddr::Unmapped { addr: a }))),
+                UserFrame::Python { code, first_line, lasti } => {
+                    let Some(interp) = python else { continue };
+                    let py = self.python.resolve(sample.pid, &interp.offsets, code, first_line, lasti);
+                    let next = self.py_frames.len() as u32;
+                    let id = *self.py_index.entry(py.clone()).or_insert(next);
+                    if id == next {
+                        self.py_frames.push(py);
+                    }
+                    user.push(UserKey::Python(id));
+                }
+            }
+        }
         let key = StackKey {
             pid: sample.pid,
             tid: sample.tid,
@@ -112,7 +156,13 @@ impl CpuAggregator {
         profile.time_nanos = start.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64);
         profile.duration_nanos = duration.as_nanos() as i64;
 
-        let mut user_addrs: Vec<UserAddr> = counts.keys().flat_map(|k| k.user.iter().copied()).collect();
+        let mut user_addrs: Vec<UserAddr> = counts
+            .keys()
+            .flat_map(|k| k.user.iter().filter_map(|u| match u {
+                UserKey::Native(a) => Some(*a),
+                UserKey::Python(_) => None,
+            }))
+            .collect();
         user_addrs.sort_unstable();
         user_addrs.dedup();
         let mut kernel_addrs: Vec<u64> = counts.keys().flat_map(|k| k.kernel.iter().copied()).collect();
@@ -125,7 +175,8 @@ impl CpuAggregator {
 
         let mut b = ProfileBuilder::default();
         let kernel_mapping = b.mapping(&mut profile, Mapping { path: KERNEL_MAPPING.into(), build_id: None });
-        let mut user_locations: HashMap<UserAddr, usize> = HashMap::new();
+        let python_mapping = b.mapping(&mut profile, Mapping { path: PYTHON_MAPPING.into(), build_id: None });
+        let mut user_locations: HashMap<UserKey, usize> = HashMap::new();
         let mut kernel_locations: HashMap<u64, usize> = HashMap::new();
         for (key, count) in &counts {
             let mut stack = Vec::with_capacity(key.user.len() + key.kernel.len() + 1);
@@ -133,9 +184,16 @@ impl CpuAggregator {
                 let location = Location { mapping: None, address: 0, kernel: false, lines: vec![Line::function("[truncated]")] };
                 stack.push(b.location(&mut profile, location));
             }
-            for addr in key.user.iter().rev() {
-                let loc = *user_locations.entry(*addr).or_insert_with(|| {
-                    let location = self.user_location(&mut b, &mut profile, *addr, &user_syms[addr]);
+            for frame in key.user.iter().rev() {
+                let loc = *user_locations.entry(*frame).or_insert_with(|| {
+                    let location = match frame {
+                        UserKey::Native(addr) => self.user_location(&mut b, &mut profile, *addr, &user_syms[addr]),
+                        UserKey::Python(id) => {
+                            let py = &self.py_frames[*id as usize];
+                            let line = Line { function: py.function.to_string(), file: Some(py.file.to_string()), line: py.line };
+                            Location { mapping: Some(python_mapping), address: 0, kernel: false, lines: vec![line] }
+                        }
+                    };
                     b.location(&mut profile, location)
                 });
                 stack.push(loc);

@@ -28,6 +28,9 @@ pub struct Mapping {
 /// The name pprof and perf give kernel code.
 pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
 
+/// The mapping of Python frames: their code lives in the interpreter's heap, not in a file.
+pub const PYTHON_MAPPING: &str = "[python]";
+
 /// One function of an inline chain, with where in it the code is.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Line {

@@ -60,7 +60,7 @@ impl Session {
     fn handle(&mut self, events: Vec<Event>) {
         for event in events {
             match event {
-                Event::Sample(sample) => self.aggregator.add(&sample, self.tracker.files(sample.pid)),
+                Event::Sample(sample) => self.aggregator.add(&sample, self.tracker.files(sample.pid), self.tracker.python(sample.pid)),
                 Event::Process(ev) => self.tracker.handle(&mut self.sampler, ev),
             }
         }

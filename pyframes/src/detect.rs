@@ -104,7 +104,15 @@ pub fn find_interpreter(
     }
     let name = Path::new(path).file_name().and_then(|n| n.to_str()).unwrap_or("");
     let Some(version) = version_from_name(name) else { return Ok(None) };
-    let runtime_addr = runtime.ok_or_else(|| PyError::NoRuntime(path.to_string()))?.wrapping_add(bias);
+    let Some(runtime) = runtime else {
+        // A python executable that links libpython has no interpreter of its own; right after
+        // exec, libpython is not mapped yet.
+        if name.starts_with("python") {
+            return Ok(None);
+        }
+        return Err(PyError::NoRuntime(path.to_string()));
+    };
+    let runtime_addr = runtime.wrapping_add(bias);
     let offsets = if version >= (3, 13) {
         read_memory(runtime_addr, 0x300)
             .and_then(|b| PyOffsets::from_debug_offsets(&b))

@@ -7,8 +7,12 @@
 //! `_Py_DebugOffsets` header at the start of `_PyRuntime`, read at run time.
 
 mod detect;
+mod linetable;
 mod offsets;
 mod tables;
+mod unicode;
 
 pub use detect::{find_interpreter, Interpreter, Mapping, PyError};
+pub use linetable::line_for;
 pub use offsets::{FrameEntry, PyOffsets};
+pub use unicode::{decode as decode_str, str_layout, StrLayout};

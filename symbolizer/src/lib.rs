@@ -9,9 +9,11 @@
 mod demangle;
 mod frames;
 mod modules;
+mod python;
 
 pub use frames::{Symbol, SymbolLine};
 pub use modules::{Module, ModuleId};
+pub use python::{PyFrame, PythonSymbolizer};
 
 use std::collections::HashMap;
 

@@ -25,6 +25,8 @@ enum unwind_status layout_unwind_status = UNWIND_END_OF_STACK;
 enum process_event_kind layout_process_event_kind = PROCESS_EXEC;
 enum cfa_kind layout_cfa_kind = CFA_NO_INFO;
 enum rbp_kind layout_rbp_kind = RBP_UNCHANGED;
+struct py_process layout_py_process = {};
+enum py_frame_kind layout_py_frame_kind = PY_FRAME_OBJECT;
 
 SEC("perf_event")
 int on_cpu_sample(struct bpf_perf_event_data *ctx)

@@ -64,7 +64,10 @@ enum counter {
 	COUNTER_UNWIND_TRUNCATED = 10,
 	COUNTER_UNWIND_FP_FALLBACK = 11, /* frames stepped with frame pointers for lack of rows */
 	COUNTER_PROCESS_EVENTS_LOST = 12,
-	COUNTER_MAX = 13,
+	COUNTER_PY_NO_THREAD = 13,   /* the sampled thread's PyThreadState was not found */
+	COUNTER_PY_READ_FAULT = 14,  /* reading interpreter memory failed */
+	COUNTER_PY_FRAMES = 15,      /* Python frames emitted */
+	COUNTER_MAX = 16,
 };
 
 /* Which processes are sampled, set before load. */
@@ -131,6 +134,49 @@ struct unwind_rule {
 	__u8 rbp_kind;
 	__s16 rbp_offset;
 	__s32 cfa_offset;
+};
+
+/* --- CPython (written by user space for each Python process, read by the walker) --- */
+
+/* A Python frame takes two slots of user_stack: the code object's address with this bit set (no
+ * user-space address has it), then (co_firstlineno << 32) | lasti (in the version's unit: bytes
+ * up to 3.9, code units from 3.10). */
+#define PY_FRAME_TAG (1ULL << 63)
+
+enum py_frame_kind {
+	PY_FRAME_OBJECT = 0,   /* 3.8-3.10: one PyFrameObject per evaluation-loop call */
+	PY_FRAME_IS_ENTRY = 1, /* 3.11: _PyInterpreterFrame.is_entry ends a call's frames */
+	PY_FRAME_OWNER = 2,    /* 3.12+: a frame owned by the C stack ends a call's frames */
+};
+
+#define PY_NO_OFFSET 0xffff
+
+struct py_offsets {
+	__u16 runtime_interpreters_head;
+	__u16 interp_threads_head;
+	__u16 tstate_next;
+	__u16 tstate_thread_id;
+	__u16 tstate_frame;
+	__u16 cframe_current_frame; /* PY_NO_OFFSET unless 3.11/3.12 */
+	__u16 frame_previous;
+	__u16 frame_code;
+	__u16 frame_instr;
+	__u16 frame_entry;      /* is_entry (3.11) or owner (3.12+) */
+	__u16 code_adaptive;    /* PY_NO_OFFSET before 3.11 */
+	__u16 code_firstlineno;
+	__u8 frame_kind;        /* enum py_frame_kind */
+	__u8 owner_cstack;
+	__u8 code_tagged;       /* 3.14: f_executable is a tagged stack reference */
+	__u8 _pad;
+};
+
+#define PY_MAX_EVAL_RANGES 4
+
+struct py_process {
+	__u64 runtime;
+	__u64 eval_lo[PY_MAX_EVAL_RANGES];
+	__u64 eval_hi[PY_MAX_EVAL_RANGES];
+	struct py_offsets o;
 };
 
 #endif

@@ -77,6 +77,22 @@ struct {
 	__type(value, struct unwind_rule);
 } unwind_rules SEC(".maps");
 
+/* tgid -> where its CPython interpreter is, for the Python walker. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct py_process);
+} python_processes SEC(".maps");
+
+/* tid -> its PyThreadState, found by walking the interpreter's thread list once. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, __u64);
+} python_threads SEC(".maps");
+
 /* tgid -> when a refresh of its mappings was last asked for, so that a process with code the
  * tracker cannot describe (JIT) does not flood user space. */
 struct {

@@ -4,6 +4,7 @@
 #define GPUFLAME_NATIVE_UNWIND_H
 
 #include "maps.h"
+#include "python_walk.h"
 
 #define UNWIND_CONTINUE 0
 #define UNWIND_STOP 1
@@ -13,9 +14,12 @@ struct native_unwind_state {
 	__u64 sp;
 	__u64 bp;
 	__u32 pid;
+	__u32 tid;
 	__u32 frames;
 	__u32 status;
 	__u32 asked_refresh;
+	__u32 leaf_done;
+	struct py_walk py;
 };
 
 static __always_inline void ask_refresh(struct native_unwind_state *st)
@@ -162,14 +166,28 @@ static long unwind_step(__u32 i, void *arg)
 	__u32 zero = 0;
 	__u64 pc, cfa, ra;
 	int idx;
+	bool recorded_python;
+	__u64 adjust;
 
 	e = bpf_map_lookup_elem(&sample_scratch, &zero);
 	if (!e)
 		return UNWIND_STOP;
-	if (st->frames >= MAX_USER_FRAMES)
-		return stop(st, UNWIND_TRUNCATED);
-	e->user_stack[st->frames & (MAX_USER_FRAMES - 1)] = st->ip;
-	st->frames++;
+	if (st->py.mode == PY_MODE_EMITTING)
+		return py_step(&st->py, st->pid, &st->frames, e) ? UNWIND_CONTINUE : stop(st, UNWIND_TRUNCATED);
+	recorded_python = st->py.mode == PY_MODE_DONE;
+	st->py.mode = PY_MODE_IDLE;
+	/* The evaluation loop's native frame is replaced by the Python frames it runs. */
+	if (!recorded_python && py_begin(&st->py, st->pid, st->tid, st->ip))
+		return py_step(&st->py, st->pid, &st->frames, e) ? UNWIND_CONTINUE : stop(st, UNWIND_TRUNCATED);
+	if (!recorded_python) {
+		if (st->frames >= MAX_USER_FRAMES)
+			return stop(st, UNWIND_TRUNCATED);
+		e->user_stack[st->frames & (MAX_USER_FRAMES - 1)] = st->ip;
+		st->frames++;
+	}
+	/* Return addresses point after the call; the call itself is what the rows describe. */
+	adjust = st->leaf_done ? 1 : 0;
+	st->leaf_done = 1;
 
 	proc = bpf_map_lookup_elem(&processes, &st->pid);
 	if (!proc) {
@@ -184,8 +202,7 @@ static long unwind_step(__u32 i, void *arg)
 	m = &proc->mappings[idx & (MAX_PROCESS_MAPPINGS - 1)];
 	if (!(m->flags & MAPPING_HAS_TABLE))
 		return frame_pointer_step(st);
-	/* Return addresses point after the call; the call itself is what the rows describe. */
-	pc = st->ip - (st->frames > 1 ? 1 : 0) - m->load_bias;
+	pc = st->ip - adjust - m->load_bias;
 	rule = find_rule(m->table_id, pc);
 	if (!rule)
 		return frame_pointer_step(st);
@@ -280,8 +297,11 @@ static __always_inline void unwind_user_stack(struct sample_event *e)
 	st.sp = BPF_CORE_READ(regs, sp);
 	st.bp = BPF_CORE_READ(regs, bp);
 	st.pid = e->pid;
+	st.tid = e->tid;
 	st.status = UNWIND_TRUNCATED;
-	bpf_loop(MAX_USER_FRAMES + 1, unwind_step, &st, 0);
+	st.py.enabled = bpf_map_lookup_elem(&python_processes, &st.pid) != NULL;
+	/* Python frames take steps of their own: room for a full stack of both. */
+	bpf_loop(2 * MAX_USER_FRAMES + 1, unwind_step, &st, 0);
 	e->user_frames = st.frames;
 	e->unwind_status = st.status;
 	count_unwind_status(st.status);

@@ -27,6 +27,7 @@ int BPF_PROG(on_process_exit, struct task_struct *task)
 		return 0;
 	send_process_event(tgid, PROCESS_EXIT);
 	bpf_map_delete_elem(&processes, &tgid);
+	bpf_map_delete_elem(&python_processes, &tgid);
 	/* A recycled pid must not inherit its predecessor's membership. */
 	if (target_mode == TARGET_PIDS && follow_forks)
 		bpf_map_delete_elem(&targets, &tgid);

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::io::{self, Write};
 
-use crate::profile::{Labels, Line, Location, Mapping, Profile, ProfileBuilder, KERNEL_MAPPING};
+use crate::profile::{Labels, Line, Location, Mapping, Profile, ProfileBuilder, KERNEL_MAPPING, PYTHON_MAPPING};
 
 const KERNEL_SUFFIX: &str = "_[k]";
 
@@ -16,8 +16,9 @@ pub fn lines(profile: &Profile) -> Vec<String> {
         let mut frames = vec![sanitize(sample.labels.comm.as_deref().unwrap_or("[unknown]"))];
         for &loc in &sample.stack {
             let location = &profile.locations[loc];
+            let python = location.mapping.is_some_and(|m| profile.mappings[m].path == PYTHON_MAPPING);
             for line in &location.lines {
-                let mut name = sanitize(&line.function);
+                let mut name = if python { python_name(line) } else { sanitize(&line.function) };
                 if location.kernel {
                     name.push_str(KERNEL_SUFFIX);
                 }
@@ -34,6 +35,17 @@ pub fn write(profile: &Profile, mut out: impl Write) -> io::Result<()> {
         writeln!(out, "{line}")?;
     }
     Ok(())
+}
+
+/// Python frames read as py-spy shows them: `step (train.py:41)`.
+fn python_name(line: &Line) -> String {
+    let file = line.file.as_deref().unwrap_or("");
+    let base = file.rsplit('/').next().unwrap_or(file);
+    let name = match line.line {
+        Some(n) => format!("{} ({base}:{n})", line.function),
+        None => format!("{} ({base})", line.function),
+    };
+    sanitize(&name)
 }
 
 /// Frame names must not contain the separators of the format.

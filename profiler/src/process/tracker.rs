@@ -7,7 +7,8 @@ use std::fs;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use gpuflame_bpf::{CpuSampler, ExecMapping, ProcessEvent, ProcessEventKind, TableId};
+use gpuflame_bpf::{CpuSampler, ExecMapping, ProcessEvent, ProcessEventKind, PythonProcess, TableId};
+use gpuflame_pyframes::{find_interpreter, Interpreter, Mapping};
 use gpuflame_symbolizer::MappedFile;
 use gpuflame_unwind::{load_bias, CompactTable, ExecutableKey, LoadSegment, RuleTable, UnwindTable};
 
@@ -42,6 +43,9 @@ pub struct ProcessTracker {
     /// Each process's file mappings as last read, for symbolization after it exits; exited
     /// processes stay a while, since their last samples may still be in flight.
     files: HashMap<u32, Vec<MappedFile>>,
+    /// The CPython interpreter of each Python process.
+    pythons: HashMap<u32, Interpreter>,
+    python_warned: HashSet<u32>,
     exited: Vec<(Instant, u32)>,
     pub stats: TrackerStats,
 }
@@ -110,6 +114,7 @@ impl ProcessTracker {
             }
         }
         self.files.insert(pid, files);
+        self.find_python(sampler, pid, &entries);
         let old = self.processes.insert(pid, keys);
         if let Some(old) = old {
             self.release_unused(sampler, pid, &old);
@@ -128,6 +133,7 @@ impl ProcessTracker {
             self.exited.remove(0);
             if !self.processes.contains_key(&old) {
                 self.files.remove(&old);
+                self.pythons.remove(&old);
             }
         }
         if let Some(keys) = self.processes.remove(&pid) {
@@ -244,6 +250,39 @@ impl ProcessTracker {
                 self.refresh(sampler, pid);
             }
         }
+    }
+
+    /// Finds CPython in the process and tells the walker; a Python it cannot support is profiled
+    /// natively, with one warning.
+    fn find_python(&mut self, sampler: &mut CpuSampler, pid: u32, entries: &[MapsEntry]) {
+        let maps: Vec<Mapping<'_>> = entries.iter().filter(|e| e.path.starts_with('/')).map(|e| Mapping { start: e.start, offset: e.offset, path: &e.path }).collect();
+        let found = find_interpreter(&maps, |addr, len| read_process_memory(pid, addr, len as u64));
+        match found {
+            Ok(Some(interp)) => {
+                if self.pythons.get(&pid) == Some(&interp) {
+                    return;
+                }
+                let py = PythonProcess { runtime: interp.runtime_addr, eval_ranges: interp.eval_ranges.clone(), offsets: interp.offsets };
+                match sampler.set_python(pid, &py) {
+                    Ok(()) => {
+                        tracing::debug!(pid, version = ?interp.version, "Python process");
+                        self.pythons.insert(pid, interp);
+                    }
+                    Err(e) => tracing::warn!(pid, error = %e, "cannot describe the Python interpreter to the walker"),
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                if self.python_warned.insert(pid) {
+                    tracing::warn!(pid, "{e}; the process is profiled without Python frames");
+                }
+            }
+        }
+    }
+
+    /// The CPython interpreter of a process, also for a while after it exited.
+    pub fn python(&self, pid: u32) -> Option<&Interpreter> {
+        self.pythons.get(&pid)
     }
 
     /// The file mappings of a process (sorted by start), also for a while after it exited.

@@ -1,0 +1,161 @@
+/* The Python walker: when the native unwinder reaches CPython's evaluation loop, the Python frames
+ * that this call of _PyEval_EvalFrameDefault runs are read from the interpreter's memory and put
+ * in the stack in its place, one frame per bpf_loop iteration, so that a sample stays one stack:
+ * native callers, Python frames, native callees. */
+#ifndef GPUFLAME_PYTHON_WALK_H
+#define GPUFLAME_PYTHON_WALK_H
+
+#include "maps.h"
+
+enum py_mode {
+	PY_MODE_IDLE = 0,
+	PY_MODE_EMITTING = 1, /* emitting the Python frames of the current eval-loop frame */
+	PY_MODE_DONE = 2,     /* they are out: unwind the eval-loop frame without recording it */
+};
+
+struct py_walk {
+	__u64 frame;   /* the next Python frame to emit (interpreter memory) */
+	__u8 mode;     /* enum py_mode */
+	__u8 ready;    /* frame was found from the thread state */
+	__u8 enabled;  /* the process runs CPython */
+	__u8 _pad;
+};
+
+static __always_inline int py_read(void *dst, __u32 size, __u64 addr)
+{
+	if (bpf_probe_read_user(dst, size, (void *)addr)) {
+		count(COUNTER_PY_READ_FAULT);
+		return -1;
+	}
+	return 0;
+}
+
+static __always_inline bool py_at_eval(struct py_process *p, __u64 ip)
+{
+	for (int i = 0; i < PY_MAX_EVAL_RANGES; i++)
+		if (ip >= p->eval_lo[i] && ip < p->eval_hi[i])
+			return true;
+	return false;
+}
+
+/* The thread's current Python frame: from its PyThreadState, matched by pthread_t (its TLS base). */
+static __always_inline __u64 py_current_frame(struct py_process *p, __u32 tid)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct py_offsets *o = &p->o;
+	__u64 fsbase = task->thread.fsbase, ts = 0, id = 0, is = 0, frame = 0, *cached;
+
+	cached = bpf_map_lookup_elem(&python_threads, &tid);
+	if (cached) {
+		ts = *cached;
+		if (py_read(&id, sizeof(id), ts + o->tstate_thread_id) || id != fsbase)
+			ts = 0;
+	}
+	if (!ts) {
+		if (py_read(&is, sizeof(is), p->runtime + o->runtime_interpreters_head) || !is)
+			return 0;
+		if (py_read(&ts, sizeof(ts), is + o->interp_threads_head))
+			return 0;
+		for (int i = 0; i < 64 && ts; i++) {
+			if (py_read(&id, sizeof(id), ts + o->tstate_thread_id))
+				return 0;
+			if (id == fsbase)
+				break;
+			if (py_read(&ts, sizeof(ts), ts + o->tstate_next))
+				return 0;
+		}
+		if (!ts || id != fsbase) {
+			count(COUNTER_PY_NO_THREAD);
+			return 0;
+		}
+		bpf_map_update_elem(&python_threads, &tid, &ts, BPF_ANY);
+	}
+	if (py_read(&frame, sizeof(frame), ts + o->tstate_frame))
+		return 0;
+	if (o->cframe_current_frame != PY_NO_OFFSET && frame &&
+	    py_read(&frame, sizeof(frame), frame + o->cframe_current_frame))
+		return 0;
+	return frame;
+}
+
+/* Writes one Python frame (two slots) into the sample; returns false when there is no room. */
+static __always_inline bool py_emit(struct sample_event *e, __u32 *frames, __u64 code, __u64 second)
+{
+	if (*frames + 2 > MAX_USER_FRAMES)
+		return false;
+	e->user_stack[*frames & (MAX_USER_FRAMES - 1)] = code | PY_FRAME_TAG;
+	e->user_stack[(*frames + 1) & (MAX_USER_FRAMES - 1)] = second;
+	*frames += 2;
+	count(COUNTER_PY_FRAMES);
+	return true;
+}
+
+/* One step of emitting: one Python frame, or the end of this eval-loop call's frames.
+ * Returns false when the sample is full. */
+static __always_inline bool py_step(struct py_walk *w, __u32 pid, __u32 *frames, struct sample_event *e)
+{
+	struct py_process *p = bpf_map_lookup_elem(&python_processes, &pid);
+	struct py_offsets *o;
+	__u64 f = w->frame, code = 0, instr = 0, previous = 0, lasti = 0;
+	__s32 firstlineno = 0, lasti32 = 0;
+	__u8 marker = 0;
+
+	if (!p || !f) {
+		w->mode = PY_MODE_DONE;
+		return true;
+	}
+	o = &p->o;
+	if (py_read(&previous, sizeof(previous), f + o->frame_previous)) {
+		w->mode = PY_MODE_DONE;
+		w->frame = 0;
+		return true;
+	}
+	if (o->frame_kind != PY_FRAME_OBJECT && py_read(&marker, sizeof(marker), f + o->frame_entry))
+		marker = 0;
+	if (o->frame_kind == PY_FRAME_OWNER && marker == o->owner_cstack) {
+		/* The shim below this call's frames: skip it, and this call is done. */
+		w->frame = previous;
+		w->mode = PY_MODE_DONE;
+		return true;
+	}
+	if (py_read(&code, sizeof(code), f + o->frame_code) == 0) {
+		if (o->code_tagged)
+			code &= ~7ULL;
+		if (o->frame_kind == PY_FRAME_OBJECT) {
+			py_read(&lasti32, sizeof(lasti32), f + o->frame_instr);
+			lasti = (__u32)lasti32;
+		} else if (py_read(&instr, sizeof(instr), f + o->frame_instr) == 0 && instr >= code + o->code_adaptive) {
+			lasti = (instr - code - o->code_adaptive) / 2;
+		}
+		py_read(&firstlineno, sizeof(firstlineno), code + o->code_firstlineno);
+		if (code && !py_emit(e, frames, code, ((__u64)(__u32)firstlineno << 32) | (lasti & 0xffffffff)))
+			return false;
+	}
+	w->frame = previous;
+	/* 3.8-3.10: one frame per eval-loop call; 3.11: the entry frame is the call's last. */
+	if (o->frame_kind == PY_FRAME_OBJECT || (o->frame_kind == PY_FRAME_IS_ENTRY && marker))
+		w->mode = PY_MODE_DONE;
+	return true;
+}
+
+/* At a native frame: starts emitting when it is the evaluation loop and Python frames remain. */
+static __always_inline bool py_begin(struct py_walk *w, __u32 pid, __u32 tid, __u64 ip)
+{
+	struct py_process *p;
+
+	if (!w->enabled)
+		return false;
+	p = bpf_map_lookup_elem(&python_processes, &pid);
+	if (!p || !py_at_eval(p, ip))
+		return false;
+	if (!w->ready) {
+		w->ready = 1;
+		w->frame = py_current_frame(p, tid);
+	}
+	if (!w->frame)
+		return false;
+	w->mode = PY_MODE_EMITTING;
+	return true;
+}
+
+#endif

@@ -1,0 +1,54 @@
+//! Python `str` objects as the interpreter lays them out (PEP 393), decoded from their bytes.
+
+use crate::PyOffsets;
+
+/// What a str header says: how many characters, of what width, stored where.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StrLayout {
+    pub length: usize,
+    /// 1, 2 or 4 bytes per character.
+    pub kind: usize,
+    /// Offset of the characters from the object, for compact strings.
+    pub data_offset: Option<usize>,
+}
+
+/// Reads the header: `header` holds the object's first 40 bytes at least.
+pub fn str_layout(header: &[u8], o: &PyOffsets) -> Option<StrLayout> {
+    let length = usize::try_from(u64::from_le_bytes(header.get(16..24)?.try_into().ok()?)).ok()?;
+    let state = u32::from_le_bytes(header.get(32..36)?.try_into().ok()?);
+    let kind = ((state >> 2) & 7) as usize;
+    let compact = (state >> 5) & 1 == 1;
+    let ascii = (state >> 6) & 1 == 1;
+    if !matches!(kind, 1 | 2 | 4) || length > 1 << 20 {
+        return None;
+    }
+    let data_offset = compact.then_some(if ascii { o.ascii_object_size } else { o.compact_object_size });
+    Some(StrLayout { length, kind, data_offset })
+}
+
+/// Decodes `length` characters of width `kind`.
+pub fn decode(data: &[u8], kind: usize) -> String {
+    match kind {
+        1 => data.iter().map(|&b| char::from(b)).collect(),
+        2 => data.chunks_exact(2).filter_map(|c| char::from_u32(u32::from(u16::from_le_bytes([c[0], c[1]])))).collect(),
+        _ => data.chunks_exact(4).filter_map(|c| char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compact_ascii_and_wide() {
+        let o = PyOffsets::for_version(3, 12).unwrap();
+        let mut h = [0u8; 40];
+        h[16] = 5;
+        h[32] = (1 << 2) | (1 << 5) | (1 << 6);
+        assert_eq!(str_layout(&h, o), Some(StrLayout { length: 5, kind: 1, data_offset: Some(40) }));
+        h[32] = (2 << 2) | (1 << 5);
+        assert_eq!(str_layout(&h, o).unwrap().data_offset, Some(56));
+        assert_eq!(decode(&[0x3b, 0x04, 0x38, 0x04], 2), "\u{43b}\u{438}");
+        assert_eq!(decode(b"step", 1), "step");
+    }
+}

@@ -1,0 +1,103 @@
+//! Python code objects → function, file and line, read from the process's memory while it runs.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+
+use gpuflame_pyframes::{decode_str, line_for, str_layout, PyOffsets};
+
+/// A Python frame as it is shown.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PyFrame {
+    /// The qualified name (3.11+), else the function name; `<module>` for module code.
+    pub function: Arc<str>,
+    pub file: Arc<str>,
+    pub line: Option<u32>,
+}
+
+struct Code {
+    function: Arc<str>,
+    file: Arc<str>,
+    line_table: Vec<u8>,
+}
+
+/// Reads code objects once per (process, address, first line): an address reused by another
+/// code object almost always has another first line, and then reads as new.
+#[derive(Default)]
+pub struct PythonSymbolizer {
+    memory: HashMap<u32, File>,
+    code: HashMap<(u32, u64, u32), Option<Arc<Code>>>,
+}
+
+const UNREADABLE: &str = "[unknown python code]";
+
+impl PythonSymbolizer {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The frame of code object `code` in process `pid` at instruction `lasti`.
+    pub fn resolve(&mut self, pid: u32, offsets: &PyOffsets, code: u64, first_line: u32, lasti: u32) -> PyFrame {
+        let key = (pid, code, first_line);
+        if !self.code.contains_key(&key) {
+            let read = self.read_code(pid, offsets, code).map(Arc::new);
+            self.code.insert(key, read);
+        }
+        match self.code.get(&key).and_then(|c| c.clone()) {
+            Some(c) => PyFrame {
+                function: Arc::clone(&c.function),
+                file: Arc::clone(&c.file),
+                line: line_for(offsets.version, first_line, &c.line_table, lasti),
+            },
+            None => PyFrame { function: Arc::from(UNREADABLE), file: Arc::from(""), line: None },
+        }
+    }
+
+    /// Drops what is known of a process (it exited, or exec'd).
+    pub fn forget_process(&mut self, pid: u32) {
+        self.memory.remove(&pid);
+        self.code.retain(|(p, _, _), _| *p != pid);
+    }
+
+    fn read(&mut self, pid: u32, addr: u64, len: usize) -> Option<Vec<u8>> {
+        if !self.memory.contains_key(&pid) {
+            let f = File::open(format!("/proc/{pid}/mem")).ok()?;
+            self.memory.insert(pid, f);
+        }
+        let mut buf = vec![0; len];
+        self.memory.get(&pid)?.read_exact_at(&mut buf, addr).ok()?;
+        Some(buf)
+    }
+
+    fn read_ptr(bytes: &[u8], at: usize) -> Option<u64> {
+        Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?))
+    }
+
+    fn read_str(&mut self, pid: u32, o: &PyOffsets, obj: u64) -> Option<String> {
+        let header = self.read(pid, obj, o.compact_object_size + 8)?;
+        let layout = str_layout(&header, o)?;
+        let data_addr = match layout.data_offset {
+            Some(off) => obj + off as u64,
+            // A legacy (non-compact) string keeps its characters behind a pointer.
+            None => Self::read_ptr(&header, o.compact_object_size)?,
+        };
+        let data = self.read(pid, data_addr, layout.length * layout.kind)?;
+        Some(decode_str(&data, layout.kind))
+    }
+
+    fn read_code(&mut self, pid: u32, o: &PyOffsets, code: u64) -> Option<Code> {
+        let fields = [o.code_filename, o.code_name, o.code_linetable, o.code_qualname.unwrap_or(0)];
+        let size = fields.iter().max().copied().unwrap_or(0) + 8;
+        let bytes = self.read(pid, code, size)?;
+        let name_ptr = Self::read_ptr(&bytes, o.code_qualname.unwrap_or(o.code_name))?;
+        let function = self.read_str(pid, o, name_ptr)?;
+        let file = self.read_str(pid, o, Self::read_ptr(&bytes, o.code_filename)?)?;
+        // The line table is a bytes object: its size at +16, its bytes at +32 in every version.
+        let table_ptr = Self::read_ptr(&bytes, o.code_linetable)?;
+        let header = self.read(pid, table_ptr, 32)?;
+        let len = usize::try_from(u64::from_le_bytes(header[16..24].try_into().ok()?)).ok()?.min(1 << 20);
+        let line_table = self.read(pid, table_ptr + 32, len)?;
+        Some(Code { function: Arc::from(function), file: Arc::from(file), line_table })
+    }
+}
