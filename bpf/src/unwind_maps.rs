@@ -198,7 +198,7 @@ impl UnwindMaps {
                 frame_kind,
                 owner_cstack,
                 code_tagged: u8::from(o.version >= (3, 14)),
-                _pad: 0,
+                eval_by_shim: u8::from(o.version >= (3, 12)),
             },
             ..Default::default()
         };

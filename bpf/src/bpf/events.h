@@ -167,7 +167,10 @@ struct py_offsets {
 	__u8 frame_kind;        /* enum py_frame_kind */
 	__u8 owner_cstack;
 	__u8 code_tagged;       /* 3.14: f_executable is a tagged stack reference */
-	__u8 _pad;
+	/* 3.12+: an eval-loop call is the native frame whose stack holds the C-stack shim frame that
+	 * ends its Python frames. This needs no symbol, and finds the loop in stripped builds and in
+	 * the clones that LTO makes of it (Debian's 3.13 runs a copy, not the exported symbol). */
+	__u8 eval_by_shim;
 };
 
 #define PY_MAX_EVAL_RANGES 4

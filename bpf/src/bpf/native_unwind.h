@@ -156,9 +156,10 @@ static __always_inline int frame_pointer_step(struct native_unwind_state *st)
 	return UNWIND_CONTINUE;
 }
 
-static long unwind_step(__u32 i, void *arg)
+/* One step of the walk: one native frame, or one Python frame. A global function, so that the
+ * verifier checks it once with the state unknown instead of along every path of the loop. */
+__noinline long unwind_one(struct native_unwind_state *st)
 {
-	struct native_unwind_state *st = arg;
 	struct sample_event *e;
 	struct process_info *proc;
 	struct exec_mapping *m;
@@ -169,6 +170,8 @@ static long unwind_step(__u32 i, void *arg)
 	bool recorded_python;
 	__u64 adjust;
 
+	if (!st)
+		return UNWIND_STOP;
 	e = bpf_map_lookup_elem(&sample_scratch, &zero);
 	if (!e)
 		return UNWIND_STOP;
@@ -230,6 +233,10 @@ static long unwind_step(__u32 i, void *arg)
 	}
 	if (cfa == 0)
 		return stop(st, UNWIND_BAD_CFA);
+	/* A stripped interpreter's eval loop, known by the shim frame on its stack: its slot goes to
+	 * the Python frames, emitted in the next iterations, and unwinding goes on from its caller. */
+	if (py_frame_holds_shim(&st->py, st->pid, st->tid, st->sp, cfa) && !recorded_python && st->frames > 0)
+		st->frames--;
 	if (bpf_probe_read_user(&ra, sizeof(ra), (void *)(cfa - 8)))
 		return stop(st, UNWIND_READ_FAULT);
 	if (rule->rbp_kind == RBP_CFA_OFFSET) {
@@ -244,6 +251,11 @@ static long unwind_step(__u32 i, void *arg)
 	st->sp = cfa;
 	st->ip = ra;
 	return UNWIND_CONTINUE;
+}
+
+static long unwind_step(__u32 i, void *arg)
+{
+	return unwind_one(arg) ? UNWIND_STOP : UNWIND_CONTINUE;
 }
 
 static __always_inline void count_unwind_status(__u32 status)

@@ -14,11 +14,13 @@ enum py_mode {
 };
 
 struct py_walk {
-	__u64 frame;   /* the next Python frame to emit (interpreter memory) */
-	__u8 mode;     /* enum py_mode */
-	__u8 ready;    /* frame was found from the thread state */
-	__u8 enabled;  /* the process runs CPython */
-	__u8 _pad;
+	__u64 frame;     /* the next Python frame to emit (interpreter memory) */
+	__u64 next_shim; /* eval_by_shim: the shim that ends the next eval-loop call's frames */
+	__u8 mode;       /* enum py_mode */
+	__u8 ready;      /* frame was found from the thread state */
+	__u8 enabled;    /* the process runs CPython */
+	__u8 shim_known; /* next_shim is current */
+	__u8 via_shim;   /* emitting for a frame found by its shim: no native slot to skip after */
 };
 
 static __always_inline int py_read(void *dst, __u32 size, __u64 addr)
@@ -38,12 +40,19 @@ static __always_inline bool py_at_eval(struct py_process *p, __u64 ip)
 	return false;
 }
 
-/* The thread's current Python frame: from its PyThreadState, matched by pthread_t (its TLS base). */
-static __always_inline __u64 py_current_frame(struct py_process *p, __u32 tid)
+/* The thread's current Python frame: from its PyThreadState, matched by pthread_t (its TLS base).
+ * Global, like the searches below, so that the verifier checks its loop once, on its own. */
+__noinline __u64 py_current_frame(__u32 pid, __u32 tid)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
-	struct py_offsets *o = &p->o;
-	__u64 fsbase = task->thread.fsbase, ts = 0, id = 0, is = 0, frame = 0, *cached;
+	struct py_process *p = bpf_map_lookup_elem(&python_processes, &pid);
+	struct py_offsets *o;
+	__u64 fsbase, ts = 0, id = 0, is = 0, frame = 0, *cached;
+
+	if (!p || !task)
+		return 0;
+	o = &p->o;
+	fsbase = task->thread.fsbase;
 
 	cached = bpf_map_lookup_elem(&python_threads, &tid);
 	if (cached) {
@@ -115,7 +124,8 @@ static __always_inline bool py_step(struct py_walk *w, __u32 pid, __u32 *frames,
 	if (o->frame_kind == PY_FRAME_OWNER && marker == o->owner_cstack) {
 		/* The shim below this call's frames: skip it, and this call is done. */
 		w->frame = previous;
-		w->mode = PY_MODE_DONE;
+		w->mode = w->via_shim ? PY_MODE_IDLE : PY_MODE_DONE;
+		w->via_shim = 0;
 		return true;
 	}
 	if (py_read(&code, sizeof(code), f + o->frame_code) == 0) {
@@ -138,6 +148,57 @@ static __always_inline bool py_step(struct py_walk *w, __u32 pid, __u32 *frames,
 	return true;
 }
 
+/* The next shim frame from f on, or 0 (none within 64 frames). */
+__noinline __u64 py_find_shim(__u32 pid, __u64 f)
+{
+	struct py_process *p = bpf_map_lookup_elem(&python_processes, &pid);
+	struct py_offsets *o;
+	__u8 owner = 0;
+
+	if (!p)
+		return 0;
+	o = &p->o;
+
+	for (int i = 0; i < 64 && f; i++) {
+		if (bpf_probe_read_user(&owner, sizeof(owner), (void *)(f + o->frame_entry)))
+			return 0;
+		if (owner == o->owner_cstack)
+			return f;
+		if (bpf_probe_read_user(&f, sizeof(f), (void *)(f + o->frame_previous)))
+			return 0;
+	}
+	return 0;
+}
+
+/* 3.12+: whether the native frame spanning [sp, cfa) is an eval-loop
+ * call, whose Python frames should replace it. */
+static __always_inline bool py_frame_holds_shim(struct py_walk *w, __u32 pid, __u32 tid, __u64 sp, __u64 cfa)
+{
+	struct py_process *p;
+
+	if (!w->enabled)
+		return false;
+	p = bpf_map_lookup_elem(&python_processes, &pid);
+	if (!p || !p->o.eval_by_shim)
+		return false;
+	if (!w->ready) {
+		w->ready = 1;
+		w->frame = py_current_frame(pid, tid);
+	}
+	if (!w->frame)
+		return false;
+	if (!w->shim_known) {
+		w->shim_known = 1;
+		w->next_shim = py_find_shim(pid, w->frame);
+	}
+	if (!w->next_shim || w->next_shim < sp || w->next_shim >= cfa)
+		return false;
+	w->mode = PY_MODE_EMITTING;
+	w->via_shim = 1;
+	w->shim_known = 0; /* the next call's shim is searched for after this one's frames */
+	return true;
+}
+
 /* At a native frame: starts emitting when it is the evaluation loop and Python frames remain. */
 static __always_inline bool py_begin(struct py_walk *w, __u32 pid, __u32 tid, __u64 ip)
 {
@@ -146,11 +207,11 @@ static __always_inline bool py_begin(struct py_walk *w, __u32 pid, __u32 tid, __
 	if (!w->enabled)
 		return false;
 	p = bpf_map_lookup_elem(&python_processes, &pid);
-	if (!p || !py_at_eval(p, ip))
+	if (!p || p->o.eval_by_shim || !py_at_eval(p, ip))
 		return false;
 	if (!w->ready) {
 		w->ready = 1;
-		w->frame = py_current_frame(p, tid);
+		w->frame = py_current_frame(pid, tid);
 	}
 	if (!w->frame)
 		return false;
