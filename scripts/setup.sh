@@ -36,3 +36,9 @@ for v in 3.13 3.14; do
         bash "$get_python" "$v" "$pythons" >/dev/null
     fi
 done
+
+# py-spy, which a test compares gpuflame's Python stacks with.
+if ! command -v py-spy >/dev/null 2>&1 && [ ! -x /root/.pyenv/shims/py-spy ]; then
+    echo "setup: installing py-spy from PyPI" >&2
+    python3 -m pip install --quiet py-spy >&2
+fi

@@ -99,3 +99,92 @@ fn python_and_native_frames_interleave_on_every_interpreter() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
+
+fn py_spy() -> PathBuf {
+    let in_path = std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join("py-spy")).find(|p| p.exists()));
+    in_path.unwrap_or_else(|| PathBuf::from("/root/.pyenv/shims/py-spy"))
+}
+
+/// The Python frames of a py-spy dump of one thread, root first: (function, file, line).
+fn py_spy_frames(dump: &str) -> Vec<(String, String, String)> {
+    let mut frames: Vec<(String, String, String)> = dump
+        .lines()
+        .map(str::trim)
+        .filter_map(|l| {
+            let (func, loc) = l.rsplit_once(" (")?;
+            let loc = loc.strip_suffix(')')?;
+            let (file, line) = loc.rsplit_once(':')?;
+            file.ends_with(".py").then(|| (func.to_string(), file.rsplit('/').next().unwrap_or(file).to_string(), line.to_string()))
+        })
+        .collect();
+    frames.reverse();
+    frames
+}
+
+#[test]
+fn same_python_frames_as_py_spy_dump() {
+    require_bpf();
+    let py_spy = py_spy();
+    assert!(py_spy.exists(), "py-spy is needed (scripts/setup.sh installs it from PyPI)");
+    let spin = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/pyspin.py");
+    let child = Killed(Command::new("/usr/bin/python3.11").arg(&spin).spawn().unwrap());
+    sleep(Duration::from_millis(500));
+    let pid = child.0.id().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("spin.folded");
+    let recorder = Command::new(GPUFLAME).args(["record", "-F", "199", "-d", "2", "-p", &pid, "-o", out.to_str().unwrap()]).spawn().unwrap();
+    sleep(Duration::from_millis(1000));
+    let dump = Command::new(&py_spy).args(["dump", "--native", "--pid", &pid]).output().expect("running py-spy");
+    let rec = recorder.wait_with_output().unwrap();
+    assert!(rec.status.success());
+    let dump = String::from_utf8_lossy(&dump.stdout).into_owned();
+    let expected = py_spy_frames(&dump);
+    assert_eq!(expected.iter().map(|f| f.0.as_str()).collect::<Vec<_>>(), ["<module>", "top", "middle", "leaf"], "py-spy dump:\n{dump}");
+
+    let stacks = read_folded(&out);
+    let all = total(&stacks);
+    let same: u64 = stacks
+        .iter()
+        .filter(|s| {
+            let ours: Vec<(String, String, String)> = s
+                .user()
+                .iter()
+                .filter_map(|f| {
+                    let (func, loc) = f.rsplit_once(" (")?;
+                    let (file, line) = loc.strip_suffix(')')?.rsplit_once(':')?;
+                    file.ends_with(".py").then(|| (func.to_string(), file.to_string(), line.to_string()))
+                })
+                .collect();
+            // The same functions and files in the same order; the same lines but in the spinning
+            // leaf, whose line moves between the loop's two lines.
+            ours.len() == expected.len()
+                && ours.iter().zip(&expected).enumerate().all(|(i, (a, b))| a.0 == b.0 && a.1 == b.1 && (i + 1 == ours.len() || a.2 == b.2))
+        })
+        .map(|s| s.count)
+        .sum();
+    assert!(all >= 200 && same * 100 >= all * 95, "{same} of {all} samples match py-spy's {expected:?}:\n{}", describe(&stacks));
+}
+
+#[test]
+fn unsupported_python_is_profiled_natively_with_one_warning() {
+    require_bpf();
+    let python = std::fs::read_dir("/root/.pyenv/versions")
+        .ok()
+        .and_then(|d| d.flatten().map(|e| e.path()).find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("3.7."))))
+        .map(|p| p.join("bin/python3.7"))
+        .expect("pyenv's Python 3.7 is needed for this test");
+    let child = Killed(Command::new(&python).args(["-c", "x = 0\nwhile True:\n    x += 1\n"]).spawn().unwrap());
+    sleep(Duration::from_millis(300));
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("py37.folded");
+    let pid = child.0.id().to_string();
+    let output = gpuflame_ok(&["record", "-F", "199", "-d", "1", "-p", &pid, "-o", out.to_str().unwrap()], 0);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains("not supported")).collect();
+    assert_eq!(warnings.len(), 1, "expected one warning:\n{stderr}");
+    assert!(warnings[0].contains("Python 3.7") && warnings[0].contains("without Python frames"), "{}", warnings[0]);
+    let stacks = read_folded(&out);
+    assert!(total(&stacks) >= 100, "{}", describe(&stacks));
+    assert!(stacks.iter().all(|s| s.user().first() == Some(&"_start")), "native stacks, complete:\n{}", describe(&stacks));
+    assert!(stacks.iter().any(|s| s.user().iter().any(|f| f.starts_with("_PyEval_EvalFrameDefault"))));
+}

@@ -1,0 +1,16 @@
+# A Python stack that stays the same while it spins: for comparing with py-spy dump.
+def leaf():
+    x = 0
+    while True:
+        x += 1
+
+
+def middle():
+    leaf()
+
+
+def top():
+    middle()
+
+
+top()
