@@ -20,6 +20,9 @@ enum UserKey {
     Python(u32),
 }
 
+/// Symbols cached across windows before the caches are dropped and rebuilt.
+const SYMBOL_CACHE_LIMIT: usize = 200_000;
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct StackKey {
     pid: u32,
@@ -136,6 +139,18 @@ impl CpuAggregator {
         self.samples
     }
 
+    /// Forgets processes that are gone (their samples of this window are in `counts` already),
+    /// and keeps the symbol caches bounded.
+    fn forget_exited(&mut self) {
+        let gone: Vec<u32> = self.comms.keys().copied().filter(|&pid| !crate::target::process_alive(pid)).collect();
+        for pid in gone {
+            self.comms.remove(&pid);
+            self.symbolizer.forget_process(pid);
+            self.python.forget_process(pid);
+        }
+        self.symbolizer.trim(SYMBOL_CACHE_LIMIT);
+    }
+
     /// Fraction of user stacks that reached their outermost frame (thread entry).
     pub fn complete_fraction(&self) -> Option<f64> {
         (self.user_stacks > 0).then(|| self.complete_user_stacks as f64 / self.user_stacks as f64)
@@ -149,6 +164,7 @@ impl CpuAggregator {
     /// start again from zero, the symbol caches stay.
     pub fn take_profile(&mut self, frequency_hz: u64, start: SystemTime, duration: Duration) -> Profile {
         let counts = std::mem::take(&mut self.counts);
+        self.forget_exited();
         self.samples = 0;
         self.user_stacks = 0;
         self.complete_user_stacks = 0;

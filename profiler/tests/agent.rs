@@ -3,7 +3,9 @@
 
 mod common;
 
-use std::process::{Child, Command, Output, Stdio};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
@@ -31,21 +33,64 @@ fn spinner(dir: &std::path::Path, name: &str, env: Option<(&str, &str)>) -> Work
     Workload(cmd.spawn().unwrap())
 }
 
-fn agent(args: &[&str]) -> Child {
-    Command::new(GPUFLAME).arg("agent").args(args).stderr(Stdio::piped()).spawn().expect("starting the agent")
+/// The agents profile the whole machine and spin CPUs: one at a time, or they skew each other.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn sigterm_and_wait(child: Child) -> Output {
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "agent exited with {:?}:\n{}", out.status, String::from_utf8_lossy(&out.stderr));
-    out
+/// A running agent whose stderr is collected as it comes.
+struct Agent {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Agent {
+    fn start(cmd: &mut Command) -> Agent {
+        let mut child = cmd.stderr(Stdio::piped()).spawn().expect("starting the agent");
+        let stderr = child.stderr.take().unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let reader = {
+            let lines = Arc::clone(&lines);
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    lines.lock().unwrap().push(line);
+                }
+            })
+        };
+        let agent = Agent { child, lines, reader: Some(reader) };
+        // Loading the programs and every process's unwind tables takes a moment.
+        let started = Instant::now();
+        while !agent.lines.lock().unwrap().iter().any(|l| l.contains("profiling the whole machine")) {
+            assert!(started.elapsed() < Duration::from_secs(60), "the agent did not start:\n{}", agent.lines.lock().unwrap().join("\n"));
+            sleep(Duration::from_millis(50));
+        }
+        agent
+    }
+
+    /// SIGTERM, then the agent's whole stderr once it has exited successfully.
+    fn stop(mut self) -> String {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let status = self.child.wait().unwrap();
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+        let log = self.lines.lock().unwrap().join("\n");
+        assert!(status.success(), "agent exited with {status:?}:\n{log}");
+        log
+    }
+}
+
+fn agent(args: &[&str]) -> Agent {
+    Agent::start(Command::new(GPUFLAME).arg("agent").args(args))
 }
 
 /// The numbers of the agent's summary line.
 fn summary(stderr: &str) -> std::collections::HashMap<String, u64> {
-    let line = stderr.lines().find(|l| l.starts_with("gpuflame agent:")).unwrap_or_else(|| panic!("no summary in:\n{stderr}"));
+    let line = stderr.lines().find(|l| l.starts_with("gpuflame agent:") && l.contains(" windows, ")).unwrap_or_else(|| panic!("no summary in:\n{stderr}"));
     let words: Vec<&str> = line.trim_start_matches("gpuflame agent:").split(',').map(str::trim).collect();
     words
         .iter()
@@ -63,6 +108,7 @@ fn window_seq(id: &str) -> u64 {
 #[test]
 fn known_workload_arrives_with_its_labels_and_totals() {
     require_bpf();
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let workload = spinner(dir.path(), "trainer_bin", Some(("GPUFLAME_SERVICE_NAME", "llm-trainer")));
     let plain = spinner(dir.path(), "plainspin", None);
@@ -110,14 +156,14 @@ fn known_workload_arrives_with_its_labels_and_totals() {
 #[test]
 fn server_errors_then_recovery_deliver_every_window_exactly_once() {
     require_bpf();
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let _w = spinner(dir.path(), "steady", None);
     // The first five requests fail with 500.
     let receiver = Receiver::start(Box::new(|n| if n < 5 { 500 } else { 200 }));
     let child = agent(&["--server", &receiver.url(), "--window", "0.5", "-F", "49", "--max-backoff", "0.3"]);
     sleep(Duration::from_secs(5));
-    let out = sigterm_and_wait(child);
-    let stats = summary(&String::from_utf8_lossy(&out.stderr));
+    let stats = summary(&child.stop());
     let mut seqs: Vec<u64> = receiver.received().iter().filter(|r| r.labels["service_name"] == "steady").map(|r| window_seq(&r.id)).collect();
     seqs.sort();
     let queued = stats["profiles queued"];
@@ -132,6 +178,7 @@ fn server_errors_then_recovery_deliver_every_window_exactly_once() {
 #[test]
 fn server_down_longer_than_the_queue_bound_drops_exactly_and_keeps_running() {
     require_bpf();
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let _w = spinner(dir.path(), "steady", None);
     // A port with nothing listening on it, for now.
@@ -161,8 +208,7 @@ fn server_down_longer_than_the_queue_bound_drops_exactly_and_keeps_running() {
     // The server comes back.
     let receiver = Receiver::start_on(&format!("127.0.0.1:{port}"), Box::new(|_| 200));
     sleep(Duration::from_secs(3));
-    let out = sigterm_and_wait(child);
-    let stats = summary(&String::from_utf8_lossy(&out.stderr));
+    let stats = summary(&child.stop());
     let received: std::collections::BTreeSet<String> = receiver.received().iter().map(|r| r.id.clone()).collect();
     assert_eq!(received.len() as u64, stats["pushed"], "{stats:?}");
     assert_eq!(stats["pushed"] + stats["dropped"] + stats["failed"], stats["profiles queued"], "every window is either delivered or counted as dropped: {stats:?}");
@@ -172,13 +218,14 @@ fn server_down_longer_than_the_queue_bound_drops_exactly_and_keeps_running() {
 #[test]
 fn sigterm_mid_window_flushes_the_partial_window() {
     require_bpf();
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let _w = spinner(dir.path(), "steady", None);
     let receiver = Receiver::start(Box::new(|_| 200));
     let child = agent(&["--server", &receiver.url(), "--window", "60", "-F", "49"]);
     sleep(Duration::from_secs(3));
     let stopped = Instant::now();
-    sigterm_and_wait(child);
+    child.stop();
     assert!(stopped.elapsed() < Duration::from_secs(5), "shutdown took {:?}", stopped.elapsed());
     let got = receiver.received();
     let steady: Vec<_> = got.iter().filter(|r| r.labels["service_name"] == "steady").collect();
@@ -191,18 +238,17 @@ fn sigterm_mid_window_flushes_the_partial_window() {
 #[test]
 fn unauthorized_is_reported_once_and_clearly() {
     require_bpf();
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let _w = spinner(dir.path(), "steady", None);
     let receiver = Receiver::start(Box::new(|_| 401));
-    let child = Command::new(GPUFLAME)
-        .args(["agent", "--server", &receiver.url(), "--window", "0.5", "-F", "49", "--basic-auth-user", "agent"])
-        .env("GPUFLAME_BASIC_AUTH_PASSWORD", "pw-s3cret")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = Agent::start(
+        Command::new(GPUFLAME)
+            .args(["agent", "--server", &receiver.url(), "--window", "0.5", "-F", "49", "--basic-auth-user", "agent"])
+            .env("GPUFLAME_BASIC_AUTH_PASSWORD", "pw-s3cret"),
+    );
     sleep(Duration::from_secs(4));
-    let out = sigterm_and_wait(child);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = child.stop();
     let reports: Vec<&str> = stderr.lines().filter(|l| l.contains("401")).collect();
     assert_eq!(reports.len(), 1, "expected one report of the 401:\n{stderr}");
     assert!(reports[0].contains("refused the credentials"), "{}", reports[0]);

@@ -9,4 +9,4 @@ mod uploader;
 
 pub use proto::{LabelPair, PushRequest, RawProfileSeries, RawSample};
 pub use queue::{PushItem, Queue, QueueStats};
-pub use uploader::{Auth, PushConfig, Secret, Uploader, UploadError};
+pub use uploader::{redact_url, Auth, PushConfig, Secret, Uploader, UploadError};

@@ -73,11 +73,7 @@ impl Symbolizer {
     pub fn new() -> Self {
         Symbolizer {
             normalizer: Normalizer::builder().enable_build_ids(true).enable_build_id_caching(true).build(),
-            blaze: symbolize::Symbolizer::builder()
-                .enable_code_info(true)
-                .enable_inlined_fns(true)
-                .enable_demangling(false)
-                .build(),
+            blaze: Self::new_blazesym(),
             modules: ModuleTable::default(),
             normalized: HashMap::new(),
             user_cache: HashMap::new(),
@@ -153,6 +149,22 @@ impl Symbolizer {
     /// Forgets what was normalized for `pid` (it exited or exec'd another program).
     pub fn forget_process(&mut self, pid: u32) {
         self.normalized.remove(&pid);
+    }
+
+    /// Drops the symbol caches (and blazesym's parsed files) once they hold more than `limit`
+    /// entries, so that a long-running agent on a busy machine stays bounded. Normalized
+    /// addresses and modules stay valid.
+    pub fn trim(&mut self, limit: usize) {
+        if self.user_cache.len() + self.kernel_cache.len() > limit {
+            tracing::debug!(entries = self.user_cache.len() + self.kernel_cache.len(), "trimming the symbol caches");
+            self.user_cache.clear();
+            self.kernel_cache.clear();
+            self.blaze = Self::new_blazesym();
+        }
+    }
+
+    fn new_blazesym() -> symbolize::Symbolizer {
+        symbolize::Symbolizer::builder().enable_code_info(true).enable_inlined_fns(true).enable_demangling(false).build()
     }
 
     pub fn module(&self, id: ModuleId) -> &Module {

@@ -117,6 +117,13 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
 /// Samples in windows until stopped; returns the number of windows.
 fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &Mutex<AgentMetrics>, seq: &mut u64) -> anyhow::Result<u64> {
     let mut session = Session::start(Targets::All, cfg.frequency_hz, cfg.unwind_rows)?;
+    eprintln!(
+        "gpuflame agent: profiling the whole machine ({} processes) at {} Hz, pushing every {} s to {}",
+        session.tracker.processes(),
+        cfg.frequency_hz,
+        cfg.window.as_secs_f64(),
+        gpuflame_server_upload::redact_url(&cfg.server)
+    );
     let mut namer = ServiceNamer::new(cfg.service_name_from, cfg.service_names.clone());
     let hostname = cfg.hostname.clone();
     let run_id = format!("{:x}", SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64));
