@@ -184,7 +184,10 @@ fn debian_python_unwinds_to_start() {
     let all = total(&stacks);
     let complete: u64 = stacks
         .iter()
-        .filter(|s| s.user().first() == Some(&"_start") && s.user().iter().any(|f| f.starts_with("_PyEval_EvalFrameDefault")))
+        .filter(|s| {
+            // The evaluation loop's frame is shown as the Python code it runs.
+            s.user().first() == Some(&"_start") && s.user().iter().any(|f| f.starts_with("_PyEval_EvalFrameDefault") || f.starts_with("<module> (<string>:"))
+        })
         .map(|s| s.count)
         .sum();
     eprintln!("python3.11: {complete} of {all} samples reach _start through the eval loop");
