@@ -76,11 +76,11 @@ fn process_that_exits_during_the_recording_is_symbolized() {
     let exe = build_c(dir.path(), "short_lived", FP_FLAGS);
     let out = dir.path().join("machine.folded");
     // The whole machine, with a process that starts after the recording and exits before its end.
-    let mut recorder = Command::new(GPUFLAME).args(["record", "-d", "4", "-o", out.to_str().unwrap()]).spawn().unwrap();
-    sleep(Duration::from_millis(1000));
+    let recording = Recording::start(&["record", "-d", "3", "-o", out.to_str().unwrap()]);
     let status = Command::new(&exe).arg("1").status().unwrap();
     assert!(status.success());
-    assert!(recorder.wait().unwrap().success());
+    let (status, stderr) = recording.finish();
+    assert!(status.success(), "{stderr}");
 
     let stacks: Vec<Stack> = read_folded(&out).into_iter().filter(|s| s.comm() == "short_lived").collect();
     let all = total(&stacks);
@@ -94,21 +94,16 @@ fn ctrl_c_stops_early_and_still_writes_the_output() {
     require_bpf();
     let dir = tempfile::tempdir().unwrap();
     let exe = build_c(dir.path(), "chain", FP_FLAGS);
-    let mut spinner = Command::new(&exe).arg("4").spawn().unwrap();
+    let mut spinner = Command::new(&exe).arg("60").spawn().unwrap();
     let out = dir.path().join("interrupted.svg");
-    let recorder = Command::new(GPUFLAME)
-        .args(["record", "-o", out.to_str().unwrap()])
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    sleep(Duration::from_millis(2000));
+    let recording = Recording::start(&["record", "-o", out.to_str().unwrap()]);
+    sleep(Duration::from_millis(1500));
     // SAFETY: sending a signal to our own child.
-    unsafe { libc::kill(recorder.id() as i32, libc::SIGINT) };
-    let output = recorder.wait_with_output().unwrap();
+    unsafe { libc::kill(recording.child.id() as i32, libc::SIGINT) };
+    let (status, stderr) = recording.finish();
     spinner.kill().ok();
     spinner.wait().ok();
-    assert!(output.status.success(), "exit {:?}: {}", output.status, String::from_utf8_lossy(&output.stderr));
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(status.success(), "exit {status:?}: {stderr}");
     assert!(stderr.contains("samples from") && stderr.contains("lost"), "no summary line:\n{stderr}");
     let svg = std::fs::read_to_string(&out).unwrap();
     assert!(svg.contains("<svg") && svg.contains("chain"), "the flame graph lacks the spinning program");

@@ -113,3 +113,38 @@ pub fn describe(stacks: &[Stack]) -> String {
     v.sort_by_key(|s| std::cmp::Reverse(s.count));
     v.iter().take(15).map(|s| format!("{} {}", s.frames.join(";"), s.count)).collect::<Vec<_>>().join("\n")
 }
+
+/// A `gpuflame -v record …` that runs in the background; `start` returns once sampling runs
+/// (loading every process's unwind tables takes a while in a debug build).
+pub struct Recording {
+    pub child: std::process::Child,
+    reader: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Recording {
+    pub fn start(args: &[&str]) -> Recording {
+        let mut child = Command::new(GPUFLAME).arg("-v").args(args).stderr(std::process::Stdio::piped()).spawn().expect("running gpuflame");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            let mut all = String::new();
+            for line in std::io::BufRead::lines(std::io::BufReader::new(stderr)).map_while(Result::ok) {
+                if line.contains("unwind tables loaded") {
+                    let _ = tx.send(());
+                }
+                all.push_str(&line);
+                all.push('\n');
+            }
+            all
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(60)).expect("the recording did not start");
+        Recording { child, reader: Some(reader) }
+    }
+
+    /// Waits for the end; the exit status and everything gpuflame wrote to stderr.
+    pub fn finish(mut self) -> (std::process::ExitStatus, String) {
+        let status = self.child.wait().expect("waiting for gpuflame");
+        let stderr = self.reader.take().map(|r| r.join().unwrap_or_default()).unwrap_or_default();
+        (status, stderr)
+    }
+}
