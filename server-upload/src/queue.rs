@@ -89,13 +89,18 @@ impl Queue {
         self.lock().items.front().cloned()
     }
 
-    /// Removes the item `seq` after it was delivered or given up on.
+    /// Removes the item `seq` after it was delivered or given up on. An item the bound pushed
+    /// out while it was being sent was counted as dropped; since it did reach its end after all,
+    /// that count is taken back, so that pushed + failed + dropped stays exact.
     pub fn complete(&self, seq: u64) {
         let mut q = self.lock();
-        if let Some(pos) = q.items.iter().position(|i| i.seq == seq) {
-            if let Some(item) = q.items.remove(pos) {
+        match q.items.iter().position(|i| i.seq == seq).and_then(|pos| q.items.remove(pos)) {
+            Some(item) => {
                 q.bytes -= item.body.len() as u64;
                 drop_spool(&item);
+            }
+            None => {
+                self.stats.dropped.fetch_sub(1, Ordering::Relaxed);
             }
         }
         self.stats.bytes.store(q.bytes, Ordering::Relaxed);
@@ -173,6 +178,18 @@ mod tests {
         q.complete(2);
         assert!(q.is_empty());
         assert_eq!(q.stats.bytes.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn an_item_dropped_while_in_flight_is_not_counted_twice() {
+        let q = Queue::new(100);
+        q.push(item(0, 60));
+        let in_flight = q.front().unwrap();
+        q.push(item(1, 60)); // pushes item 0 out: dropped 1
+        assert_eq!(q.stats.dropped.load(Ordering::Relaxed), 1);
+        q.complete(in_flight.seq); // …but it was delivered
+        assert_eq!(q.stats.dropped.load(Ordering::Relaxed), 0);
+        assert_eq!(q.len(), 1);
     }
 
     #[test]
