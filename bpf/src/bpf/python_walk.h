@@ -172,20 +172,27 @@ __noinline __u64 py_find_shim(__u32 pid, __u64 f)
 
 /* 3.12+: whether the native frame spanning [sp, cfa) is an eval-loop
  * call, whose Python frames should replace it. */
-static __always_inline bool py_frame_holds_shim(struct py_walk *w, __u32 pid, __u32 tid, __u64 sp, __u64 cfa)
+/* The process's interpreter when the walk may emit here (found by shim or not, as asked), with
+ * the thread's current Python frame read once per sample. */
+static __always_inline struct py_process *py_walkable(struct py_walk *w, __u32 pid, __u32 tid, bool by_shim)
 {
 	struct py_process *p;
 
 	if (!w->enabled)
-		return false;
+		return NULL;
 	p = bpf_map_lookup_elem(&python_processes, &pid);
-	if (!p || !p->o.eval_by_shim)
-		return false;
+	if (!p || (bool)p->o.eval_by_shim != by_shim)
+		return NULL;
 	if (!w->ready) {
 		w->ready = 1;
 		w->frame = py_current_frame(pid, tid);
 	}
-	if (!w->frame)
+	return w->frame ? p : NULL;
+}
+
+static __always_inline bool py_frame_holds_shim(struct py_walk *w, __u32 pid, __u32 tid, __u64 sp, __u64 cfa)
+{
+	if (!py_walkable(w, pid, tid, true))
 		return false;
 	if (!w->shim_known) {
 		w->shim_known = 1;
@@ -199,21 +206,13 @@ static __always_inline bool py_frame_holds_shim(struct py_walk *w, __u32 pid, __
 	return true;
 }
 
-/* At a native frame: starts emitting when it is the evaluation loop and Python frames remain. */
+/* Before 3.12: at a native frame, starts emitting when it is the evaluation loop (by symbol) and
+ * Python frames remain. */
 static __always_inline bool py_begin(struct py_walk *w, __u32 pid, __u32 tid, __u64 ip)
 {
-	struct py_process *p;
+	struct py_process *p = py_walkable(w, pid, tid, false);
 
-	if (!w->enabled)
-		return false;
-	p = bpf_map_lookup_elem(&python_processes, &pid);
-	if (!p || p->o.eval_by_shim || !py_at_eval(p, ip))
-		return false;
-	if (!w->ready) {
-		w->ready = 1;
-		w->frame = py_current_frame(pid, tid);
-	}
-	if (!w->frame)
+	if (!p || !py_at_eval(p, ip))
 		return false;
 	w->mode = PY_MODE_EMITTING;
 	return true;
