@@ -274,3 +274,35 @@ fn metric(text: &str, name: &str) -> u64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
 }
+
+#[test]
+fn spooled_windows_survive_a_restart() {
+    require_bpf();
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let _w = spinner(dir.path(), "steady", None);
+    let spool = dir.path().join("spool");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let url = format!("http://127.0.0.1:{port}");
+    // The server is down for the whole first run: its windows go to the spool at exit.
+    let first = agent(&["--server", &url, "--window", "0.5", "-F", "49", "--spool-dir", spool.to_str().unwrap(), "--shutdown-timeout", "1", "--max-backoff", "0.3"]);
+    sleep(Duration::from_secs(3));
+    let log = first.stop();
+    let stats = summary(&log);
+    assert_eq!(stats["pushed"], 0, "{log}");
+    let spooled = std::fs::read_dir(&spool).unwrap().filter(|e| e.as_ref().is_ok_and(|e| e.path().extension().is_some_and(|x| x == "pushreq"))).count() as u64;
+    assert_eq!(spooled, stats["profiles queued"], "every undelivered window is spooled:\n{log}");
+    assert!(spooled >= 2);
+
+    // The server is back; the next run delivers the spooled windows first, then its own.
+    let receiver = Receiver::start_on(&format!("127.0.0.1:{port}"), Box::new(|_| 200));
+    let out = Command::new(GPUFLAME)
+        .args(["agent", "--server", &url, "--once", "--window", "1", "-F", "49", "--spool-dir", spool.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let ids: std::collections::BTreeSet<String> = receiver.received().iter().map(|r| r.id.clone()).collect();
+    assert!(ids.len() as u64 > spooled, "{spooled} spooled windows and one new, got {ids:?}");
+    let left = std::fs::read_dir(&spool).unwrap().count();
+    assert_eq!(left, 0, "delivered spool files are removed");
+}
