@@ -4,7 +4,7 @@
 set -euo pipefail
 
 need=()
-for pkg in clang llvm libelf-dev zlib1g-dev pkg-config build-essential golang-go util-linux curl ca-certificates; do
+for pkg in clang llvm libelf-dev zlib1g-dev pkg-config build-essential golang-go util-linux curl ca-certificates openssl python3 python3-pip binutils; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

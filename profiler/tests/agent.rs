@@ -4,6 +4,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::sleep;
@@ -305,4 +306,54 @@ fn spooled_windows_survive_a_restart() {
     assert!(ids.len() as u64 > spooled, "{spooled} spooled windows and one new, got {ids:?}");
     let left = std::fs::read_dir(&spool).unwrap().count();
     assert_eq!(left, 0, "delivered spool files are removed");
+}
+
+#[test]
+fn tls_with_a_given_ca_and_refused_without_it() {
+    require_bpf();
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let _w = spinner(d, "steady", None);
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl").args(args).current_dir(d).output().expect("openssl is needed for the TLS test");
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    // A CA of the test's own, and a server certificate for 127.0.0.1 that it signs.
+    openssl(&["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "1", "-subj", "/CN=gpuflame test CA"]);
+    openssl(&["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1"]);
+    std::fs::write(d.join("ext.cnf"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    openssl(&["x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", "server.pem", "-days", "1", "-extfile", "ext.cnf"]);
+    let sink = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/tls_sink.py");
+    let mut server = Workload(
+        Command::new("python3")
+            .arg(&sink)
+            .args([d.join("server.pem"), d.join("server.key"), d.join("port"), d.join("count")])
+            .spawn()
+            .expect("python3 runs the HTTPS sink"),
+    );
+    let started = Instant::now();
+    while !d.join("port").exists() {
+        assert!(started.elapsed() < Duration::from_secs(10), "the HTTPS sink did not start");
+        sleep(Duration::from_millis(50));
+    }
+    sleep(Duration::from_millis(100));
+    let url = format!("https://127.0.0.1:{}", std::fs::read_to_string(d.join("port")).unwrap().trim());
+    let pushes = || std::fs::read_to_string(d.join("count")).map(|c| c.lines().count()).unwrap_or(0);
+
+    // Without the CA the certificate is not trusted: nothing is delivered.
+    let out = Command::new(GPUFLAME).args(["agent", "--server", &url, "--once", "--window", "1", "-F", "49", "--shutdown-timeout", "1"]).output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert_eq!(summary(&log)["pushed"], 0, "{log}");
+    assert_eq!(pushes(), 0);
+
+    // With it, the push goes through.
+    let ca = d.join("ca.pem");
+    let out = Command::new(GPUFLAME).args(["agent", "--server", &url, "--once", "--window", "1", "-F", "49", "--ca-cert", ca.to_str().unwrap()]).output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert_eq!(summary(&log)["pushed"], 1, "{log}");
+    assert_eq!(pushes(), 1);
+    let _ = server.0.kill();
 }
