@@ -38,7 +38,7 @@ Ctrl-C stops the recording early and still writes the output. Needs root (or CAP
 
 Secrets come from GPUFLAME_BASIC_AUTH_PASSWORD, GPUFLAME_BEARER_TOKEN, or files; a process names
 its own service by setting GPUFLAME_SERVICE_NAME in its environment.")]
-    Agent(crate::agent::config::AgentArgs),
+    Agent(Box<crate::agent::config::AgentArgs>),
     /// Convert a pprof or folded profile into pprof, folded stacks or an SVG flame graph.
     #[command(after_help = "Examples:
   gpuflame convert cpu.pb.gz -o flame.svg

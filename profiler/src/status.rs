@@ -8,6 +8,12 @@ pub struct StatusLine {
     last: Option<Instant>,
 }
 
+impl Default for StatusLine {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl StatusLine {
     /// Drawn only on a terminal: logs and pipes get the summary line alone.
     pub fn new() -> Self {

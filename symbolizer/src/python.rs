@@ -61,12 +61,12 @@ impl PythonSymbolizer {
     }
 
     fn read(&mut self, pid: u32, addr: u64, len: usize) -> Option<Vec<u8>> {
-        if !self.memory.contains_key(&pid) {
-            let f = File::open(format!("/proc/{pid}/mem")).ok()?;
-            self.memory.insert(pid, f);
-        }
+        let file = match self.memory.entry(pid) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(File::open(format!("/proc/{pid}/mem")).ok()?),
+        };
         let mut buf = vec![0; len];
-        self.memory.get(&pid)?.read_exact_at(&mut buf, addr).ok()?;
+        file.read_exact_at(&mut buf, addr).ok()?;
         Some(buf)
     }
 

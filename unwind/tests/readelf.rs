@@ -48,6 +48,9 @@ fn parse_reg(s: Option<&&str>) -> RbpRule {
     }
 }
 
+/// What is being read: a CIE (its offset) or an FDE (range and CIE), its column names, its rows.
+type Entry = (Option<String>, Option<(u64, u64, String)>, Vec<String>, Vec<Row>);
+
 /// FDE ranges and their rows; an FDE without rows of its own uses its CIE's.
 fn readelf_rows(path: &str) -> Vec<(u64, u64, Vec<Row>)> {
     let out = Command::new("readelf")
@@ -59,8 +62,8 @@ fn readelf_rows(path: &str) -> Vec<(u64, u64, Vec<Row>)> {
     let text = String::from_utf8_lossy(&out.stdout);
     let mut cie_rows: HashMap<String, Vec<Row>> = HashMap::new();
     let mut fdes = Vec::new();
-    let mut current: Option<(Option<String>, Option<(u64, u64, String)>, Vec<String>, Vec<Row>)> = None;
-    let mut finish = |cur: Option<(Option<String>, Option<(u64, u64, String)>, Vec<String>, Vec<Row>)>, cie_rows: &mut HashMap<String, Vec<Row>>| {
+    let mut current: Option<Entry> = None;
+    let mut finish = |cur: Option<Entry>, cie_rows: &mut HashMap<String, Vec<Row>>| {
         if let Some((cie_off, fde, _, rows)) = cur {
             if let Some(off) = cie_off {
                 cie_rows.insert(off, rows);
