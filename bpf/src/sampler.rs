@@ -273,11 +273,6 @@ impl CpuSampler {
         self.unwind.load_rules(&self.skel.maps.unwind_rules, rules)
     }
 
-    /// How many rules of a [`RuleTable`] are in BPF already.
-    pub fn rules_loaded(&self) -> usize {
-        self.unwind.rules_loaded()
-    }
-
     /// Loads an executable's table; its rules must be loaded.
     pub fn insert_table(&mut self, table: &CompactTable) -> Result<TableId, BpfError> {
         self.unwind.insert_table(&self.skel.maps.unwind_blocks, &self.skel.maps.unwind_tables, table)
@@ -314,7 +309,7 @@ impl CpuSampler {
     }
 
     pub fn unwind_capacity(&self) -> UnwindCapacity {
-        self.unwind.capacity(self.unwind.rules_loaded())
+        self.unwind.capacity()
     }
 }
 

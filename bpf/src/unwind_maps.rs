@@ -214,18 +214,14 @@ impl UnwindMaps {
         let _ = map.delete(&pid.to_ne_bytes());
     }
 
-    pub(crate) fn capacity(&self, rules: usize) -> UnwindCapacity {
+    pub(crate) fn capacity(&self) -> UnwindCapacity {
         let used = self.blocks.capacity() - self.blocks.free_blocks();
         UnwindCapacity {
             rows_used: u64::from(used) * ROWS_PER_BLOCK as u64,
             rows_total: u64::from(self.blocks.capacity()) * ROWS_PER_BLOCK as u64,
             tables: self.tables.len() as u32,
-            rules: rules as u32,
+            rules: self.rules_loaded as u32,
         }
-    }
-
-    pub(crate) fn rules_loaded(&self) -> usize {
-        self.rules_loaded
     }
 }
 

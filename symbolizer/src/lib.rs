@@ -47,12 +47,6 @@ pub struct MappedFile {
     pub build_id: Option<Vec<u8>>,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum SymbolizeError {
-    #[error("symbolizing {what}: {source}")]
-    Blazesym { what: String, source: blazesym::Error },
-}
-
 pub struct Symbolizer {
     normalizer: Normalizer,
     blaze: symbolize::Symbolizer,
