@@ -2,6 +2,7 @@
 
 use std::mem::size_of;
 
+use crate::cuda::{CudaApi, CudaCall, KernelName};
 use crate::skel::types;
 
 /// The outcome of the kernel stack read.
@@ -115,6 +116,8 @@ pub enum ProcessEventKind {
     Exit,
     /// A sample met code the unwinder has no table for: the mappings should be read again.
     Unknown,
+    /// A file was mapped executable (dlopen): new code, maybe a CUDA library to hook.
+    MmapExec,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,6 +131,8 @@ pub struct ProcessEvent {
 pub enum Event {
     Sample(Sample),
     Process(ProcessEvent),
+    Cuda(CudaCall),
+    KernelName(KernelName),
 }
 
 /// # Safety
@@ -147,21 +152,60 @@ pub(crate) fn as_bytes<T: Copy>(v: &T) -> &[u8] {
     unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }
 }
 
-pub(crate) fn decode_sample(data: &[u8]) -> Option<Sample> {
-    // SAFETY: sample_event is generated from BTF and plain old data.
-    let e: Box<types::sample_event> = Box::new(unsafe { read_pod(data)? });
+const HEADER_BYTES: usize = std::mem::offset_of!(types::sample_event, user_stack);
+
+/// Decodes a record of the `samples` ring: a CPU sample (full size), or a CUDA record, which ends
+/// after the stack entries it uses.
+pub(crate) fn decode_record(data: &[u8]) -> Option<Event> {
+    if data.len() < HEADER_BYTES {
+        return None;
+    }
+    let mut e: Box<types::sample_event> = Box::default();
+    let n = data.len().min(size_of::<types::sample_event>());
+    // SAFETY: sample_event is generated from BTF and plain old data; n bytes fit in it.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), (&mut *e as *mut types::sample_event).cast::<u8>(), n) };
+    let stack_room = (n - HEADER_BYTES) / size_of::<u64>();
+    match e.kind {
+        k if k == types::event_kind::EVENT_CPU_SAMPLE.0 => {
+            (data.len() >= size_of::<types::sample_event>()).then(|| Event::Sample(sample_of(&e, stack_room, true)))
+        }
+        k if k == types::event_kind::EVENT_CUDA_CALL.0 => {
+            let api = CudaApi::from_raw(e.api)?;
+            Some(Event::Cuda(CudaCall {
+                sample: sample_of(&e, stack_room, false),
+                api,
+                result: e.result,
+                device: e.device,
+                duration_ns: e.duration_ns,
+                size: e.size,
+                addr: e.addr,
+                handle: e.aux,
+            }))
+        }
+        k if k == types::event_kind::EVENT_CUDA_KERNEL.0 => {
+            // SAFETY: viewing the u64 array as its bytes.
+            let bytes: &[u8] = unsafe { std::slice::from_raw_parts(e.user_stack.as_ptr().cast::<u8>(), stack_room * 8) };
+            let len = (e.size as usize).min(bytes.len());
+            let name = String::from_utf8_lossy(&bytes[..len]).into_owned();
+            Some(Event::KernelName(KernelName { pid: e.pid, handle: e.addr, name }))
+        }
+        _ => None,
+    }
+}
+
+fn sample_of(e: &types::sample_event, stack_room: usize, with_kernel: bool) -> Sample {
     let comm_bytes: Vec<u8> = e.comm.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
-    let user_frames = (e.user_frames as usize).min(e.user_stack.len());
-    Some(Sample {
+    let user_frames = (e.user_frames as usize).min(stack_room).min(e.user_stack.len());
+    Sample {
         timestamp_ns: e.timestamp_ns,
         pid: e.pid,
         tid: e.tid,
         cpu: e.cpu,
         comm: String::from_utf8_lossy(&comm_bytes).into_owned(),
-        kernel_stack: kernel_stack(&e.kernel_stack, e.kernel_stack_bytes),
+        kernel_stack: if with_kernel { kernel_stack(&e.kernel_stack, e.kernel_stack_bytes) } else { StackRead::Frames(Vec::new()) },
         user_stack: split_user_frames(&e.user_stack[..user_frames]),
         unwind: UnwindStatus::from_raw(e.unwind_status),
-    })
+    }
 }
 
 pub(crate) fn decode_process_event(data: &[u8]) -> Option<ProcessEvent> {
@@ -171,6 +215,7 @@ pub(crate) fn decode_process_event(data: &[u8]) -> Option<ProcessEvent> {
         0 => ProcessEventKind::Exec,
         1 => ProcessEventKind::Exit,
         2 => ProcessEventKind::Unknown,
+        3 => ProcessEventKind::MmapExec,
         _ => return None,
     };
     Some(ProcessEvent { pid: e.pid, kind })
@@ -194,10 +239,11 @@ mod tests {
 
     #[test]
     fn event_layout_matches_the_c_header() {
-        // 32 bytes of fixed fields, the comm, 127 kernel frames, 256 user frames.
-        assert_eq!(std::mem::offset_of!(types::sample_event, comm), 32);
-        assert_eq!(std::mem::offset_of!(types::sample_event, kernel_stack), 48);
-        assert_eq!(size_of::<types::sample_event>(), 48 + 127 * 8 + 256 * 8);
+        // 80 bytes of fixed fields, the comm, 256 user frames, 127 kernel frames.
+        assert_eq!(std::mem::offset_of!(types::sample_event, comm), 80);
+        assert_eq!(std::mem::offset_of!(types::sample_event, user_stack), 96);
+        assert_eq!(std::mem::offset_of!(types::sample_event, kernel_stack), 96 + 256 * 8);
+        assert_eq!(size_of::<types::sample_event>(), 96 + 256 * 8 + 127 * 8);
         assert_eq!(size_of::<types::unwind_block>(), 16 * 6);
         assert_eq!(size_of::<types::unwind_rule>(), 8);
         assert_eq!(size_of::<types::exec_mapping>(), 32);
@@ -214,12 +260,31 @@ mod tests {
         e.user_stack[..2].copy_from_slice(&[0x1000, 0x2000]);
         e.user_frames = 2;
         e.unwind_status = 1;
-        let s = decode_sample(as_bytes(&*e)).unwrap();
+        let Some(Event::Sample(s)) = decode_record(as_bytes(&*e)) else { panic!("not a sample") };
         assert_eq!((s.pid, s.tid, s.comm.as_str()), (42, 43, "foo"));
         assert_eq!(s.kernel_stack, StackRead::Frames(vec![]));
         assert_eq!(s.user_stack, vec![UserFrame::Native(0x1000), UserFrame::Native(0x2000)]);
         assert_eq!(s.unwind, UnwindStatus::Truncated);
-        assert!(decode_sample(&as_bytes(&*e)[..10]).is_none());
+        assert!(decode_record(&as_bytes(&*e)[..10]).is_none());
+        assert!(decode_record(&as_bytes(&*e)[..200]).is_none(), "a CPU sample is never cut short");
+    }
+
+    #[test]
+    fn decodes_a_cuda_record_cut_after_its_stack() {
+        let mut e: Box<types::sample_event> = Box::default();
+        e.kind = types::event_kind::EVENT_CUDA_CALL.0;
+        e.pid = 42;
+        e.api = types::cuda_api::CUDA_MALLOC.0;
+        e.size = 4096;
+        e.addr = 0x7000;
+        e.user_stack[..3].copy_from_slice(&[0x10, 0x20, 0x30]);
+        e.user_frames = 3;
+        let Some(Event::Cuda(c)) = decode_record(&as_bytes(&*e)[..HEADER_BYTES + 3 * 8]) else { panic!("not a CUDA call") };
+        assert_eq!((c.api, c.size, c.addr, c.sample.pid), (CudaApi::CudaMalloc, 4096, 0x7000, 42));
+        assert_eq!(c.sample.user_stack, vec![UserFrame::Native(0x10), UserFrame::Native(0x20), UserFrame::Native(0x30)]);
+        // A record that claims more frames than it carries keeps only those it carries.
+        let Some(Event::Cuda(c)) = decode_record(&as_bytes(&*e)[..HEADER_BYTES + 8]) else { panic!() };
+        assert_eq!(c.sample.user_stack.len(), 1);
     }
 
     #[test]

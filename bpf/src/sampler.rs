@@ -8,10 +8,11 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder};
+use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder, UprobeMultiOpts};
 
 use gpuflame_unwind::{CompactTable, RuleTable};
 
+use crate::cuda::CudaApi;
 use crate::error::{is_permission, BpfError};
 use crate::events::{self, Event};
 use crate::perf;
@@ -59,6 +60,27 @@ pub struct Counters {
     /// Process events dropped because their ring buffer was full.
     pub process_events_lost: u64,
     pub python: PythonCounters,
+    pub cuda: CudaCounters,
+}
+
+/// The CUDA hooks' counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CudaCounters {
+    /// Outermost hooked calls seen returning.
+    pub calls: u64,
+    /// Records dropped because the ring buffer was full.
+    pub lost: u64,
+    /// Calls not followed because the table of calls in flight was full.
+    pub table_full: u64,
+    /// Records dropped because another hook reused their scratch space (preemption).
+    pub races: u64,
+}
+
+/// Hooks on the CUDA functions of one file, in every process that maps it. Dropping it detaches
+/// them.
+pub struct CudaHooks {
+    _exit: Link,
+    _enter: Link,
 }
 
 /// The Python walker's counters.
@@ -116,10 +138,11 @@ impl CpuSampler {
             .map_err(|_| BpfError::Load(libbpf_rs::Error::from(std::io::Error::other("too many unwind rows"))))?;
         open.maps.unwind_blocks.set_max_entries(blocks).map_err(BpfError::load)?;
         let skel = open.load().map_err(BpfError::load)?;
+        ensure_tracefs();
 
         let mut sampler_links = Vec::new();
-        for prog in [&skel.progs.on_process_exec, &skel.progs.on_process_exit] {
-            let link = prog.attach().map_err(|source| attach_error("the exec and exit tracepoints", source))?;
+        for prog in [&skel.progs.on_process_exec, &skel.progs.on_process_exit, &skel.progs.on_mmap_enter, &skel.progs.on_mmap_exit] {
+            let link = prog.attach().map_err(|source| attach_error("the exec, mmap and exit hooks", source))?;
             sampler_links.push(link);
         }
         if follow {
@@ -135,8 +158,8 @@ impl CpuSampler {
             let mut builder = RingBufferBuilder::new();
             builder
                 .add(&skel.maps.samples, move |data: &[u8]| {
-                    match events::decode_sample(data) {
-                        Some(sample) => sample_inbox.borrow_mut().push(Event::Sample(sample)),
+                    match events::decode_record(data) {
+                        Some(event) => sample_inbox.borrow_mut().push(event),
                         None => *sample_malformed.borrow_mut() += 1,
                     }
                     0
@@ -264,6 +287,12 @@ impl CpuSampler {
                 no_thread: read(types::counter::COUNTER_PY_NO_THREAD)?,
                 read_faults: read(types::counter::COUNTER_PY_READ_FAULT)?,
             },
+            cuda: CudaCounters {
+                calls: read(types::counter::COUNTER_CUDA_CALLS)?,
+                lost: read(types::counter::COUNTER_CUDA_LOST)?,
+                table_full: read(types::counter::COUNTER_CUDA_CALLS_FULL)?,
+                races: read(types::counter::COUNTER_CUDA_RACE)?,
+            },
         })
     }
 
@@ -292,6 +321,22 @@ impl CpuSampler {
         UnwindMaps::remove_process(&self.skel.maps.python_processes, pid);
     }
 
+    /// Hooks the entry and return of `functions` (file offsets) of the file at `path`, in every
+    /// process that maps it now or later; the programs keep to the targets.
+    pub fn attach_cuda(&self, path: &Path, functions: &[(CudaApi, u64)]) -> Result<CudaHooks, BpfError> {
+        let offsets: Vec<usize> = functions.iter().map(|&(_, off)| off as usize).collect();
+        let cookies: Vec<u64> = functions.iter().map(|&(api, _)| u64::from(api.raw())).collect();
+        let attach = |prog: &libbpf_rs::ProgramMut<'_>, retprobe: bool| {
+            let opts = UprobeMultiOpts { offsets: offsets.clone(), cookies: cookies.clone(), retprobe, ..Default::default() };
+            prog.attach_uprobe_multi_with_opts(-1, path, "", opts)
+                .map_err(|source| attach_error(&format!("CUDA hooks to {}", path.display()), source))
+        };
+        // The return hook first: an entry without its return would wait for a return never seen.
+        let exit = attach(&self.skel.progs.on_cuda_return, true)?;
+        let enter = attach(&self.skel.progs.on_cuda_enter, false)?;
+        Ok(CudaHooks { _exit: exit, _enter: enter })
+    }
+
     /// Tells the Python walker where the process's interpreter is.
     pub fn set_python(&self, pid: u32, py: &PythonProcess) -> Result<(), BpfError> {
         UnwindMaps::set_python(&self.skel.maps.python_processes, pid, py)
@@ -310,6 +355,20 @@ impl CpuSampler {
 
     pub fn unwind_capacity(&self) -> UnwindCapacity {
         self.unwind.capacity()
+    }
+}
+
+/// Syscall tracepoints are attached through tracefs, which minimal systems do not mount.
+fn ensure_tracefs() {
+    const TRACEFS: &str = "/sys/kernel/tracing";
+    if Path::new(TRACEFS).join("events").exists() || Path::new("/sys/kernel/debug/tracing/events").exists() {
+        return;
+    }
+    let (source, target, fstype) = (c"nodev", c"/sys/kernel/tracing", c"tracefs");
+    // SAFETY: valid NUL-terminated strings; no data argument.
+    let rc = unsafe { libc::mount(source.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) };
+    if rc != 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "cannot mount tracefs");
     }
 }
 

@@ -1,4 +1,5 @@
-//! Aggregation of raw CPU samples, then symbolization into a [`Profile`].
+//! Aggregation of raw CPU samples and of the stacks of CUDA calls, then symbolization into a
+//! [`Profile`].
 //!
 //! User addresses are normalized as each sample arrives, while its process is alive; names are
 //! looked up once at the end, from the files, so short-lived processes keep their symbols.
@@ -14,7 +15,7 @@ use crate::profile::{Labels, Line, Location, Mapping, Profile, ProfileBuilder, K
 
 /// A user frame in an aggregated stack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum UserKey {
+pub(crate) enum UserKey {
     Native(UserAddr),
     /// Index into the aggregator's Python frames.
     Python(u32),
@@ -24,16 +25,34 @@ enum UserKey {
 const SYMBOL_CACHE_LIMIT: usize = 200_000;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct StackKey {
-    pid: u32,
-    tid: u32,
-    comm: String,
+pub struct StackKey {
+    pub(crate) pid: u32,
+    pub(crate) tid: u32,
+    pub(crate) comm: String,
     /// Leaf first, as sampled.
-    kernel: Vec<u64>,
-    user: Vec<UserKey>,
+    pub(crate) kernel: Vec<u64>,
+    pub(crate) user: Vec<UserKey>,
     /// The unwinder stopped at its depth limit: the root of the stack is missing.
-    truncated: bool,
+    pub(crate) truncated: bool,
+    /// Frames below the user leaf that the stack does not have: the CUDA function that was
+    /// called, the kernel it launched.
+    pub(crate) tail: Vec<TailFrame>,
 }
+
+/// A frame under the leaf of a hooked call's stack.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum TailFrame {
+    /// A function by name, such as `cudaMalloc`.
+    Function(String),
+    /// A GPU kernel by name: `[gpu] name`.
+    Kernel(String),
+    /// A GPU kernel by the address of its host stub, named by the stub's symbol.
+    KernelStub(UserAddr),
+}
+
+/// A stack as the aggregators keep it: addresses, normalized while the process lives; named only
+/// when a profile is built.
+pub type StackId = StackKey;
 
 pub struct CpuAggregator {
     symbolizer: Symbolizer,
@@ -75,9 +94,21 @@ impl CpuAggregator {
         }
     }
 
-    /// Adds a sample. `files` are the process's mappings as the process tracker read them, so
-    /// that its addresses are placed even if it has exited by now.
+    /// Adds a CPU sample. `files` are the process's mappings as the process tracker read them,
+    /// so that its addresses are placed even if it has exited by now.
     pub fn add(&mut self, sample: &Sample, files: Option<&[MappedFile]>, python: Option<&Interpreter>) {
+        if sample.unwind != UnwindStatus::KernelThread {
+            self.user_stacks += 1;
+            self.complete_user_stacks += u64::from(sample.unwind.is_complete());
+        }
+        let key = self.stack(sample, files, python, false);
+        *self.counts.entry(key).or_default() += 1;
+        self.samples += 1;
+    }
+
+    /// The stack of a sample. `at_return`: the leaf is a return address too (a stack taken when
+    /// a hooked function returned), so its call instruction is what is looked up.
+    pub fn stack(&mut self, sample: &Sample, files: Option<&[MappedFile]>, python: Option<&Interpreter>, at_return: bool) -> StackKey {
         // A new command name for a known pid means exec: its old mappings are gone.
         if let Some(old) = self.comms.insert(sample.pid, sample.comm.clone()) {
             if old != sample.comm {
@@ -92,15 +123,11 @@ impl CpuAggregator {
             .iter()
             .enumerate()
             .filter_map(|(i, f)| match f {
-                UserFrame::Native(a) if i == 0 => Some(*a),
+                UserFrame::Native(a) if i == 0 && !at_return => Some(*a),
                 UserFrame::Native(a) => Some(a.saturating_sub(1)),
                 UserFrame::Python { .. } => None,
             })
             .collect();
-        if sample.unwind != UnwindStatus::KernelThread {
-            self.user_stacks += 1;
-            self.complete_user_stacks += u64::from(sample.unwind.is_complete());
-        }
         let normalized = match files {
             _ if native.is_empty() => Vec::new(),
             Some(files) => self.symbolizer.normalize_in(sample.pid, &native, files),
@@ -123,16 +150,24 @@ impl CpuAggregator {
                 }
             }
         }
-        let key = StackKey {
+        StackKey {
             pid: sample.pid,
             tid: sample.tid,
             comm: sample.comm.clone(),
             kernel: call_sites(sample.kernel_stack.frames()),
             user,
             truncated: sample.unwind == UnwindStatus::Truncated,
+            tail: Vec::new(),
+        }
+    }
+
+    /// A native address of a process (a kernel's host stub), normalized for naming later.
+    pub fn code_address(&mut self, pid: u32, addr: u64, files: Option<&[MappedFile]>) -> UserAddr {
+        let normalized = match files {
+            Some(files) => self.symbolizer.normalize_in(pid, &[addr], files),
+            None => self.symbolizer.normalize(pid, &[addr]),
         };
-        *self.counts.entry(key).or_default() += 1;
-        self.samples += 1;
+        normalized.into_iter().next().unwrap_or(UserAddr::Unmapped { addr })
     }
 
     pub fn samples(&self) -> u64 {
@@ -141,7 +176,7 @@ impl CpuAggregator {
 
     /// Forgets processes that are gone (their samples of this window are in `counts` already),
     /// and keeps the symbol caches bounded.
-    fn forget_exited(&mut self) {
+    pub fn forget_exited(&mut self) {
         let gone: Vec<u32> = self.comms.keys().copied().filter(|&pid| !crate::target::process_alive(pid)).collect();
         for pid in gone {
             self.comms.remove(&pid);
@@ -164,24 +199,41 @@ impl CpuAggregator {
     /// start again from zero, the symbol caches stay.
     pub fn take_profile(&mut self, frequency_hz: u64, start: SystemTime, duration: Duration) -> Profile {
         let counts = std::mem::take(&mut self.counts);
-        self.forget_exited();
         self.samples = 0;
         self.user_stacks = 0;
         self.complete_user_stacks = 0;
         let mut profile = Profile::cpu(frequency_hz);
+        let period = profile.period;
+        let values = counts.into_iter().map(|(k, n)| (k, None, vec![n as i64 * period])).collect();
+        self.build(&mut profile, values, start, duration);
+        self.forget_exited();
+        profile
+    }
+
+    /// Fills `profile` with these stacks, their values and device labels, symbolized.
+    pub fn build(&mut self, profile: &mut Profile, values: Vec<(StackKey, Option<u32>, Vec<i64>)>, start: SystemTime, duration: Duration) {
         profile.time_nanos = start.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64);
         profile.duration_nanos = duration.as_nanos() as i64;
 
-        let mut user_addrs: Vec<UserAddr> = counts
-            .keys()
-            .flat_map(|k| k.user.iter().filter_map(|u| match u {
-                UserKey::Native(a) => Some(*a),
-                UserKey::Python(_) => None,
-            }))
+        let stub = |t: &TailFrame| match t {
+            TailFrame::KernelStub(a) => Some(*a),
+            _ => None,
+        };
+        let mut user_addrs: Vec<UserAddr> = values
+            .iter()
+            .flat_map(|(k, _, _)| {
+                k.user
+                    .iter()
+                    .filter_map(|u| match u {
+                        UserKey::Native(a) => Some(*a),
+                        UserKey::Python(_) => None,
+                    })
+                    .chain(k.tail.iter().filter_map(stub))
+            })
             .collect();
         user_addrs.sort_unstable();
         user_addrs.dedup();
-        let mut kernel_addrs: Vec<u64> = counts.keys().flat_map(|k| k.kernel.iter().copied()).collect();
+        let mut kernel_addrs: Vec<u64> = values.iter().flat_map(|(k, _, _)| k.kernel.iter().copied()).collect();
         kernel_addrs.sort_unstable();
         kernel_addrs.dedup();
         let user_syms: HashMap<UserAddr, Symbol> =
@@ -190,42 +242,61 @@ impl CpuAggregator {
             kernel_addrs.iter().copied().zip(self.symbolizer.symbolize_kernel(&kernel_addrs)).collect();
 
         let mut b = ProfileBuilder::default();
-        let kernel_mapping = b.mapping(&mut profile, Mapping { path: KERNEL_MAPPING.into(), build_id: None });
-        let python_mapping = b.mapping(&mut profile, Mapping { path: PYTHON_MAPPING.into(), build_id: None });
+        let kernel_mapping = b.mapping(profile, Mapping { path: KERNEL_MAPPING.into(), build_id: None });
+        let python_mapping = b.mapping(profile, Mapping { path: PYTHON_MAPPING.into(), build_id: None });
         let mut user_locations: HashMap<UserKey, usize> = HashMap::new();
         let mut kernel_locations: HashMap<u64, usize> = HashMap::new();
-        for (key, count) in &counts {
-            let mut stack = Vec::with_capacity(key.user.len() + key.kernel.len() + 1);
+        for (key, device, vals) in &values {
+            let mut stack = Vec::with_capacity(key.user.len() + key.kernel.len() + key.tail.len() + 1);
             if key.truncated {
                 let location = Location { mapping: None, address: 0, kernel: false, lines: vec![Line::function("[truncated]")] };
-                stack.push(b.location(&mut profile, location));
+                stack.push(b.location(profile, location));
             }
             for frame in key.user.iter().rev() {
                 let loc = *user_locations.entry(*frame).or_insert_with(|| {
                     let location = match frame {
-                        UserKey::Native(addr) => self.user_location(&mut b, &mut profile, *addr, &user_syms[addr]),
+                        UserKey::Native(addr) => self.user_location(&mut b, profile, *addr, &user_syms[addr]),
                         UserKey::Python(id) => {
                             let py = &self.py_frames[*id as usize];
                             let line = Line { function: py.function.to_string(), file: Some(py.file.to_string()), line: py.line };
                             Location { mapping: Some(python_mapping), address: 0, kernel: false, lines: vec![line] }
                         }
                     };
-                    b.location(&mut profile, location)
+                    b.location(profile, location)
                 });
                 stack.push(loc);
+            }
+            for frame in &key.tail {
+                let name = match frame {
+                    TailFrame::Function(name) => name.clone(),
+                    TailFrame::Kernel(name) => format!("[gpu] {name}"),
+                    TailFrame::KernelStub(addr) => match user_syms[addr].lines.last() {
+                        Some(line) => format!("[gpu] {}", line.function),
+                        None => "[gpu] [unknown kernel]".to_string(),
+                    },
+                };
+                stack.push(b.location(profile, Location { mapping: None, address: 0, kernel: false, lines: vec![Line::function(name)] }));
             }
             for addr in key.kernel.iter().rev() {
                 let loc = *kernel_locations.entry(*addr).or_insert_with(|| {
                     let lines = lines_or_unknown(&kernel_syms[addr], || format!("[unknown] ({KERNEL_MAPPING}+{addr:#x})"));
-                    b.location(&mut profile, Location { mapping: Some(kernel_mapping), address: *addr, kernel: true, lines })
+                    b.location(profile, Location { mapping: Some(kernel_mapping), address: *addr, kernel: true, lines })
                 });
                 stack.push(loc);
             }
-            let labels = Labels { pid: Some(key.pid), tid: Some(key.tid), comm: Some(key.comm.clone()) };
-            b.add(stack, labels, *count as i64 * profile.period);
+            let labels = Labels { pid: Some(key.pid), tid: Some(key.tid), comm: Some(key.comm.clone()), device: *device };
+            b.add_values(stack, labels, vals);
         }
-        b.finish(&mut profile);
-        profile
+        b.finish(profile);
+    }
+
+    /// One stack as a line for logs: `main → load → cudaMalloc`.
+    pub fn describe(&mut self, stack: &StackKey) -> String {
+        let mut profile = Profile::of(vec![crate::profile::ValueType::new("stack", "count")]);
+        self.build(&mut profile, vec![(stack.clone(), None, vec![1])], UNIX_EPOCH, Duration::ZERO);
+        let line = crate::output::folded::lines(&profile).into_iter().next().unwrap_or_default();
+        let frames = line.rsplit_once(' ').map_or(line.as_str(), |(f, _)| f);
+        frames.split(';').skip(1).collect::<Vec<_>>().join(" → ")
     }
 
     fn user_location(&self, b: &mut ProfileBuilder, profile: &mut Profile, addr: UserAddr, sym: &Symbol) -> Location {

@@ -25,6 +25,9 @@ pub enum Command {
   gpuflame record -p 1234 -p 5678 -o cpu.pb.gz     two processes until Ctrl-C, pprof
   gpuflame record -F 199 -o out.folded -- python3 train.py
                                                    a command and its children, folded stacks
+  gpuflame record --profiles cpu,hbm-inuse,gpu-launches -o prof.svg -- python3 train.py
+                                                   CPU, HBM in use and kernel launches: prof.cpu.svg,
+                                                   prof.hbm-inuse.svg, prof.gpu-launches.svg
 
 The output format follows the extension (.svg, .pb.gz/.pprof, .folded/.txt) unless --format says.
 Ctrl-C stops the recording early and still writes the output. Needs root (or CAP_BPF + CAP_PERFMON).")]
@@ -67,6 +70,14 @@ pub struct RecordArgs {
     /// do not fit are unwound with frame pointers, and counted.
     #[arg(long, value_name = "ROWS", default_value_t = gpuflame_bpf::SamplerConfig::DEFAULT_UNWIND_ROWS)]
     pub unwind_rows: u64,
+    /// Profiles to record, comma-separated: cpu, hbm-alloc, hbm-inuse, gpu-launches, cuda-api, or
+    /// all. With more than one, each goes to its own file, named by profile (out.cpu.svg, …).
+    #[arg(long, value_name = "LIST", default_value = "cpu")]
+    pub profiles: String,
+    /// Keep the launch and synchronisation hooks attached all the time: exact counts, at a cost
+    /// of microseconds per call. By default they are attached 10 ms per second and scaled.
+    #[arg(long)]
+    pub cuda_exact: bool,
     /// Command to start and profile, with its descendants; its exit code is passed through.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -87,6 +98,8 @@ impl RecordArgs {
             format: self.format.clone(),
             command: self.command.clone(),
             unwind_rows: self.unwind_rows,
+            profiles: crate::profile_kind::ProfileKind::parse_list(&self.profiles).map_err(crate::UserError)?,
+            cuda_exact: self.cuda_exact,
         })
     }
 }

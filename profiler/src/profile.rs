@@ -61,19 +61,31 @@ pub struct Labels {
     pub pid: Option<u32>,
     pub tid: Option<u32>,
     pub comm: Option<String>,
+    /// The GPU, for HBM profiles.
+    pub device: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sample {
     /// Indices into [`Profile::locations`], root first.
     pub stack: Vec<usize>,
-    pub value: i64,
+    /// One value per sample type.
+    pub values: Vec<i64>,
     pub labels: Labels,
+}
+
+impl Sample {
+    /// The value of the first sample type, the one flame graphs and folded stacks show.
+    pub fn value(&self) -> i64 {
+        self.values.first().copied().unwrap_or(0)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Profile {
-    pub sample_type: ValueType,
+    /// What each sample's values are, such as alloc_space/bytes and alloc_objects/count; never
+    /// empty. The first is the one flame graphs show.
+    pub sample_types: Vec<ValueType>,
     pub period_type: ValueType,
     /// Value of one sample, in the period type's unit (1e9 / Hz for CPU profiles).
     pub period: i64,
@@ -83,12 +95,14 @@ pub struct Profile {
     pub mappings: Vec<Mapping>,
     pub locations: Vec<Location>,
     pub samples: Vec<Sample>,
+    /// Notes for the reader, such as how sampled counts were scaled (pprof comments).
+    pub comments: Vec<String>,
 }
 
 impl Profile {
     pub fn cpu(frequency_hz: u64) -> Self {
         Profile {
-            sample_type: ValueType::cpu_nanoseconds(),
+            sample_types: vec![ValueType::cpu_nanoseconds()],
             period_type: ValueType::cpu_nanoseconds(),
             period: 1_000_000_000 / frequency_hz.max(1) as i64,
             time_nanos: 0,
@@ -96,17 +110,39 @@ impl Profile {
             mappings: Vec::new(),
             locations: Vec::new(),
             samples: Vec::new(),
+            comments: Vec::new(),
         }
     }
 
+    /// A profile of values that are not sampled time, such as bytes and counts.
+    pub fn of(sample_types: Vec<ValueType>) -> Self {
+        let period_type = sample_types.first().cloned().unwrap_or_else(|| ValueType::new("samples", "count"));
+        Profile {
+            sample_types,
+            period_type,
+            period: 1,
+            time_nanos: 0,
+            duration_nanos: 0,
+            mappings: Vec::new(),
+            locations: Vec::new(),
+            samples: Vec::new(),
+            comments: Vec::new(),
+        }
+    }
+
+    /// The first sample type.
+    pub fn sample_type(&self) -> &ValueType {
+        &self.sample_types[0]
+    }
+
     pub fn total(&self) -> i64 {
-        self.samples.iter().map(|s| s.value).sum()
+        self.samples.iter().map(Sample::value).sum()
     }
 
     /// How many samples a value stands for: the value itself for counts, value / period for
     /// sampled time.
     pub fn sample_count(&self, value: i64) -> i64 {
-        if self.sample_type.unit == "nanoseconds" && self.period > 0 {
+        if self.sample_type().unit == "nanoseconds" && self.period > 1 {
             value / self.period
         } else {
             value
@@ -133,7 +169,7 @@ impl Profile {
                     })
                 })
                 .collect();
-            b.add(stack, sample.labels.clone(), sample.value);
+            b.add_values(stack, sample.labels.clone(), &sample.values);
         }
         b.finish(&mut out);
         out
@@ -141,7 +177,7 @@ impl Profile {
 
     fn clone_header(&self) -> Profile {
         Profile {
-            sample_type: self.sample_type.clone(),
+            sample_types: self.sample_types.clone(),
             period_type: self.period_type.clone(),
             period: self.period,
             time_nanos: self.time_nanos,
@@ -149,6 +185,7 @@ impl Profile {
             mappings: Vec::new(),
             locations: Vec::new(),
             samples: Vec::new(),
+            comments: self.comments.clone(),
         }
     }
 }
@@ -158,7 +195,7 @@ impl Profile {
 pub struct ProfileBuilder {
     mappings: std::collections::HashMap<Mapping, usize>,
     locations: std::collections::HashMap<Location, usize>,
-    samples: std::collections::HashMap<(Vec<usize>, Labels), i64>,
+    samples: std::collections::HashMap<(Vec<usize>, Labels), Vec<i64>>,
 }
 
 impl ProfileBuilder {
@@ -178,7 +215,18 @@ impl ProfileBuilder {
 
     /// Adds `value` to the sample with this stack and labels.
     pub fn add(&mut self, stack: Vec<usize>, labels: Labels, value: i64) {
-        *self.samples.entry((stack, labels)).or_default() += value;
+        self.add_values(stack, labels, &[value]);
+    }
+
+    /// Adds `values` (one per sample type) to the sample with this stack and labels.
+    pub fn add_values(&mut self, stack: Vec<usize>, labels: Labels, values: &[i64]) {
+        let sum = self.samples.entry((stack, labels)).or_default();
+        if sum.len() < values.len() {
+            sum.resize(values.len(), 0);
+        }
+        for (s, v) in sum.iter_mut().zip(values) {
+            *s += v;
+        }
     }
 
     /// Moves the samples into `profile`, in a stable order.
@@ -187,7 +235,7 @@ impl ProfileBuilder {
         samples.sort();
         profile.samples = samples
             .into_iter()
-            .map(|((stack, labels), value)| Sample { stack, value, labels })
+            .map(|((stack, labels), values)| Sample { stack, values, labels })
             .collect();
     }
 }

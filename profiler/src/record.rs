@@ -2,7 +2,7 @@
 
 use std::fs::{self, File};
 use std::io::BufWriter;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -12,7 +12,9 @@ use gpuflame_bpf::{Counters, Targets, UnwindCapacity};
 
 use crate::output::{self, Format};
 use crate::process::ProcessTracker;
-use crate::session::Session;
+use crate::cuda::{human_bytes, Coverage, CudaProfiles, DutyCycle};
+use crate::profile_kind::ProfileKind;
+use crate::session::{CudaOptions, CudaState, Session, SessionConfig};
 use crate::status::StatusLine;
 use crate::target::{self, GatedChild};
 use crate::{preflight, UserError};
@@ -30,6 +32,28 @@ pub struct RecordOptions {
     pub format: Option<String>,
     pub command: Vec<String>,
     pub unwind_rows: u64,
+    pub profiles: Vec<ProfileKind>,
+    /// Keep launch and synchronisation hooks attached: exact counts, at their full cost.
+    pub cuda_exact: bool,
+}
+
+/// Where each profile goes: the output itself for one profile; for several, one file each,
+/// named by profile (`out.svg` → `out.cpu.svg`, `out.hbm-inuse.svg`).
+pub fn output_paths(output: &Path, profiles: &[ProfileKind]) -> Vec<(ProfileKind, PathBuf)> {
+    if profiles.len() == 1 {
+        return vec![(profiles[0], output.to_path_buf())];
+    }
+    profiles.iter().map(|&k| (k, with_infix(output, k.name()))).collect()
+}
+
+/// `dir/out.pb.gz` with infix `cpu` → `dir/out.cpu.pb.gz`.
+pub fn with_infix(output: &Path, infix: &str) -> PathBuf {
+    let name = output.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let (stem, ext) = match name.find('.') {
+        Some(i) if i > 0 => (&name[..i], &name[i..]),
+        _ => (name.as_str(), ""),
+    };
+    output.with_file_name(format!("{stem}.{infix}{ext}"))
 }
 
 /// Runs a recording; returns the process exit code (the command's, when one was given).
@@ -46,17 +70,23 @@ pub fn run(opts: &RecordOptions) -> anyhow::Result<i32> {
     for &pid in &opts.pids {
         target::check_pid(pid)?;
     }
-    let out = File::create(&opts.output)
-        .map_err(|e| UserError(format!("cannot write the output {}: {e}", opts.output.display())))?;
+    let paths = output_paths(&opts.output, &opts.profiles);
+    let mut outputs = Vec::new();
+    for (kind, path) in &paths {
+        let file = File::create(path).map_err(|e| UserError(format!("cannot write the output {}: {e}", path.display())))?;
+        outputs.push((*kind, path.clone(), file));
+    }
 
-    let result = record(opts, format, out);
+    let result = record(opts, format, outputs);
     if result.is_err() {
-        let _ = fs::remove_file(&opts.output);
+        for (_, path) in &paths {
+            let _ = fs::remove_file(path);
+        }
     }
     result
 }
 
-fn record(opts: &RecordOptions, format: Format, out: File) -> anyhow::Result<i32> {
+fn record(opts: &RecordOptions, format: Format, outputs: Vec<(ProfileKind, PathBuf, File)>) -> anyhow::Result<i32> {
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = Arc::clone(&stop);
@@ -70,7 +100,17 @@ fn record(opts: &RecordOptions, format: Format, out: File) -> anyhow::Result<i32
     } else {
         Targets::All
     };
-    let mut session = Session::start(targets, opts.frequency_hz, opts.unwind_rows)?;
+    let wants_cuda = opts.profiles.iter().any(|k| k.is_cuda());
+    let launches = opts.profiles.iter().any(|k| matches!(k, ProfileKind::GpuLaunches | ProfileKind::CudaApi));
+    let cuda = wants_cuda.then(|| CudaOptions { launches, duty: (!opts.cuda_exact).then_some(DutyCycle::DEFAULT) });
+    let mut session = Session::start(SessionConfig {
+        targets,
+        frequency_hz: opts.frequency_hz,
+        unwind_rows: opts.unwind_rows,
+        cpu: opts.profiles.contains(&ProfileKind::Cpu),
+        cuda,
+    })?;
+    let mut ooms = OomWriter { output: opts.output.clone(), format, count: 0 };
 
     let mut child = None;
     if !opts.command.is_empty() {
@@ -86,6 +126,7 @@ fn record(opts: &RecordOptions, format: Format, out: File) -> anyhow::Result<i32
     let mut last_liveness_check = Instant::now();
     loop {
         session.pump(Duration::from_millis(100))?;
+        ooms.write_all(&mut session, start_wall);
         if status.due() {
             status.show(start.elapsed(), session.aggregator.samples(), session.sampler.counters()?.lost);
         }
@@ -107,6 +148,7 @@ fn record(opts: &RecordOptions, format: Format, out: File) -> anyhow::Result<i32
         }
     }
     session.drain()?;
+    ooms.write_all(&mut session, start_wall);
     let duration = start.elapsed();
     let counters = session.sampler.counters()?;
     let malformed = session.sampler.malformed_records();
@@ -116,17 +158,30 @@ fn record(opts: &RecordOptions, format: Format, out: File) -> anyhow::Result<i32
     let sampler_capacity = session.sampler.unwind_capacity();
     status.clear();
 
-    let Session { sampler, tracker, mut aggregator, .. } = session;
+    let Session { sampler, tracker, mut aggregator, mut cuda, .. } = session;
     drop(sampler);
     let complete = aggregator.complete_fraction();
     let processes = aggregator.processes();
     let samples = aggregator.samples();
-    let profile = aggregator.take_profile(opts.frequency_hz, start_wall, duration);
-    let title = format!("gpuflame CPU profile: {}", describe_targets(opts));
-    let mut writer = BufWriter::new(out);
-    output::write(&profile, format, &title, &mut writer)
-        .and_then(|()| std::io::Write::flush(&mut writer))
-        .with_context(|| format!("writing {}", opts.output.display()))?;
+    let mut profiles = Vec::new();
+    if let Some(c) = cuda.as_mut() {
+        let coverage = c.hooks.take_coverage();
+        profiles = c.profiles.take_profiles(&mut aggregator, &opts.profiles, coverage, start_wall, duration);
+        report_cuda(c, coverage);
+    }
+    if opts.profiles.contains(&ProfileKind::Cpu) {
+        profiles.push((ProfileKind::Cpu, aggregator.take_profile(opts.frequency_hz, start_wall, duration)));
+    }
+    let mut written = Vec::new();
+    for (kind, path, out) in outputs {
+        let Some((_, profile)) = profiles.iter().find(|(k, _)| *k == kind) else { continue };
+        let title = format!("gpuflame {kind} profile: {}", describe_targets(opts));
+        let mut writer = BufWriter::new(out);
+        output::write(profile, format, &title, &mut writer)
+            .and_then(|()| std::io::Write::flush(&mut writer))
+            .with_context(|| format!("writing {}", path.display()))?;
+        written.push(path.display().to_string());
+    }
 
     let failed = counters.kernel_stack_failed + counters.user_stack_failed;
     eprintln!(
@@ -135,7 +190,7 @@ fn record(opts: &RecordOptions, format: Format, out: File) -> anyhow::Result<i32
         counters.lost,
         complete.map_or(String::new(), |c| format!(", {:.1}% of user stacks complete", c * 100.0)),
         if malformed > 0 { format!(", {malformed} malformed records") } else { String::new() },
-        opts.output.display(),
+        written.join(", "),
     );
     report_unwinding(&counters, &tracker, sampler_capacity);
     if counters.targets_full > 0 {
@@ -188,6 +243,59 @@ fn report_unwinding(counters: &Counters, tracker: &ProcessTracker, capacity: Unw
             process_events_lost = counters.process_events_lost,
             "some code could not be described to the unwinder"
         );
+    }
+}
+
+/// Writes the in-use snapshot of each process that ran out of memory, next to the output.
+struct OomWriter {
+    output: PathBuf,
+    format: Format,
+    count: u32,
+}
+
+impl OomWriter {
+    fn write_all(&mut self, session: &mut Session, start: SystemTime) {
+        for report in std::mem::take(&mut session.ooms) {
+            self.count += 1;
+            let path = with_infix(&self.output, &format!("oom-{}-{}", report.pid, self.count));
+            let profile = CudaProfiles::oom_snapshot(&mut session.aggregator, &report, start);
+            let title = format!("gpuflame: HBM in use when {} of {} failed in pid {}", report.api.symbol(), human_bytes(report.requested), report.pid);
+            let written = File::create(&path).and_then(|f| {
+                let mut w = BufWriter::new(f);
+                output::write(&profile, self.format, &title, &mut w)?;
+                std::io::Write::flush(&mut w)
+            });
+            let stack = session.aggregator.describe(&report.stack);
+            match written {
+                Ok(()) => eprintln!(
+                    "gpuflame: out of memory in pid {} ({}): {} of {} on device {} failed holding {}; stack: {stack}; in-use snapshot → {}",
+                    report.pid, report.comm, report.api.symbol(), human_bytes(report.requested), report.device, human_bytes(report.in_use), path.display()
+                ),
+                Err(e) => tracing::warn!(path = %path.display(), error = %e, "cannot write the out-of-memory snapshot"),
+            }
+        }
+    }
+}
+
+fn report_cuda(c: &CudaState, coverage: Coverage) {
+    let h = &c.profiles.hbm.stats;
+    let s = &c.hooks.stats;
+    tracing::info!(
+        files_hooked = s.files_hooked,
+        files_searched = s.files_searched,
+        attach_failures = s.attach_failures,
+        max_attach_latency_ms = s.max_attach_latency.as_secs_f64() * 1e3,
+        allocations = h.allocations,
+        frees = h.frees,
+        unknown_frees = h.unknown_frees,
+        failed_allocations = h.failed_allocations,
+        launches_seen = c.profiles.launches_seen,
+        hooks_attached_ms = coverage.attached.as_millis() as u64,
+        scale = coverage.scale(),
+        "CUDA"
+    );
+    if h.unknown_frees > 0 {
+        tracing::info!(count = h.unknown_frees, "frees of memory allocated before the hooks were attached");
     }
 }
 

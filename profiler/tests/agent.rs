@@ -136,7 +136,7 @@ fn known_workload_arrives_with_its_labels_and_totals() {
     assert!(r.labels.contains_key("hostname"));
     assert_eq!(r.headers.get("authorization").map(String::as_str), Some("Bearer tok-s3cret"));
     assert_eq!(r.headers.get("x-scope-orgid").map(String::as_str), Some("team-a"));
-    assert_eq!((r.profile.sample_type.kind.as_str(), r.profile.sample_type.unit.as_str()), ("cpu", "nanoseconds"));
+    assert_eq!((r.profile.sample_type().kind.as_str(), r.profile.sample_type().unit.as_str()), ("cpu", "nanoseconds"));
     // A process spinning for the 3 s window at 99 Hz: about 297 samples of 1e9/99 ns, on a
     // machine where it shares two CPUs with the other spinner.
     let samples = r.profile.total() / r.profile.period;

@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
-/* CPU-time sampling: a perf_event program on the software CPU clock of every online CPU. */
+/* The profiler's BPF object. CPU-time sampling (here): a perf_event program on the software CPU
+ * clock of every online CPU. CUDA hooks, unwinding, Python walking and process events come from
+ * the headers included below. */
 #include "vmlinux.h"
 #include <bpf/bpf_core_read.h>
 #include <bpf/bpf_helpers.h>
@@ -8,6 +10,7 @@
 #include "events.h"
 #include "maps.h"
 #include "native_unwind.h"
+#include "cuda_hooks.h"
 #include "process_events.h"
 #include "targets.h"
 
@@ -27,12 +30,14 @@ enum cfa_kind layout_cfa_kind = CFA_NO_INFO;
 enum rbp_kind layout_rbp_kind = RBP_UNCHANGED;
 struct py_process layout_py_process = {};
 enum py_frame_kind layout_py_frame_kind = PY_FRAME_OBJECT;
+enum event_kind layout_event_kind = EVENT_CPU_SAMPLE;
+enum cuda_api layout_cuda_api = CUDA_API_NONE;
 
 SEC("perf_event")
 int on_cpu_sample(struct bpf_perf_event_data *ctx)
 {
 	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tgid = id >> 32, zero = 0;
+	__u32 tgid = id >> 32, slot = SCRATCH_SAMPLER;
 	struct sample_event *e;
 	__u64 flags;
 
@@ -40,9 +45,10 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 		return 0;
 	count(COUNTER_SAMPLES);
 
-	e = bpf_map_lookup_elem(&sample_scratch, &zero);
+	e = bpf_map_lookup_elem(&sample_scratch, &slot);
 	if (!e)
 		return 0;
+	e->kind = EVENT_CPU_SAMPLE;
 	e->timestamp_ns = bpf_ktime_get_boot_ns();
 	e->pid = tgid;
 	e->tid = (__u32)id;
@@ -53,7 +59,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	e->kernel_stack_bytes = bpf_get_stack(ctx, e->kernel_stack, sizeof(e->kernel_stack), 0);
 	if (e->kernel_stack_bytes < 0 && e->kernel_stack_bytes != -EFAULT)
 		count(COUNTER_KSTACK_FAILED);
-	unwind_user_stack(e);
+	unwind_user_stack(e, slot);
 
 	/* Waking the reader costs more than the whole sample (an IPI, ~12 us in a VM): user space
 	 * drains the buffer every 100 ms anyway, and is only woken when the buffer fills up. */

@@ -22,26 +22,113 @@ enum unwind_status {
 	UNWIND_ZERO_RA = 8,      /* return address 0: the end of a stack without CFI marking */
 };
 
-/* One CPU-clock sample, sent through the `samples` ring buffer. */
+/* What a record of the `samples` ring buffer is. */
+enum event_kind {
+	EVENT_CPU_SAMPLE = 0,   /* a CPU-clock sample: both stacks */
+	EVENT_CUDA_CALL = 1,    /* a hooked CUDA call returned: api, result, arguments, duration, stack */
+	EVENT_CUDA_KERNEL = 2,  /* a kernel handle was named: addr = CUfunction, the name in user_stack */
+};
+
+/* One record of the `samples` ring buffer. CUDA records end after user_stack's used entries:
+ * they have no kernel part, and most of their stack is short. */
 struct sample_event {
-	__u64 timestamp_ns;
+	__u32 kind; /* enum event_kind */
 	__u32 pid;
 	__u32 tid;
 	__u32 cpu;
+	__u64 timestamp_ns;
 	/* Bytes as bpf_get_stack() returns them: negative is an error code, 0 an empty stack. */
 	__s32 kernel_stack_bytes;
 	__u32 user_frames;        /* entries of user_stack in use */
 	__u32 unwind_status;      /* enum unwind_status */
+	__u32 api;                /* enum cuda_api */
+	__s32 result;             /* the call's CUresult or cudaError_t */
+	__u32 device;             /* the calling thread's current device, or the one asked for */
+	__u64 duration_ns;        /* entry to return */
+	__u64 size;               /* bytes asked for; for EVENT_CUDA_KERNEL the name's length */
+	__u64 addr;               /* device pointer, memory handle, or kernel (function) */
+	__u64 aux;                /* cuMemMap: the handle mapped at addr */
 	char comm[COMM_LEN];
-	__u64 kernel_stack[MAX_KERNEL_FRAMES];
 	__u64 user_stack[MAX_USER_FRAMES];
+	__u64 kernel_stack[MAX_KERNEL_FRAMES];
 };
+
+/* The hooked CUDA functions, passed to the hooks as the attach cookie. */
+enum cuda_api {
+	CUDA_API_NONE = 0,
+	/* allocations: out-pointer arg 0, size arg 1 */
+	CUDA_MALLOC = 1,
+	CUDA_MALLOC_ASYNC = 2,
+	CUDA_MALLOC_MANAGED = 3,
+	CU_MEM_ALLOC = 4,          /* cuMemAlloc_v2 */
+	CU_MEM_ALLOC_ASYNC = 5,
+	CU_MEM_ALLOC_MANAGED = 6,
+	CU_MEM_CREATE = 7,         /* physical memory; out-handle arg 0, size arg 1, prop arg 2 */
+	/* frees: pointer or handle arg 0 */
+	CUDA_FREE = 8,
+	CUDA_FREE_ASYNC = 9,
+	CU_MEM_FREE = 10,          /* cuMemFree_v2 */
+	CU_MEM_FREE_ASYNC = 11,
+	CU_MEM_RELEASE = 12,
+	/* virtual memory: which handle backs which addresses */
+	CU_MEM_MAP = 13,           /* (ptr, size, offset, handle, flags) */
+	CU_MEM_UNMAP = 14,         /* (ptr, size) */
+	/* launches: kernel arg 0, or arg 1 for the Ex forms */
+	CUDA_LAUNCH_KERNEL = 15,
+	CUDA_LAUNCH_KERNEL_PTSZ = 16,
+	CUDA_LAUNCH_KERNEL_EXC = 17,
+	CUDA_LAUNCH_KERNEL_EXC_PTSZ = 18,
+	CU_LAUNCH_KERNEL = 19,
+	CU_LAUNCH_KERNEL_PTSZ = 20,
+	CU_LAUNCH_KERNEL_EX = 21,
+	CU_LAUNCH_KERNEL_EX_PTSZ = 22,
+	CUDA_GRAPH_LAUNCH = 23,
+	CUDA_GRAPH_LAUNCH_PTSZ = 24,
+	CU_GRAPH_LAUNCH = 25,
+	CU_GRAPH_LAUNCH_PTSZ = 26,
+	/* synchronisations and copies: time only */
+	CUDA_DEVICE_SYNCHRONIZE = 27,
+	CUDA_STREAM_SYNCHRONIZE = 28,
+	CUDA_EVENT_SYNCHRONIZE = 29,
+	CUDA_MEMCPY = 30,
+	CUDA_MEMCPY_ASYNC = 31,
+	CU_CTX_SYNCHRONIZE = 32,
+	CU_STREAM_SYNCHRONIZE = 33,
+	CU_EVENT_SYNCHRONIZE = 34,
+	CU_MEMCPY_HTOD = 35,       /* the _v2 entry points */
+	CU_MEMCPY_DTOH = 36,
+	CU_MEMCPY_DTOD = 37,
+	CU_MEMCPY_ASYNC = 38,
+	CU_MEMCPY_HTOD_ASYNC = 39,
+	CU_MEMCPY_DTOH_ASYNC = 40,
+	/* bookkeeping */
+	CU_MODULE_GET_FUNCTION = 41, /* (CUfunction *out, CUmodule, const char *name) */
+	CUDA_SET_DEVICE = 42,
+	CUDA_API_MAX = 43,
+};
+
+/* Hooked calls nest (cudaMalloc calls cuMemAlloc_v2): per thread and class, only the outermost
+ * call counts. */
+enum cuda_class {
+	CUDA_CLASS_ALLOC = 0,
+	CUDA_CLASS_FREE = 1,
+	CUDA_CLASS_MAP = 2,
+	CUDA_CLASS_LAUNCH = 3,
+	CUDA_CLASS_API = 4,
+	CUDA_CLASS_META = 5,
+};
+
+/* Where ring records of CUDA calls are built: not the sampler's entry, whose programs can
+ * interrupt a hook. */
+#define SCRATCH_SAMPLER 0
+#define SCRATCH_CUDA 1
 
 /* Process life-cycle events for the process tracker, through the `process_events` ring buffer. */
 enum process_event_kind {
 	PROCESS_EXEC = 0,    /* exec'd a new program: mappings changed */
 	PROCESS_EXIT = 1,    /* the whole process ended */
 	PROCESS_UNKNOWN = 2, /* a sample met a process or address the unwinder has no tables for */
+	PROCESS_MMAP_EXEC = 3, /* mapped a file executable (dlopen): new code, maybe CUDA */
 };
 
 struct process_event {
@@ -67,7 +154,11 @@ enum counter {
 	COUNTER_PY_NO_THREAD = 13,   /* the sampled thread's PyThreadState was not found */
 	COUNTER_PY_READ_FAULT = 14,  /* reading interpreter memory failed */
 	COUNTER_PY_FRAMES = 15,      /* Python frames emitted */
-	COUNTER_MAX = 16,
+	COUNTER_CUDA_CALLS = 16,     /* outermost hooked CUDA calls seen returning */
+	COUNTER_CUDA_LOST = 17,      /* CUDA records dropped: ring buffer full */
+	COUNTER_CUDA_CALLS_FULL = 18,/* calls not followed: the in-flight call table was full */
+	COUNTER_CUDA_RACE = 19,      /* a record's scratch was reused by another hook before it went */
+	COUNTER_MAX = 20,
 };
 
 /* Which processes are sampled, set before load. */

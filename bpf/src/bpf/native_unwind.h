@@ -19,6 +19,7 @@ struct native_unwind_state {
 	__u32 status;
 	__u32 asked_refresh;
 	__u32 leaf_done;
+	__u32 slot; /* the sample_scratch entry being filled */
 	struct py_walk py;
 };
 
@@ -164,7 +165,7 @@ __noinline long unwind_one(struct native_unwind_state *st)
 	struct process_info *proc;
 	struct exec_mapping *m;
 	struct unwind_rule *rule;
-	__u32 zero = 0;
+	__u32 slot;
 	__u64 pc, cfa, ra;
 	int idx;
 	bool recorded_python;
@@ -172,7 +173,8 @@ __noinline long unwind_one(struct native_unwind_state *st)
 
 	if (!st)
 		return UNWIND_STOP;
-	e = bpf_map_lookup_elem(&sample_scratch, &zero);
+	slot = st->slot;
+	e = bpf_map_lookup_elem(&sample_scratch, &slot);
 	if (!e)
 		return UNWIND_STOP;
 	if (st->py.mode == PY_MODE_EMITTING)
@@ -288,7 +290,8 @@ static __always_inline void count_unwind_status(__u32 status)
 }
 
 /* Walks the current task's user stack into e->user_stack. */
-static __always_inline void unwind_user_stack(struct sample_event *e)
+/* Unwinds the current task's user stack into `e`, which is sample_scratch entry `slot`. */
+static __always_inline void unwind_user_stack(struct sample_event *e, __u32 slot)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
 	struct pt_regs *regs;
@@ -310,6 +313,7 @@ static __always_inline void unwind_user_stack(struct sample_event *e)
 	st.bp = BPF_CORE_READ(regs, bp);
 	st.pid = e->pid;
 	st.tid = e->tid;
+	st.slot = slot;
 	st.status = UNWIND_TRUNCATED;
 	st.py.enabled = bpf_map_lookup_elem(&python_processes, &st.pid) != NULL;
 	/* Python frames take steps of their own: room for a full stack of both. */

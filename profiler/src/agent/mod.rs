@@ -116,7 +116,7 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
 
 /// Samples in windows until stopped; returns the number of windows.
 fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &Mutex<AgentMetrics>, seq: &mut u64) -> anyhow::Result<u64> {
-    let mut session = Session::start(Targets::All, cfg.frequency_hz, cfg.unwind_rows)?;
+    let mut session = Session::start_cpu(Targets::All, cfg.frequency_hz, cfg.unwind_rows)?;
     eprintln!(
         "gpuflame agent: profiling the whole machine ({} processes) at {} Hz, pushing every {} s to {}",
         session.tracker.processes(),

@@ -25,7 +25,7 @@ pub fn lines(profile: &Profile) -> Vec<String> {
                 frames.push(name);
             }
         }
-        *merged.entry(frames.join(";")).or_default() += profile.sample_count(sample.value);
+        *merged.entry(frames.join(";")).or_default() += profile.sample_count(sample.value());
     }
     merged.into_iter().filter(|(_, n)| *n > 0).map(|(stack, n)| format!("{stack} {n}")).collect()
 }

@@ -37,7 +37,7 @@ impl Strings {
 pub fn encode(profile: &Profile) -> pb::Profile {
     let mut strings = Strings::new();
     let value_type = |vt: &ValueType, s: &mut Strings| pb::ValueType { r#type: s.id(&vt.kind), unit: s.id(&vt.unit) };
-    let sample_type = vec![value_type(&profile.sample_type, &mut strings)];
+    let sample_type = profile.sample_types.iter().map(|vt| value_type(vt, &mut strings)).collect();
     let period_type = Some(value_type(&profile.period_type, &mut strings));
 
     let mapping = profile
@@ -95,7 +95,7 @@ pub fn encode(profile: &Profile) -> pb::Profile {
         })
         .collect();
 
-    let (pid_key, tid_key, comm_key) = (strings.id("pid"), strings.id("tid"), strings.id("comm"));
+    let (pid_key, tid_key, comm_key, device_key) = (strings.id("pid"), strings.id("tid"), strings.id("comm"), strings.id("device"));
     let sample = profile
         .samples
         .iter()
@@ -110,16 +110,21 @@ pub fn encode(profile: &Profile) -> pb::Profile {
             if let Some(comm) = &s.labels.comm {
                 label.push(pb::Label { key: comm_key, str: strings.id(comm), ..Default::default() });
             }
+            if let Some(device) = s.labels.device {
+                label.push(pb::Label { key: device_key, num: device.into(), ..Default::default() });
+            }
             pb::Sample {
                 // pprof lists the leaf first.
                 location_id: s.stack.iter().rev().map(|&l| l as u64 + 1).collect(),
-                value: vec![s.value],
+                value: s.values.clone(),
                 label,
             }
         })
         .collect();
 
+    let comment = profile.comments.iter().map(|c| strings.id(c)).collect();
     pb::Profile {
+        comment,
         sample_type,
         sample,
         mapping,
@@ -152,7 +157,7 @@ pub enum PprofError {
     Invalid(String),
 }
 
-/// Reads a pprof profile, gzipped or not. The first sample type is the one kept.
+/// Reads a pprof profile, gzipped or not, with all its sample types.
 pub fn read(bytes: &[u8]) -> Result<Profile, PprofError> {
     let raw;
     let bytes = if bytes.starts_with(&[0x1f, 0x8b]) {
@@ -174,7 +179,7 @@ fn decode(p: &pb::Profile) -> Result<Profile, PprofError> {
     let value_type = |vt: &pb::ValueType| -> Result<ValueType, PprofError> { Ok(ValueType::new(string(vt.r#type)?, string(vt.unit)?)) };
     let first_type = p.sample_type.first().ok_or_else(|| invalid("no sample type".into()))?;
     let mut profile = Profile {
-        sample_type: value_type(first_type)?,
+        sample_types: p.sample_type.iter().map(value_type).collect::<Result<_, _>>()?,
         period_type: match &p.period_type {
             Some(vt) => value_type(vt)?,
             None => value_type(first_type)?,
@@ -185,6 +190,7 @@ fn decode(p: &pb::Profile) -> Result<Profile, PprofError> {
         mappings: Vec::new(),
         locations: Vec::new(),
         samples: Vec::new(),
+        comments: p.comment.iter().map(|&i| string(i).map(str::to_string)).collect::<Result<_, _>>()?,
     };
     let mut builder = ProfileBuilder::default();
 
@@ -216,7 +222,7 @@ fn decode(p: &pb::Profile) -> Result<Profile, PprofError> {
         let location = Location { mapping, address: l.address, kernel, lines };
         locations.insert(l.id, builder.location(&mut profile, location));
     }
-    let (pid_key, tid_key, comm_key) = ("pid", "tid", "comm");
+    let (pid_key, tid_key, comm_key, device_key) = ("pid", "tid", "comm", "device");
     for s in &p.sample {
         let stack = s
             .location_id
@@ -230,10 +236,13 @@ fn decode(p: &pb::Profile) -> Result<Profile, PprofError> {
                 k if k == pid_key => labels.pid = u32::try_from(label.num).ok(),
                 k if k == tid_key => labels.tid = u32::try_from(label.num).ok(),
                 k if k == comm_key => labels.comm = Some(string(label.str)?.to_string()),
+                k if k == device_key => labels.device = u32::try_from(label.num).ok(),
                 _ => {}
             }
         }
-        builder.add(stack, labels, s.value.first().copied().unwrap_or(0));
+        let mut values = s.value.clone();
+        values.resize(profile.sample_types.len(), 0);
+        builder.add_values(stack, labels, &values);
     }
     builder.finish(&mut profile);
     Ok(profile)
@@ -261,7 +270,7 @@ mod tests {
             },
         );
         let kread = b.location(&mut profile, Location { mapping: Some(k), address: 0xffff_ffff_8100_0000, kernel: true, lines: vec![Line::function("ksys_read")] });
-        let labels = Labels { pid: Some(7), tid: Some(8), comm: Some("app".into()) };
+        let labels = Labels { pid: Some(7), tid: Some(8), comm: Some("app".into()), device: None };
         b.add(vec![main, inl], labels.clone(), 3 * profile.period);
         b.add(vec![main, kread], labels, profile.period);
         b.finish(&mut profile);

@@ -10,12 +10,16 @@ pub fn write(profile: &Profile, title: &str, out: impl Write) -> io::Result<()> 
     let lines = super::folded::lines(profile);
     let mut options = Options::default();
     options.title = title.to_string();
-    options.count_name = if profile.sample_type.unit == "nanoseconds" { "samples".into() } else { profile.sample_type.unit.clone() };
-    options.subtitle = Some(format!(
-        "{} · {} samples · gpuflame",
-        profile.sample_type.kind,
-        lines.iter().filter_map(|l| l.rsplit_once(' ')?.1.parse::<i64>().ok()).sum::<i64>()
-    ));
+    let sample_type = profile.sample_type();
+    options.count_name = if sample_type.unit == "nanoseconds" && profile.period > 1 { "samples".into() } else { sample_type.unit.clone() };
+    let total: i64 = lines.iter().filter_map(|l| l.rsplit_once(' ')?.1.parse::<i64>().ok()).sum();
+    let what = if sample_type.unit == "nanoseconds" && profile.period > 1 { "samples" } else { sample_type.unit.as_str() };
+    let mut subtitle = format!("{} · {total} {what} · gpuflame", sample_type.kind);
+    for comment in &profile.comments {
+        subtitle.push_str(" · ");
+        subtitle.push_str(comment);
+    }
+    options.subtitle = Some(subtitle);
     if lines.is_empty() {
         // inferno refuses an empty input; an empty graph that says so beats no file at all.
         return write_empty(title, out);

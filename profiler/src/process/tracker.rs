@@ -45,6 +45,8 @@ pub struct ProcessTracker {
     files: HashMap<u32, Vec<MappedFile>>,
     /// The CPython interpreter of each Python process.
     pythons: HashMap<u32, Interpreter>,
+    /// Each live process's executable mappings as last read.
+    entries: HashMap<u32, Vec<MapsEntry>>,
     python_warned: HashSet<u32>,
     exited: Vec<(Instant, u32)>,
     pub stats: TrackerStats,
@@ -60,7 +62,7 @@ impl ProcessTracker {
 
     pub fn handle(&mut self, sampler: &mut CpuSampler, event: ProcessEvent) {
         match event.kind {
-            ProcessEventKind::Exec | ProcessEventKind::Unknown => self.refresh(sampler, event.pid),
+            ProcessEventKind::Exec | ProcessEventKind::Unknown | ProcessEventKind::MmapExec => self.refresh(sampler, event.pid),
             ProcessEventKind::Exit => self.exited(sampler, event.pid),
         }
     }
@@ -115,6 +117,7 @@ impl ProcessTracker {
         }
         self.files.insert(pid, files);
         self.find_python(sampler, pid, &entries);
+        self.entries.insert(pid, entries);
         let old = self.processes.insert(pid, keys);
         if let Some(old) = old {
             self.release_unused(sampler, pid, &old);
@@ -124,6 +127,7 @@ impl ProcessTracker {
     /// Forgets a process; evicts tables no other process uses.
     pub fn exited(&mut self, sampler: &mut CpuSampler, pid: u32) {
         sampler.remove_process(pid);
+        self.entries.remove(&pid);
         let now = Instant::now();
         self.exited.push((now, pid));
         while let Some(&(t, old)) = self.exited.first() {
@@ -288,6 +292,16 @@ impl ProcessTracker {
     /// The file mappings of a process (sorted by start), also for a while after it exited.
     pub fn files(&self, pid: u32) -> Option<&[MappedFile]> {
         self.files.get(&pid).map(Vec::as_slice)
+    }
+
+    /// The executable mappings of a live process, as last read.
+    pub fn exec_entries(&self, pid: u32) -> Option<&[MapsEntry]> {
+        self.entries.get(&pid).map(Vec::as_slice)
+    }
+
+    /// The processes whose mappings are loaded.
+    pub fn pids(&self) -> Vec<u32> {
+        self.entries.keys().copied().collect()
     }
 
     pub fn processes(&self) -> usize {

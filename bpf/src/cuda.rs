@@ -1,0 +1,150 @@
+//! The CUDA functions gpuflame hooks, and the records their hooks send.
+
+use crate::events::Sample;
+use crate::skel::types::cuda_api as raw;
+
+/// What a hooked function does, which decides how its calls are counted and whether its hooks
+/// may stay attached (memory functions are called rarely; launches thousands of times a second).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CudaClass {
+    /// Device memory comes into existence: out-pointer and size.
+    Alloc,
+    /// Device memory (or a physical handle) goes.
+    Free,
+    /// A physical handle is mapped at, or unmapped from, device addresses.
+    Map,
+    Launch,
+    /// Synchronisations and copies: only their time matters.
+    Api,
+    /// Bookkeeping: kernel names, the current device.
+    Meta,
+}
+
+macro_rules! cuda_apis {
+    ($($variant:ident = $raw:ident, $symbol:literal, $class:ident;)*) => {
+        /// A hooked CUDA runtime or driver function.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum CudaApi { $($variant),* }
+
+        impl CudaApi {
+            pub const ALL: &'static [CudaApi] = &[$(CudaApi::$variant),*];
+
+            /// The exported name the hook attaches to.
+            pub fn symbol(self) -> &'static str {
+                match self { $(CudaApi::$variant => $symbol),* }
+            }
+
+            pub fn class(self) -> CudaClass {
+                match self { $(CudaApi::$variant => CudaClass::$class),* }
+            }
+
+            /// The value the BPF programs know it by (their attach cookie); from the generated
+            /// mirror of the C enum, so the two cannot drift apart.
+            pub(crate) fn raw(self) -> u32 {
+                match self { $(CudaApi::$variant => raw::$raw.0),* }
+            }
+
+            pub(crate) fn from_raw(v: u32) -> Option<CudaApi> {
+                $(if v == raw::$raw.0 { return Some(CudaApi::$variant); })*
+                None
+            }
+        }
+    };
+}
+
+cuda_apis! {
+    CudaMalloc = CUDA_MALLOC, "cudaMalloc", Alloc;
+    CudaMallocAsync = CUDA_MALLOC_ASYNC, "cudaMallocAsync", Alloc;
+    CudaMallocManaged = CUDA_MALLOC_MANAGED, "cudaMallocManaged", Alloc;
+    CuMemAlloc = CU_MEM_ALLOC, "cuMemAlloc_v2", Alloc;
+    CuMemAllocAsync = CU_MEM_ALLOC_ASYNC, "cuMemAllocAsync", Alloc;
+    CuMemAllocManaged = CU_MEM_ALLOC_MANAGED, "cuMemAllocManaged", Alloc;
+    CuMemCreate = CU_MEM_CREATE, "cuMemCreate", Alloc;
+    CudaFree = CUDA_FREE, "cudaFree", Free;
+    CudaFreeAsync = CUDA_FREE_ASYNC, "cudaFreeAsync", Free;
+    CuMemFree = CU_MEM_FREE, "cuMemFree_v2", Free;
+    CuMemFreeAsync = CU_MEM_FREE_ASYNC, "cuMemFreeAsync", Free;
+    CuMemRelease = CU_MEM_RELEASE, "cuMemRelease", Free;
+    CuMemMap = CU_MEM_MAP, "cuMemMap", Map;
+    CuMemUnmap = CU_MEM_UNMAP, "cuMemUnmap", Map;
+    CudaLaunchKernel = CUDA_LAUNCH_KERNEL, "cudaLaunchKernel", Launch;
+    CudaLaunchKernelPtsz = CUDA_LAUNCH_KERNEL_PTSZ, "cudaLaunchKernel_ptsz", Launch;
+    CudaLaunchKernelExC = CUDA_LAUNCH_KERNEL_EXC, "cudaLaunchKernelExC", Launch;
+    CudaLaunchKernelExCPtsz = CUDA_LAUNCH_KERNEL_EXC_PTSZ, "cudaLaunchKernelExC_ptsz", Launch;
+    CuLaunchKernel = CU_LAUNCH_KERNEL, "cuLaunchKernel", Launch;
+    CuLaunchKernelPtsz = CU_LAUNCH_KERNEL_PTSZ, "cuLaunchKernel_ptsz", Launch;
+    CuLaunchKernelEx = CU_LAUNCH_KERNEL_EX, "cuLaunchKernelEx", Launch;
+    CuLaunchKernelExPtsz = CU_LAUNCH_KERNEL_EX_PTSZ, "cuLaunchKernelEx_ptsz", Launch;
+    CudaGraphLaunch = CUDA_GRAPH_LAUNCH, "cudaGraphLaunch", Launch;
+    CudaGraphLaunchPtsz = CUDA_GRAPH_LAUNCH_PTSZ, "cudaGraphLaunch_ptsz", Launch;
+    CuGraphLaunch = CU_GRAPH_LAUNCH, "cuGraphLaunch", Launch;
+    CuGraphLaunchPtsz = CU_GRAPH_LAUNCH_PTSZ, "cuGraphLaunch_ptsz", Launch;
+    CudaDeviceSynchronize = CUDA_DEVICE_SYNCHRONIZE, "cudaDeviceSynchronize", Api;
+    CudaStreamSynchronize = CUDA_STREAM_SYNCHRONIZE, "cudaStreamSynchronize", Api;
+    CudaEventSynchronize = CUDA_EVENT_SYNCHRONIZE, "cudaEventSynchronize", Api;
+    CudaMemcpy = CUDA_MEMCPY, "cudaMemcpy", Api;
+    CudaMemcpyAsync = CUDA_MEMCPY_ASYNC, "cudaMemcpyAsync", Api;
+    CuCtxSynchronize = CU_CTX_SYNCHRONIZE, "cuCtxSynchronize", Api;
+    CuStreamSynchronize = CU_STREAM_SYNCHRONIZE, "cuStreamSynchronize", Api;
+    CuEventSynchronize = CU_EVENT_SYNCHRONIZE, "cuEventSynchronize", Api;
+    CuMemcpyHtoD = CU_MEMCPY_HTOD, "cuMemcpyHtoD_v2", Api;
+    CuMemcpyDtoH = CU_MEMCPY_DTOH, "cuMemcpyDtoH_v2", Api;
+    CuMemcpyDtoD = CU_MEMCPY_DTOD, "cuMemcpyDtoD_v2", Api;
+    CuMemcpyAsync = CU_MEMCPY_ASYNC, "cuMemcpyAsync", Api;
+    CuMemcpyHtoDAsync = CU_MEMCPY_HTOD_ASYNC, "cuMemcpyHtoDAsync_v2", Api;
+    CuMemcpyDtoHAsync = CU_MEMCPY_DTOH_ASYNC, "cuMemcpyDtoHAsync_v2", Api;
+    CuModuleGetFunction = CU_MODULE_GET_FUNCTION, "cuModuleGetFunction", Meta;
+    CudaSetDevice = CUDA_SET_DEVICE, "cudaSetDevice", Meta;
+}
+
+impl CudaApi {
+    pub fn from_symbol(name: &str) -> Option<CudaApi> {
+        CudaApi::ALL.iter().copied().find(|a| a.symbol() == name)
+    }
+
+    /// The hook must see every call (memory, names); the others may be duty-cycled.
+    pub fn always_on(self) -> bool {
+        matches!(self.class(), CudaClass::Alloc | CudaClass::Free | CudaClass::Map | CudaClass::Meta)
+    }
+}
+
+/// The return of an outermost hooked call.
+#[derive(Debug, Clone)]
+pub struct CudaCall {
+    /// Who called, when (at return), and the caller's stack; no kernel part.
+    pub sample: Sample,
+    pub api: CudaApi,
+    /// The CUresult or cudaError_t: 0 is success.
+    pub result: i32,
+    pub device: u32,
+    pub duration_ns: u64,
+    /// Bytes asked for (allocations, cuMemMap/cuMemUnmap).
+    pub size: u64,
+    /// The device pointer or handle allocated or freed; the address mapped; the kernel launched.
+    pub addr: u64,
+    /// cuMemMap: the handle mapped at `addr`.
+    pub handle: u64,
+}
+
+/// A kernel handle that cuModuleGetFunction returned, and the kernel's name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelName {
+    pub pid: u32,
+    pub handle: u64,
+    pub name: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_api_round_trips_through_its_raw_value() {
+        for &api in CudaApi::ALL {
+            assert_eq!(CudaApi::from_raw(api.raw()), Some(api), "{api:?}");
+            assert_eq!(CudaApi::from_symbol(api.symbol()), Some(api));
+        }
+        assert_eq!(CudaApi::ALL.len() as u32 + 1, raw::CUDA_API_MAX.0);
+        assert_eq!(CudaApi::from_raw(0), None);
+    }
+}

@@ -1,0 +1,247 @@
+//! Which CUDA functions are hooked, where, and when.
+//!
+//! Every executable file a target process maps is searched once for CUDA entry points. Memory and
+//! bookkeeping functions are hooked as soon as the file is found and stay hooked: they are called
+//! rarely. Launch and synchronisation functions are called thousands of times a second and a uprobe
+//! costs microseconds per call, so by default their hooks are attached in short windows (the
+//! [`DutyCycle`]) and their counts scaled; `exact` keeps them attached.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use gpuflame_bpf::{CpuSampler, CudaApi, CudaHooks};
+
+use super::discover::cuda_functions;
+use crate::process::MapsEntry;
+
+/// When the cycled hooks are attached.
+#[derive(Debug, Clone)]
+pub struct DutyCycle {
+    /// Attached this long…
+    pub on: Duration,
+    /// …at the start of every period.
+    pub period: Duration,
+}
+
+impl DutyCycle {
+    /// 10 ms a second: a launch-bound loop loses at most 1% of its time to the hooks.
+    pub const DEFAULT: DutyCycle = DutyCycle { on: Duration::from_millis(10), period: Duration::from_secs(1) };
+}
+
+/// How the counts of cycled hooks relate to what happened.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Coverage {
+    /// Time the cycled hooks were attached, over the time they could have been.
+    pub attached: Duration,
+    pub elapsed: Duration,
+    pub exact: bool,
+}
+
+impl Coverage {
+    /// What one observed call stands for.
+    pub fn scale(&self) -> f64 {
+        if self.exact || self.attached.is_zero() {
+            1.0
+        } else {
+            self.elapsed.as_secs_f64() / self.attached.as_secs_f64()
+        }
+    }
+}
+
+struct HookedFile {
+    name: String,
+    cycled_functions: Vec<(CudaApi, u64)>,
+    _always: Option<CudaHooks>,
+    cycled: Option<CudaHooks>,
+    /// Processes that map the file, with a path that reaches it from here.
+    users: HashMap<u32, PathBuf>,
+}
+
+pub struct CudaHookManager {
+    /// Hook launches and synchronisations at all (the gpu-launches or cuda-api profile is on).
+    cycled_wanted: bool,
+    /// None: exact, always attached.
+    duty: Option<DutyCycle>,
+    files: HashMap<(String, u64), HookedFile>,
+    without_cuda: HashSet<(String, u64)>,
+    cycle_start: Instant,
+    cycled_on_since: Option<Instant>,
+    attached: Duration,
+    window_start: Instant,
+    pub stats: HookStats,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct HookStats {
+    pub files_searched: usize,
+    pub files_hooked: usize,
+    pub attach_failures: usize,
+    /// Time from the event that reported a new mapping to its hooks being attached, worst case.
+    pub max_attach_latency: Duration,
+}
+
+impl CudaHookManager {
+    pub fn new(cycled_wanted: bool, duty: Option<DutyCycle>) -> Self {
+        let now = Instant::now();
+        // The first window opens at once.
+        let cycle_start = duty.as_ref().and_then(|d| now.checked_sub(d.period)).unwrap_or(now);
+        CudaHookManager {
+            cycled_wanted,
+            duty,
+            files: HashMap::new(),
+            without_cuda: HashSet::new(),
+            cycle_start,
+            cycled_on_since: None,
+            attached: Duration::ZERO,
+            window_start: now,
+            stats: HookStats::default(),
+        }
+    }
+
+    /// Looks at a process's executable mappings (as just read) and hooks the CUDA it finds.
+    pub fn process_mapped(&mut self, sampler: &CpuSampler, pid: u32, entries: &[MapsEntry], seen_at: Instant) {
+        let mut mapped_now = HashSet::new();
+        for entry in entries.iter().filter(|e| e.executable && e.inode != 0 && e.path.starts_with('/')) {
+            let key = (entry.dev.clone(), entry.inode);
+            mapped_now.insert(key.clone());
+            if self.without_cuda.contains(&key) {
+                continue;
+            }
+            let path = PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", entry.start, entry.end));
+            if let Some(file) = self.files.get_mut(&key) {
+                file.users.insert(pid, path);
+                continue;
+            }
+            self.stats.files_searched += 1;
+            let functions = match cuda_functions(&path) {
+                Ok(f) if !f.is_empty() => f,
+                Ok(_) => {
+                    self.without_cuda.insert(key);
+                    continue;
+                }
+                Err(e) => {
+                    tracing::debug!(pid, path = %entry.path, error = %e, "cannot search for CUDA");
+                    self.without_cuda.insert(key);
+                    continue;
+                }
+            };
+            let (always, cycled): (Vec<_>, Vec<_>) = functions.iter().partition(|(api, _)| api.always_on());
+            let name = entry.path.clone();
+            let always_hooks = match (!always.is_empty()).then(|| sampler.attach_cuda(&path, &always)) {
+                Some(Ok(h)) => Some(h),
+                Some(Err(e)) => {
+                    self.stats.attach_failures += 1;
+                    tracing::warn!(path = %name, error = %e, "cannot hook the CUDA memory functions");
+                    None
+                }
+                None => None,
+            };
+            let mut file = HookedFile { name, cycled_functions: cycled, _always: always_hooks, cycled: None, users: HashMap::from([(pid, path)]) };
+            if self.cycled_wanted && (self.duty.is_none() || self.cycled_on_since.is_some()) {
+                attach_cycled(sampler, &mut file, &mut self.stats);
+            }
+            let latency = seen_at.elapsed();
+            self.stats.max_attach_latency = self.stats.max_attach_latency.max(latency);
+            self.stats.files_hooked += 1;
+            tracing::info!(
+                pid,
+                file = %file.name,
+                functions = functions.len(),
+                latency_ms = latency.as_secs_f64() * 1e3,
+                "CUDA found and hooked"
+            );
+            self.files.insert(key, file);
+        }
+        // Files this process no longer maps, and files nobody maps any more.
+        for (key, file) in self.files.iter_mut() {
+            if !mapped_now.contains(key) {
+                file.users.remove(&pid);
+            }
+        }
+        self.files.retain(|_, f| !f.users.is_empty());
+    }
+
+    pub fn process_exited(&mut self, pid: u32) {
+        for file in self.files.values_mut() {
+            file.users.remove(&pid);
+        }
+        self.files.retain(|_, f| !f.users.is_empty());
+    }
+
+    /// How long until the cycled hooks must be attached or detached; None when they never are.
+    pub fn next_toggle(&self, now: Instant) -> Option<Duration> {
+        let duty = self.duty.as_ref().filter(|_| self.cycled_wanted)?;
+        let deadline = match self.cycled_on_since {
+            Some(since) => since + duty.on,
+            None => self.cycle_start + duty.period,
+        };
+        Some(deadline.saturating_duration_since(now))
+    }
+
+    /// Attaches or detaches the cycled hooks when their time has come; at the start, attaches
+    /// them for exact counting.
+    pub fn tick(&mut self, sampler: &CpuSampler) {
+        if !self.cycled_wanted {
+            return;
+        }
+        let now = Instant::now();
+        let Some(duty) = self.duty.clone() else { return };
+        match self.cycled_on_since {
+            Some(since) if now >= since + duty.on => {
+                // The window ends where detaching starts: calls after it are not seen.
+                self.attached += now - since;
+                self.cycled_on_since = None;
+                for file in self.files.values_mut() {
+                    file.cycled = None;
+                }
+            }
+            None if now >= self.cycle_start + duty.period => {
+                self.cycle_start = now;
+                for file in self.files.values_mut() {
+                    attach_cycled(sampler, file, &mut self.stats);
+                }
+                self.cycled_on_since = Some(Instant::now());
+            }
+            _ => {}
+        }
+    }
+
+    /// The coverage of the cycled hooks since the last call, which starts a new window.
+    pub fn take_coverage(&mut self) -> Coverage {
+        let now = Instant::now();
+        let mut attached = std::mem::take(&mut self.attached);
+        if let Some(since) = self.cycled_on_since {
+            attached += now - since.max(self.window_start);
+            self.cycled_on_since = Some(now);
+        }
+        let elapsed = now - self.window_start;
+        self.window_start = now;
+        Coverage { attached, elapsed, exact: self.duty.is_none() }
+    }
+
+    pub fn duty(&self) -> Option<&DutyCycle> {
+        self.duty.as_ref()
+    }
+
+    pub fn files_hooked(&self) -> usize {
+        self.files.len()
+    }
+}
+
+fn attach_cycled(sampler: &CpuSampler, file: &mut HookedFile, stats: &mut HookStats) {
+    if file.cycled_functions.is_empty() || file.cycled.is_some() {
+        return;
+    }
+    // Any process that maps the file reaches it; the first may have exited.
+    for path in file.users.values() {
+        match sampler.attach_cuda(path, &file.cycled_functions) {
+            Ok(h) => {
+                file.cycled = Some(h);
+                return;
+            }
+            Err(e) => tracing::debug!(file = %file.name, error = %e, "cannot hook CUDA launches through this path"),
+        }
+    }
+    stats.attach_failures += 1;
+}
