@@ -189,8 +189,9 @@ int on_cuda_return(struct pt_regs *ctx)
 	if (frames > MAX_USER_FRAMES)
 		frames = MAX_USER_FRAMES;
 	size = offsetof(struct sample_event, user_stack) + (__u64)frames * sizeof(__u64);
-	/* A failed allocation may be an out-of-memory that the user wants to hear of at once. */
-	flags = (cuda_class_of(api) == CUDA_CLASS_ALLOC && result != 0) ||
+	/* Memory calls are rare, and user space must name their Python frames while the process
+	 * lives (and hear of an out-of-memory at once): they wake it. */
+	flags = cuda_class_of(api) <= CUDA_CLASS_MAP ||
 			bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) > SAMPLES_WAKEUP_BYTES
 		? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
 	if (bpf_ringbuf_output(&samples, e, size, flags))

@@ -117,7 +117,7 @@ mod tests {
         let mut b = ProfileBuilder::default();
         let loc = b.location(&mut profile, Location { mapping: None, address: 1, kernel: false, lines: vec![Line::function("a;b")] });
         for tid in [1, 2] {
-            let labels = Labels { pid: Some(1), tid: Some(tid), comm: Some("x".into()) };
+            let labels = Labels { pid: Some(1), tid: Some(tid), comm: Some("x".into()), device: None };
             b.add(vec![loc], labels, 2 * profile.period);
         }
         b.finish(&mut profile);

@@ -125,12 +125,17 @@ static void run_memory(void)
 
 NOINLINE int load_model(void **weights)
 {
-	return cudaMalloc(weights, 64 * MiB);
+	int rc = cudaMalloc(weights, 64 * MiB);
+	if (rc)
+		fprintf(stderr, "loading the model: error %d\n", rc);
+	return rc;
 }
 
 NOINLINE int allocate_kv_cache(void **cache, size_t bytes)
 {
 	int rc = cudaMalloc(cache, bytes);
+	if (rc)
+		fprintf(stderr, "KV cache of %zu bytes: error %d\n", bytes, rc);
 	return rc;
 }
 

@@ -1,0 +1,204 @@
+//! CUDA hooks against stand-in libcudart.so.13 and libcuda.so.1 that the tests build: exact HBM
+//! totals per stack, out-of-memory snapshots, launch counts, CUDA-API time, a vLLM-like Python
+//! start-up. Real BPF, real processes; run as root.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+use gpuflame::output::pprof;
+
+const MIB: u64 = 1 << 20;
+
+/// The stand-ins and the C program that drives them, built into `dir`.
+struct Fixture {
+    dir: tempfile::TempDir,
+    app: PathBuf,
+}
+
+impl Fixture {
+    fn build() -> Fixture {
+        require_bpf();
+        let dir = tempfile::tempdir().unwrap();
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/cuda");
+        let d = dir.path();
+        let cc = |args: Vec<String>| {
+            let out = Command::new("cc").args(&args).current_dir(d).output().expect("a C compiler (cc) is needed");
+            assert!(out.status.success(), "cc {args:?}:\n{}", String::from_utf8_lossy(&out.stderr));
+        };
+        let s = |p: &str| src.join(p).display().to_string();
+        cc(vec!["-O2".into(), "-g".into(), "-shared".into(), "-fPIC".into(), "-Wl,-soname,libcuda.so.1".into(), "-o".into(), "libcuda.so.1".into(), s("fake_cuda.c"), "-lpthread".into()]);
+        cc(vec![
+            "-O2".into(), "-g".into(), "-shared".into(), "-fPIC".into(), "-Wl,-soname,libcudart.so.13".into(), "-o".into(), "libcudart.so.13".into(),
+            s("fake_cudart.c"), "-L.".into(), "-l:libcuda.so.1".into(), "-Wl,-rpath,$ORIGIN".into(), "-ldl".into(), "-lpthread".into(),
+        ]);
+        cc(vec![
+            "-O2".into(), "-g".into(), "-rdynamic".into(), "-o".into(), "cuda_app".into(), s("cuda_app.c"), "-L.".into(), "-l:libcudart.so.13".into(),
+            "-l:libcuda.so.1".into(), format!("-Wl,-rpath,{}", d.display()),
+        ]);
+        Fixture { app: d.join("cuda_app"), dir }
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
+
+    /// `gpuflame record ARGS -- ENV… cuda_app APP_ARGS`; the app's stdout as key=value pairs.
+    fn record(&self, args: &[&str], env: &[(&str, String)], app_args: &[&str]) -> (BTreeMap<String, String>, String) {
+        let mut cmd = vec!["record"];
+        cmd.extend_from_slice(args);
+        cmd.push("--");
+        cmd.push("env");
+        let env_args: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        cmd.extend(env_args.iter().map(String::as_str));
+        let app = self.app.display().to_string();
+        cmd.push(&app);
+        cmd.extend_from_slice(app_args);
+        let out = gpuflame_ok(&cmd, 0);
+        (key_values(&String::from_utf8_lossy(&out.stdout)), String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+fn key_values(text: &str) -> BTreeMap<String, String> {
+    text.lines().filter_map(|l| l.split_once('=')).map(|(k, v)| (k.trim().to_string(), v.trim().to_string())).collect()
+}
+
+/// Total of the stacks whose user frames end with `suffix`.
+fn under(stacks: &[Stack], suffix: &[&str]) -> u64 {
+    stacks.iter().filter(|s| s.user().ends_with(suffix)).map(|s| s.count).sum()
+}
+
+#[test]
+fn hbm_totals_per_stack_are_exact_and_frees_leave_in_use() {
+    let fx = Fixture::build();
+    let out = fx.path("mem.folded");
+    let (kv, stderr) = fx.record(&["--profiles", "hbm-alloc,hbm-inuse", "-o", &out], &[], &["memory"]);
+    let alloc = read_folded(Path::new(&fx.path("mem.hbm-alloc.folded")));
+    let inuse = read_folded(Path::new(&fx.path("mem.hbm-inuse.folded")));
+    let ctx = format!("alloc:\n{}\nin use:\n{}\nstderr:\n{stderr}", describe(&alloc), describe(&inuse));
+    // cudaMalloc calls cuMemAlloc_v2 inside: each byte is counted once, under the runtime call.
+    assert_eq!(under(&alloc, &["main", "run_memory", "alloc_weights", "cudaMalloc"]), 192 * MIB, "{ctx}");
+    assert_eq!(under(&alloc, &["alloc_activations", "cudaMallocAsync"]), 64 * MIB, "{ctx}");
+    assert_eq!(under(&alloc, &["alloc_driver", "cuMemAlloc_v2"]), 16 * MIB, "{ctx}");
+    // Expandable segments: 3 x 20 MiB of physical memory; the 1 GiB address reservation is not memory.
+    assert_eq!(under(&alloc, &["expandable_segment", "cuMemCreate"]), 60 * MIB, "{ctx}");
+    assert_eq!(under(&alloc, &["alloc_managed", "cudaMallocManaged"]), 4 * MIB, "{ctx}");
+    assert_eq!(total(&alloc), kv["alloc_bytes"].parse::<u64>().unwrap(), "{ctx}");
+    // In use at the end: one weight freed, two activations freed, one driver block freed, one
+    // physical piece unmapped and released.
+    assert_eq!(under(&inuse, &["alloc_weights", "cudaMalloc"]), 128 * MIB, "{ctx}");
+    assert_eq!(under(&inuse, &["alloc_activations", "cudaMallocAsync"]), 32 * MIB, "{ctx}");
+    assert_eq!(under(&inuse, &["alloc_driver", "cuMemAlloc_v2"]), 8 * MIB, "{ctx}");
+    assert_eq!(under(&inuse, &["expandable_segment", "cuMemCreate"]), 40 * MIB, "{ctx}");
+    assert_eq!(total(&inuse), kv["inuse_bytes"].parse::<u64>().unwrap(), "{ctx}");
+    assert!(alloc.iter().all(|s| !s.frames.iter().any(|f| f.contains("cuMemAlloc_v2")) || s.has_sequence(&["alloc_driver", "cuMemAlloc_v2"])), "driver calls nested in runtime calls are not counted: {ctx}");
+}
+
+#[test]
+fn hbm_pprof_has_both_values_and_the_device() {
+    let fx = Fixture::build();
+    let out = fx.path("mem.pb.gz");
+    fx.record(&["--profiles", "hbm-inuse", "-o", &out], &[], &["memory"]);
+    let profile = pprof::read(&std::fs::read(&out).unwrap()).unwrap();
+    let types: Vec<(&str, &str)> = profile.sample_types.iter().map(|t| (t.kind.as_str(), t.unit.as_str())).collect();
+    assert_eq!(types, vec![("inuse_space", "bytes"), ("inuse_objects", "count")]);
+    let objects: i64 = profile.samples.iter().map(|s| s.values[1]).sum();
+    // 2 weights, 2 activations, 1 driver block, 2 physical pieces, 1 managed block.
+    assert_eq!(objects, 8);
+    let by_device = |d: u32| -> i64 { profile.samples.iter().filter(|s| s.labels.device == Some(d)).map(|s| s.values[0]).sum() };
+    // cudaSetDevice(1) before the allocations; cuMemCreate asks for device 3 in its properties.
+    assert_eq!(by_device(3), (40 * MIB) as i64);
+    assert_eq!(by_device(1), ((128 + 32 + 8 + 4) * MIB) as i64);
+    assert!(profile.samples.iter().all(|s| s.labels.pid.is_some()));
+}
+
+#[test]
+fn out_of_memory_writes_a_snapshot_with_the_failing_stack() {
+    let fx = Fixture::build();
+    let out = fx.path("oom.folded");
+    let (kv, stderr) = fx.record(&["--profiles", "hbm-inuse", "-o", &out], &[("FAKE_CUDA_BUDGET", (100 * MIB).to_string())], &["oom"]);
+    assert_eq!(kv["kv_cache_result"], "2", "the stand-in failed the allocation with cudaErrorMemoryAllocation");
+    let line = stderr.lines().find(|l| l.contains("out of memory in pid")).unwrap_or_else(|| panic!("no OOM line:\n{stderr}"));
+    assert!(line.contains("cudaMalloc of 128.0 MiB") && line.contains("holding 64.0 MiB") && line.contains("allocate_kv_cache"), "{line}");
+    let snapshot_path = line.rsplit("→ ").next().unwrap().trim();
+    let snapshot = read_folded(Path::new(snapshot_path));
+    let ctx = describe(&snapshot);
+    assert_eq!(under(&snapshot, &["load_model", "cudaMalloc"]), 64 * MIB, "{ctx}");
+    assert_eq!(under(&snapshot, &["allocate_kv_cache", "cudaMalloc", "[out of memory] 128.0 MiB requested"]), 128 * MIB, "{ctx}");
+    assert!(snapshot_path.contains(".oom-"), "{snapshot_path}");
+}
+
+#[test]
+fn exact_launch_counts_match_what_the_program_did() {
+    let fx = Fixture::build();
+    let out = fx.path("l.folded");
+    let (kv, stderr) = fx.record(&["--profiles", "gpu-launches", "--cuda-exact", "-o", &out], &[], &["launches", "2000"]);
+    let stacks = read_folded(Path::new(&out));
+    let ctx = format!("{}\n{stderr}", describe(&stacks));
+    // The runtime launch calls the driver's cuLaunchKernel: counted once, named by its host stub.
+    assert_eq!(under(&stacks, &["train_step", "cudaLaunchKernel", "[gpu] vector_add_kernel"]), kv["runtime_launches"].parse::<u64>().unwrap(), "{ctx}");
+    // A driver launch is named by the kernel handle that cuModuleGetFunction returned.
+    assert_eq!(under(&stacks, &["gemm", "cuLaunchKernelEx", "[gpu] sm90_xmma_gemm_bf16"]), kv["ex_launches"].parse::<u64>().unwrap(), "{ctx}");
+    assert_eq!(under(&stacks, &["replay_graph", "cudaGraphLaunch"]), kv["graph_launches"].parse::<u64>().unwrap(), "{ctx}");
+    assert_eq!(total(&stacks), 2000 + 1000 + 200, "{ctx}");
+}
+
+#[test]
+fn sampled_launch_counts_are_scaled_and_labelled() {
+    let fx = Fixture::build();
+    let out = fx.path("l.pb.gz");
+    // About 3 s of launches at 20 us each: three or four duty-cycle windows.
+    let (kv, stderr) = fx.record(&["--profiles", "gpu-launches", "-o", &out], &[("FAKE_CUDA_LAUNCH_NS", "20000".into())], &["launches", "100000"]);
+    let profile = pprof::read(&std::fs::read(&out).unwrap()).unwrap();
+    let truth: i64 = ["runtime_launches", "ex_launches", "graph_launches"].iter().map(|k| kv[*k].parse::<i64>().unwrap()).sum();
+    let estimate = profile.total();
+    let error = (estimate - truth).abs() as f64 / truth as f64;
+    assert!(error < 0.35, "estimated {estimate} launches for {truth} ({:.0}% off)\n{stderr}", error * 100.0);
+    assert!(profile.comments.iter().any(|c| c.starts_with("sampled:")), "{:?}", profile.comments);
+}
+
+#[test]
+fn cuda_api_time_is_under_the_waiting_stack() {
+    let fx = Fixture::build();
+    let out = fx.path("api.folded");
+    fx.record(&["--profiles", "cuda-api", "-o", &out, "--cuda-exact"], &[("FAKE_CUDA_SYNC_US", "2000".into())], &["sync", "50"]);
+    let stacks = read_folded(Path::new(&out));
+    let ns = under(&stacks, &["wait_for_gpu", "cudaDeviceSynchronize"]);
+    // 50 synchronisations of at least 2 ms each, counted once although the runtime calls the driver.
+    assert!((100_000_000..200_000_000).contains(&ns), "{ns} ns\n{}", describe(&stacks));
+}
+
+#[test]
+fn vllm_like_kv_cache_is_under_the_python_function_that_made_it() {
+    let fx = Fixture::build();
+    let python = "/usr/bin/python3.11";
+    assert!(Path::new(python).exists(), "Debian's python3.11 is needed (scripts/setup.sh installs python3)");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/cuda/vllm_like.py");
+    let out = fx.path("vllm.folded");
+    let budget = (512 * MIB).to_string();
+    let cudart = fx.path("libcudart.so.13");
+    let script = script.display().to_string();
+    let args = ["record", "--profiles", "hbm-inuse", "-o", &out, "--", "env", &format!("FAKE_CUDA_BUDGET={budget}"), "FAKE_CUDA_SYNC_US=5000", &format!("CUDART={cudart}"), python, &script];
+    let run = gpuflame_ok(&args, 0);
+    let kv = key_values(&String::from_utf8_lossy(&run.stdout));
+    let stacks = read_folded(Path::new(&out));
+    let ctx = format!("{}\n{}", describe(&stacks), String::from_utf8_lossy(&run.stderr));
+    let kv_cache: u64 = kv["kv_cache_bytes"].parse().unwrap();
+    let in_fn = |name: &str| -> u64 {
+        stacks
+            .iter()
+            .filter(|s| s.user().iter().any(|f| f.starts_with(&format!("{name} (vllm_like.py:"))) && s.user().last() == Some(&"cudaMalloc"))
+            .map(|s| s.count)
+            .sum()
+    };
+    assert_eq!(in_fn("allocate_kv_cache"), kv_cache, "{ctx}");
+    assert_eq!(in_fn("load_weights"), kv["weights_bytes"].parse::<u64>().unwrap(), "{ctx}");
+    assert_eq!(in_fn("profile_run"), 0, "the profile run's activations were freed: {ctx}");
+    let kv_stack = stacks.iter().find(|s| s.user().iter().any(|f| f.starts_with("allocate_kv_cache ("))).unwrap();
+    let user = kv_stack.user();
+    let main = user.iter().position(|f| f.starts_with("main (vllm_like.py:")).expect("main above allocate_kv_cache");
+    assert!(user[main + 1].starts_with("allocate_kv_cache (vllm_like.py:"), "{ctx}");
+}
