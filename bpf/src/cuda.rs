@@ -124,6 +124,8 @@ pub struct CudaCall {
     pub addr: u64,
     /// cuMemMap: the handle mapped at `addr`.
     pub handle: u64,
+    /// What the return hook's program took, unwinding included: part of what hooking cost.
+    pub hook_ns: u64,
 }
 
 /// A kernel handle that cuModuleGetFunction returned, and the kernel's name.

@@ -180,6 +180,7 @@ pub(crate) fn decode_record(data: &[u8]) -> Option<Event> {
                 size: e.size,
                 addr: e.addr,
                 handle: e.aux,
+                hook_ns: e.hook_ns,
             }))
         }
         k if k == types::event_kind::EVENT_CUDA_KERNEL.0 => {
@@ -239,11 +240,11 @@ mod tests {
 
     #[test]
     fn event_layout_matches_the_c_header() {
-        // 80 bytes of fixed fields, the comm, 256 user frames, 127 kernel frames.
-        assert_eq!(std::mem::offset_of!(types::sample_event, comm), 80);
-        assert_eq!(std::mem::offset_of!(types::sample_event, user_stack), 96);
-        assert_eq!(std::mem::offset_of!(types::sample_event, kernel_stack), 96 + 256 * 8);
-        assert_eq!(size_of::<types::sample_event>(), 96 + 256 * 8 + 127 * 8);
+        // 88 bytes of fixed fields, the comm, 256 user frames, 127 kernel frames.
+        assert_eq!(std::mem::offset_of!(types::sample_event, comm), 88);
+        assert_eq!(std::mem::offset_of!(types::sample_event, user_stack), 104);
+        assert_eq!(std::mem::offset_of!(types::sample_event, kernel_stack), 104 + 256 * 8);
+        assert_eq!(size_of::<types::sample_event>(), 104 + 256 * 8 + 127 * 8);
         assert_eq!(size_of::<types::unwind_block>(), 16 * 6);
         assert_eq!(size_of::<types::unwind_rule>(), 8);
         assert_eq!(size_of::<types::exec_mapping>(), 32);

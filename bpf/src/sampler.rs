@@ -79,8 +79,19 @@ pub struct CudaCounters {
 /// Hooks on the CUDA functions of one file, in every process that maps it. Dropping it detaches
 /// them.
 pub struct CudaHooks {
-    _exit: Link,
-    _enter: Link,
+    _link: Link,
+}
+
+impl CudaHooks {
+    /// Detaches without waiting. The kernel takes the breakpoints out at once, then waits for an
+    /// RCU grace period (~100 ms) before the call returns; that wait happens on a thread of its
+    /// own, so that the caller does not wait for it.
+    pub fn detach_in_background(self) {
+        let spawned = std::thread::Builder::new().name("gpuflame-detach".into()).spawn(move || drop(self));
+        if let Err(e) = spawned {
+            tracing::debug!(error = %e, "cannot detach on a thread of its own");
+        }
+    }
 }
 
 /// The Python walker's counters.
@@ -326,15 +337,41 @@ impl CpuSampler {
     pub fn attach_cuda(&self, path: &Path, functions: &[(CudaApi, u64)]) -> Result<CudaHooks, BpfError> {
         let offsets: Vec<usize> = functions.iter().map(|&(_, off)| off as usize).collect();
         let cookies: Vec<u64> = functions.iter().map(|&(api, _)| u64::from(api.raw())).collect();
-        let attach = |prog: &libbpf_rs::ProgramMut<'_>, retprobe: bool| {
-            let opts = UprobeMultiOpts { offsets: offsets.clone(), cookies: cookies.clone(), retprobe, ..Default::default() };
-            prog.attach_uprobe_multi_with_opts(-1, path, "", opts)
-                .map_err(|source| attach_error(&format!("CUDA hooks to {}", path.display()), source))
+        let opts = UprobeMultiOpts { offsets, cookies, session: true, ..Default::default() };
+        let link = self
+            .skel
+            .progs
+            .on_cuda_call
+            .attach_uprobe_multi_with_opts(-1, path, "", opts)
+            .map_err(|source| attach_error(&format!("CUDA hooks to {}", path.display()), source))?;
+        Ok(CudaHooks { _link: link })
+    }
+
+    /// What a hooked call costs on this machine beyond its programs: the entry and return traps,
+    /// measured on a function of this process with programs that do nothing.
+    pub fn calibrate_trap_cost(&self) -> Result<std::time::Duration, BpfError> {
+        const CALLS: u32 = 2000;
+        let offset = calibration_offset().ok_or_else(|| BpfError::Attach {
+            what: "the calibration probe".into(),
+            source: libbpf_rs::Error::from(std::io::Error::other("gpuflame_calibration_point not found in /proc/self/exe")),
+        })?;
+        let time = || {
+            let start = std::time::Instant::now();
+            for i in 0..CALLS {
+                std::hint::black_box(gpuflame_calibration_point(std::hint::black_box(i)));
+            }
+            start.elapsed()
         };
-        // The return hook first: an entry without its return would wait for a return never seen.
-        let exit = attach(&self.skel.progs.on_cuda_return, true)?;
-        let enter = attach(&self.skel.progs.on_cuda_enter, false)?;
-        Ok(CudaHooks { _exit: exit, _enter: enter })
+        let bare = time();
+        let opts = UprobeMultiOpts { offsets: vec![offset], session: true, ..Default::default() };
+        let _link = self
+            .skel
+            .progs
+            .on_calibrate
+            .attach_uprobe_multi_with_opts(-1, "/proc/self/exe", "", opts)
+            .map_err(|source| attach_error("the calibration probe", source))?;
+        let probed = time();
+        Ok(probed.saturating_sub(bare) / CALLS)
     }
 
     /// Tells the Python walker where the process's interpreter is.
@@ -380,3 +417,23 @@ fn attach_error(what: &str, source: libbpf_rs::Error) -> BpfError {
     }
 }
 
+
+/// A function for [`CpuSampler::calibrate_trap_cost`] to hook: exported so that its symbol stays.
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn gpuflame_calibration_point(x: u32) -> u32 {
+    std::hint::black_box(x.wrapping_mul(3))
+}
+
+/// The file offset of [`gpuflame_calibration_point`] in the running executable.
+fn calibration_offset() -> Option<usize> {
+    use object::{Object, ObjectSegment, ObjectSymbol};
+    let data = std::fs::read("/proc/self/exe").ok()?;
+    let elf = object::File::parse(&*data).ok()?;
+    let sym = elf.symbols().chain(elf.dynamic_symbols()).find(|s| s.name() == Ok("gpuflame_calibration_point"))?;
+    let addr = sym.address();
+    elf.segments().find_map(|seg| {
+        let (offset, size) = seg.file_range();
+        (addr >= seg.address() && addr < seg.address() + size).then(|| (addr - seg.address() + offset) as usize)
+    })
+}

@@ -78,6 +78,9 @@ pub struct RecordArgs {
     /// of microseconds per call. By default they are attached 10 ms per second and scaled.
     #[arg(long)]
     pub cuda_exact: bool,
+    /// How long the launch and synchronisation hooks stay attached each second, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 10)]
+    pub cuda_window_ms: u64,
     /// Command to start and profile, with its descendants; its exit code is passed through.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -100,6 +103,7 @@ impl RecordArgs {
             unwind_rows: self.unwind_rows,
             profiles: crate::profile_kind::ProfileKind::parse_list(&self.profiles).map_err(crate::UserError)?,
             cuda_exact: self.cuda_exact,
+            cuda_window: Duration::from_millis(self.cuda_window_ms.min(1000)),
         })
     }
 }

@@ -35,6 +35,8 @@ pub struct RecordOptions {
     pub profiles: Vec<ProfileKind>,
     /// Keep launch and synchronisation hooks attached: exact counts, at their full cost.
     pub cuda_exact: bool,
+    /// How long the launch hooks stay attached each second when not exact.
+    pub cuda_window: Duration,
 }
 
 /// Where each profile goes: the output itself for one profile; for several, one file each,
@@ -102,7 +104,7 @@ fn record(opts: &RecordOptions, format: Format, outputs: Vec<(ProfileKind, PathB
     };
     let wants_cuda = opts.profiles.iter().any(|k| k.is_cuda());
     let launches = opts.profiles.iter().any(|k| matches!(k, ProfileKind::GpuLaunches | ProfileKind::CudaApi));
-    let cuda = wants_cuda.then(|| CudaOptions { launches, duty: (!opts.cuda_exact).then_some(DutyCycle::DEFAULT) });
+    let cuda = wants_cuda.then(|| CudaOptions { launches, duty: (!opts.cuda_exact).then_some(DutyCycle { on: opts.cuda_window, ..DutyCycle::DEFAULT }) });
     let mut session = Session::start(SessionConfig {
         targets,
         frequency_hz: opts.frequency_hz,

@@ -68,6 +68,8 @@ impl Session {
         }
         let mut cuda = config.cuda.map(|c| CudaState { hooks: CudaHookManager::new(c.launches, c.duty), profiles: CudaProfiles::default() });
         if let Some(c) = cuda.as_mut() {
+            c.hooks.calibrate(&sampler);
+            c.profiles.set_trap_cost(c.hooks.trap_cost());
             for pid in tracker.pids() {
                 if let Some(entries) = tracker.exec_entries(pid) {
                     c.hooks.process_mapped(&sampler, pid, entries, Instant::now());
@@ -120,7 +122,14 @@ impl Session {
         // buffer: exits are handled after everything else of the batch.
         let (exits, events): (Vec<Event>, Vec<Event>) =
             events.into_iter().partition(|e| matches!(e, Event::Process(p) if p.kind == ProcessEventKind::Exit));
-        for event in events.into_iter().chain(exits) {
+        for (i, event) in events.into_iter().chain(exits).enumerate() {
+            // A window of duty-cycled hooks must end on time even while a burst of its records
+            // is being handled.
+            if i % 64 == 63 {
+                if let Some(c) = self.cuda.as_mut() {
+                    c.hooks.tick(&self.sampler);
+                }
+            }
             match event {
                 Event::Sample(sample) => self.aggregator.add(&sample, self.tracker.files(sample.pid), self.tracker.python(sample.pid)),
                 Event::Process(ev) => {

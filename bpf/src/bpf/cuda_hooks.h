@@ -1,6 +1,8 @@
-/* CUDA hooks: uprobes on the entry and return of CUDA runtime and driver functions. The entry
- * keeps the arguments per thread; the return of the outermost call of its class sends one record
- * with the result, the out-pointer's value, the duration and the user stack of the caller. */
+/* CUDA hooks: session uprobes on CUDA runtime and driver functions, one program that runs at a
+ * call's entry and, when the entry asks for it, at its return. The entry keeps the arguments per
+ * thread; the return of the outermost call of its class sends one record with the result, the
+ * out-pointer's value, the duration and the user stack of the caller. One link per file holds
+ * both halves, so that detaching it takes the breakpoint out at once. */
 #ifndef GPUFLAME_CUDA_HOOKS_H
 #define GPUFLAME_CUDA_HOOKS_H
 
@@ -54,8 +56,17 @@ static __always_inline enum cuda_class cuda_class_of(__u32 api)
 	return CUDA_CLASS_META;
 }
 
-SEC("uprobe.multi")
-int on_cuda_enter(struct pt_regs *ctx)
+extern bool bpf_session_is_return(void) __ksym;
+
+/* A program that does nothing at entry and return, to measure what the traps alone cost. */
+SEC("uprobe.session")
+int on_calibrate(struct pt_regs *ctx)
+{
+	return 0;
+}
+
+/* At entry: 0 asks for the return half, 1 does not (the return trap is then saved). */
+static __always_inline int cuda_enter(struct pt_regs *ctx)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32, tid = (__u32)id, *device;
@@ -65,13 +76,13 @@ int on_cuda_enter(struct pt_regs *ctx)
 	__u32 location_id;
 
 	if (!is_target(tgid))
-		return 0;
+		return 1;
 	call.sp = PT_REGS_SP(ctx);
 	/* A call of the same class deeper in this thread's stack is nested in one that counts. A
 	 * recorded call whose return was never seen (its hook went away) is higher up or gone. */
 	outer = bpf_map_lookup_elem(&cuda_calls, &key);
 	if (outer && call.sp < outer->sp)
-		return 0;
+		return 1;
 	call.t0 = bpf_ktime_get_ns();
 	call.api = api;
 	call.args[0] = PT_REGS_PARM1(ctx);
@@ -84,8 +95,10 @@ int on_cuda_enter(struct pt_regs *ctx)
 	if (api == CU_MEM_CREATE && call.args[2] &&
 	    !bpf_probe_read_user(&location_id, sizeof(location_id), (void *)(call.args[2] + 12)))
 		call.device = location_id;
-	if (bpf_map_update_elem(&cuda_calls, &key, &call, BPF_ANY))
+	if (bpf_map_update_elem(&cuda_calls, &key, &call, BPF_ANY)) {
 		count(COUNTER_CUDA_CALLS_FULL);
+		return 1;
+	}
 	return 0;
 }
 
@@ -108,8 +121,7 @@ static __always_inline void send_kernel_name(struct sample_event *e, struct cuda
 		count(COUNTER_CUDA_LOST);
 }
 
-SEC("uretprobe.multi")
-int on_cuda_return(struct pt_regs *ctx)
+static __always_inline int cuda_return(struct pt_regs *ctx)
 {
 	__u64 id = bpf_get_current_pid_tgid(), now = bpf_ktime_get_ns(), size, flags;
 	__u32 tgid = id >> 32, tid = (__u32)id, api = (__u32)bpf_get_attach_cookie(ctx);
@@ -185,6 +197,7 @@ int on_cuda_return(struct pt_regs *ctx)
 		count(COUNTER_CUDA_RACE);
 		return 0;
 	}
+	e->hook_ns = bpf_ktime_get_ns() - now;
 	frames = e->user_frames;
 	if (frames > MAX_USER_FRAMES)
 		frames = MAX_USER_FRAMES;
@@ -197,6 +210,13 @@ int on_cuda_return(struct pt_regs *ctx)
 	if (bpf_ringbuf_output(&samples, e, size, flags))
 		count(COUNTER_CUDA_LOST);
 	return 0;
+}
+
+
+SEC("uprobe.session")
+int on_cuda_call(struct pt_regs *ctx)
+{
+	return bpf_session_is_return() ? cuda_return(ctx) : cuda_enter(ctx);
 }
 
 #endif

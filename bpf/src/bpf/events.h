@@ -48,6 +48,7 @@ struct sample_event {
 	__u64 size;               /* bytes asked for; for EVENT_CUDA_KERNEL the name's length */
 	__u64 addr;               /* device pointer, memory handle, or kernel (function) */
 	__u64 aux;                /* cuMemMap: the handle mapped at addr */
+	__u64 hook_ns;            /* time the return hook's program took (unwinding included) */
 	char comm[COMM_LEN];
 	__u64 user_stack[MAX_USER_FRAMES];
 	__u64 kernel_stack[MAX_KERNEL_FRAMES];

@@ -36,16 +36,82 @@ pub struct Coverage {
     pub attached: Duration,
     pub elapsed: Duration,
     pub exact: bool,
+    /// What the two traps of one hooked call cost on this machine.
+    pub trap_cost: Duration,
 }
 
 impl Coverage {
-    /// What one observed call stands for.
+    /// What one observed call stands for, ignoring what the hooks slowed the caller down by.
     pub fn scale(&self) -> f64 {
         if self.exact || self.attached.is_zero() {
             1.0
         } else {
             self.elapsed.as_secs_f64() / self.attached.as_secs_f64()
         }
+    }
+
+}
+
+/// A thread's calls through the cycled hooks, to correct its count for the hooks' own cost.
+///
+/// Hooks slow a launch-bound thread down: each hooked call costs two traps and the programs'
+/// time, during which the thread would have made more calls. Of the time the hooks were attached,
+/// only what the hooks did not take was the thread's own, and the calls seen stand for that.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ThreadRate {
+    burst_first_ns: u64,
+    burst_last_ns: u64,
+    burst_calls: u64,
+    burst_overhead_ns: u64,
+    /// Closed bursts: the time from their first to their last call, and the hooks' cost inside.
+    span_ns: u64,
+    overhead_ns: u64,
+    /// All calls seen.
+    pub calls: u64,
+}
+
+/// Calls further apart than this belong to different windows.
+const BURST_GAP_NS: u64 = 50_000_000;
+
+impl ThreadRate {
+    /// A call that returned at `ts_ns` whose return hook took `hook_ns`.
+    pub fn add(&mut self, ts_ns: u64, hook_ns: u64, trap_cost: Duration) {
+        if self.burst_calls > 0 && ts_ns.saturating_sub(self.burst_last_ns) > BURST_GAP_NS {
+            self.close_burst();
+        }
+        if self.burst_calls == 0 {
+            self.burst_first_ns = ts_ns;
+        } else {
+            // The previous call's hook cost lies between it and this one.
+            self.burst_overhead_ns += self.pending_cost(hook_ns, trap_cost);
+        }
+        self.burst_last_ns = ts_ns;
+        self.burst_calls += 1;
+        self.calls += 1;
+    }
+
+    fn pending_cost(&self, hook_ns: u64, trap_cost: Duration) -> u64 {
+        hook_ns + trap_cost.as_nanos() as u64
+    }
+
+    fn close_burst(&mut self) {
+        self.span_ns += self.burst_last_ns.saturating_sub(self.burst_first_ns);
+        self.overhead_ns += self.burst_overhead_ns;
+        self.burst_calls = 0;
+        self.burst_overhead_ns = 0;
+    }
+}
+
+impl Coverage {
+    /// What one observed call of this thread stands for.
+    pub fn thread_scale(&self, rate: &mut ThreadRate) -> f64 {
+        rate.close_burst();
+        if self.exact || rate.calls == 0 || self.attached.is_zero() {
+            return self.scale();
+        }
+        let seen = (self.attached.as_nanos() as f64).max(rate.span_ns as f64);
+        let own = (seen - rate.overhead_ns as f64).max(seen * 0.02);
+        self.elapsed.as_nanos() as f64 / own
     }
 }
 
@@ -69,6 +135,7 @@ pub struct CudaHookManager {
     cycled_on_since: Option<Instant>,
     attached: Duration,
     window_start: Instant,
+    trap_cost: Duration,
     pub stats: HookStats,
 }
 
@@ -95,7 +162,22 @@ impl CudaHookManager {
             cycled_on_since: None,
             attached: Duration::ZERO,
             window_start: now,
+            trap_cost: Duration::ZERO,
             stats: HookStats::default(),
+        }
+    }
+
+    /// Measures what the traps of a hooked call cost, to correct sampled counts for it.
+    pub fn calibrate(&mut self, sampler: &CpuSampler) {
+        if !self.cycled_wanted || self.duty.is_none() {
+            return;
+        }
+        match sampler.calibrate_trap_cost() {
+            Ok(cost) => {
+                tracing::info!(trap_cost_ns = cost.as_nanos() as u64, "cost of a hooked call's traps");
+                self.trap_cost = cost;
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot measure the cost of a hooked call; sampled launch counts will come out low"),
         }
     }
 
@@ -193,8 +275,11 @@ impl CudaHookManager {
                 self.attached += now - since;
                 self.cycled_on_since = None;
                 for file in self.files.values_mut() {
-                    file.cycled = None;
+                    if let Some(h) = file.cycled.take() {
+                        h.detach_in_background();
+                    }
                 }
+                tracing::trace!("cycled CUDA hooks detached");
             }
             None if now >= self.cycle_start + duty.period => {
                 self.cycle_start = now;
@@ -202,6 +287,7 @@ impl CudaHookManager {
                     attach_cycled(sampler, file, &mut self.stats);
                 }
                 self.cycled_on_since = Some(Instant::now());
+                tracing::trace!(attach_ms = now.elapsed().as_secs_f64() * 1e3, "cycled CUDA hooks attached");
             }
             _ => {}
         }
@@ -217,7 +303,11 @@ impl CudaHookManager {
         }
         let elapsed = now - self.window_start;
         self.window_start = now;
-        Coverage { attached, elapsed, exact: self.duty.is_none() }
+        Coverage { attached, elapsed, exact: self.duty.is_none(), trap_cost: self.trap_cost }
+    }
+
+    pub fn trap_cost(&self) -> Duration {
+        self.trap_cost
     }
 
     pub fn duty(&self) -> Option<&DutyCycle> {
@@ -245,3 +335,4 @@ fn attach_cycled(sampler: &CpuSampler, file: &mut HookedFile, stats: &mut HookSt
     }
     stats.attach_failures += 1;
 }
+

@@ -21,6 +21,8 @@ use crate::profile::Profile;
 use crate::profile_kind::ProfileKind;
 use hbm::{Hbm, Site, SiteTotals};
 
+const STACK_CACHE_LIMIT: usize = 50_000;
+
 /// cudaErrorMemoryAllocation and CUDA_ERROR_OUT_OF_MEMORY are both 2.
 const OUT_OF_MEMORY: i32 = 2;
 
@@ -46,6 +48,12 @@ pub struct CudaProfiles {
     api_exact: HashMap<StackKey, i64>,
     api_sampled: HashMap<StackKey, i64>,
     kernel_names: HashMap<(u32, u64), String>,
+    /// Per thread: calls seen through cycled hooks, for their rate.
+    cycled_calls: HashMap<u32, hooks::ThreadRate>,
+    trap_cost: std::time::Duration,
+    /// Stacks already seen, by their raw frames: a launch loop repeats a few stacks millions of
+    /// times, and naming Python frames costs reads of the process's memory.
+    stack_cache: HashMap<(u32, u32, Vec<gpuflame_bpf::UserFrame>), StackKey>,
     pub launches_seen: u64,
 }
 
@@ -53,9 +61,23 @@ impl CudaProfiles {
     /// Handles one hooked call's return; an out-of-memory failure comes back as a report.
     pub fn add(&mut self, call: &CudaCall, stacks: &mut CpuAggregator, files: Option<&[MappedFile]>, python: Option<&Interpreter>) -> Option<OomReport> {
         let pid = call.sample.pid;
-        let mut stack = stacks.stack(&call.sample, files, python, true);
+        let cache_key = (pid, call.sample.tid, call.sample.user_stack.clone());
+        let mut stack = match self.stack_cache.get(&cache_key) {
+            Some(s) => s.clone(),
+            None => {
+                let s = stacks.stack(&call.sample, files, python, true);
+                if self.stack_cache.len() >= STACK_CACHE_LIMIT {
+                    self.stack_cache.clear();
+                }
+                self.stack_cache.insert(cache_key, s.clone());
+                s
+            }
+        };
         stack.tail.push(TailFrame::Function(call.api.symbol().to_string()));
         *(if call.api.always_on() { &mut self.api_exact } else { &mut self.api_sampled }).entry(stack.clone()).or_default() += call.duration_ns as i64;
+        if !call.api.always_on() {
+            self.cycled_calls.entry(call.sample.tid).or_default().add(call.sample.timestamp_ns, call.hook_ns, self.trap_cost);
+        }
         let ok = call.result == 0;
         match call.api.class() {
             CudaClass::Alloc if ok && call.addr != 0 => {
@@ -96,6 +118,11 @@ impl CudaProfiles {
         None
     }
 
+    /// What the traps of one hooked call cost, as calibrated.
+    pub fn set_trap_cost(&mut self, cost: std::time::Duration) {
+        self.trap_cost = cost;
+    }
+
     pub fn kernel_named(&mut self, k: KernelName) {
         tracing::debug!(pid = k.pid, handle = k.handle, name = %k.name, "kernel named");
         self.kernel_names.insert((k.pid, k.handle), k.name);
@@ -103,30 +130,41 @@ impl CudaProfiles {
 
     pub fn process_exited(&mut self, pid: u32) {
         self.hbm.process_exited(pid);
+        self.stack_cache.retain(|k, _| k.0 != pid);
         self.kernel_names.retain(|&(p, _), _| p != pid);
     }
 
     /// The CUDA profiles among `wanted` for the window that ends now; a new window starts.
     pub fn take_profiles(&mut self, stacks: &mut CpuAggregator, wanted: &[ProfileKind], coverage: Coverage, start: SystemTime, duration: Duration) -> Vec<(ProfileKind, Profile)> {
         let (allocs, in_use) = self.hbm.take_window();
+        self.stack_cache.clear();
         let launches = std::mem::take(&mut self.launches);
         let api_exact = std::mem::take(&mut self.api_exact);
         let api_sampled = std::mem::take(&mut self.api_sampled);
         let scale = coverage.scale();
-        let scaled = |v: i64| (v as f64 * scale).round() as i64;
+        let thread_scales: HashMap<u32, f64> = std::mem::take(&mut self.cycled_calls)
+            .into_iter()
+            .map(|(tid, mut rate)| {
+                let s = coverage.thread_scale(&mut rate);
+                tracing::debug!(tid, calls = rate.calls, scale = s, window_scale = scale, "calls seen through cycled hooks");
+                (tid, s)
+            })
+            .collect();
+        let thread_scale = |tid: u32| thread_scales.get(&tid).copied().unwrap_or(scale);
+        let scaled = |k: &StackKey, v: i64| (v as f64 * thread_scale(k.tid)).round() as i64;
         let mut out = Vec::new();
         for &kind in wanted.iter().filter(|k| k.is_cuda()) {
             let values: Vec<(StackKey, Option<u32>, Vec<i64>)> = match kind {
                 ProfileKind::HbmAlloc => sites(&allocs),
                 ProfileKind::HbmInUse => sites(&in_use),
-                ProfileKind::GpuLaunches => launches.iter().map(|(k, &n)| (k.clone(), None, vec![scaled(n)])).collect(),
+                ProfileKind::GpuLaunches => launches.iter().map(|(k, &n)| (k.clone(), None, vec![scaled(k, n)])).collect(),
                 ProfileKind::CudaApi => {
                     let mut sum: HashMap<&StackKey, i64> = HashMap::new();
                     for (k, &v) in &api_exact {
                         *sum.entry(k).or_default() += v;
                     }
                     for (k, &v) in &api_sampled {
-                        *sum.entry(k).or_default() += scaled(v);
+                        *sum.entry(k).or_default() += scaled(k, v);
                     }
                     sum.into_iter().map(|(k, v)| (k.clone(), None, vec![v])).collect()
                 }
@@ -135,11 +173,12 @@ impl CudaProfiles {
             let mut profile = Profile::of(kind.sample_types());
             if matches!(kind, ProfileKind::GpuLaunches | ProfileKind::CudaApi) && !coverage.exact {
                 profile.comments.push(format!(
-                    "sampled: launch and synchronisation hooks were attached {:.2}% of the time ({:.0} ms of {:.1} s); their counts and times are scaled by {:.1}",
+                    "sampled: launch and synchronisation hooks were attached {:.2}% of the time ({:.0} ms of {:.1} s); counts and times are scaled by {:.1}, more for threads the hooks slowed down ({} ns of traps per call)",
                     100.0 / scale,
                     coverage.attached.as_secs_f64() * 1e3,
                     coverage.elapsed.as_secs_f64(),
-                    scale
+                    scale,
+                    coverage.trap_cost.as_nanos()
                 ));
             }
             stacks.build(&mut profile, values, start, duration);
