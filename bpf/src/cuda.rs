@@ -18,6 +18,8 @@ pub enum CudaClass {
     Api,
     /// Bookkeeping: kernel names, the current device.
     Meta,
+    /// gpuflame's CUPTI injection library: launches with their correlation ids, kernel records.
+    Cupti,
 }
 
 macro_rules! cuda_apis {
@@ -95,6 +97,10 @@ cuda_apis! {
     CuMemcpyDtoHAsync = CU_MEMCPY_DTOH_ASYNC, "cuMemcpyDtoHAsync_v2", Api;
     CuModuleGetFunction = CU_MODULE_GET_FUNCTION, "cuModuleGetFunction", Meta;
     CudaSetDevice = CUDA_SET_DEVICE, "cudaSetDevice", Meta;
+    CuptiLaunch = CUPTI_LAUNCH, "gpuflame_cupti_launch", Cupti;
+    CuptiKernels = CUPTI_KERNELS, "gpuflame_cupti_kernels", Cupti;
+    CuptiName = CUPTI_NAME, "gpuflame_cupti_name", Cupti;
+    CuptiStatus = CUPTI_STATUS, "gpuflame_cupti_status", Cupti;
 }
 
 impl CudaApi {
@@ -105,7 +111,42 @@ impl CudaApi {
     /// The hook must see every call (memory, names); the others may be duty-cycled.
     pub fn always_on(self) -> bool {
         matches!(self.class(), CudaClass::Alloc | CudaClass::Free | CudaClass::Map | CudaClass::Meta)
+            || (self.class() == CudaClass::Cupti && self != CudaApi::CuptiLaunch)
     }
+}
+
+/// A kernel's execution on the device, as CUPTI recorded it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuKernel {
+    /// Device timestamps, ns.
+    pub start: u64,
+    pub end: u64,
+    /// The id CUPTI gave the launch (a graph launch's kernels share it).
+    pub correlation: u32,
+    pub device: u32,
+    pub stream: u32,
+    /// The kernel's name, numbered by the injection library ([`GpuKernelName`]); 0 is unknown.
+    pub name_id: u32,
+    pub graph: u32,
+    pub graph_node: u64,
+}
+
+/// Kernel records of one process, in the order CUPTI delivered them.
+#[derive(Debug, Clone)]
+pub struct GpuKernelBatch {
+    pub pid: u32,
+    pub comm: String,
+    pub kernels: Vec<GpuKernel>,
+    /// Records the injection library dropped to its rate bound so far.
+    pub dropped_total: u64,
+}
+
+/// The name behind a kernel name id of the injection library.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuKernelName {
+    pub pid: u32,
+    pub id: u32,
+    pub name: String,
 }
 
 /// The return of an outermost hooked call.
@@ -147,6 +188,7 @@ mod tests {
             assert_eq!(CudaApi::from_symbol(api.symbol()), Some(api));
         }
         assert_eq!(CudaApi::ALL.len() as u32 + 1, raw::CUDA_API_MAX.0);
+        assert_eq!(std::mem::size_of::<crate::skel::types::cupti_kernel>(), 48);
         assert_eq!(CudaApi::from_raw(0), None);
     }
 }

@@ -2,7 +2,7 @@
 
 use std::mem::size_of;
 
-use crate::cuda::{CudaApi, CudaCall, KernelName};
+use crate::cuda::{CudaApi, CudaCall, GpuKernel, GpuKernelBatch, GpuKernelName, KernelName};
 use crate::skel::types;
 
 /// The outcome of the kernel stack read.
@@ -133,6 +133,8 @@ pub enum Event {
     Process(ProcessEvent),
     Cuda(CudaCall),
     KernelName(KernelName),
+    GpuKernels(GpuKernelBatch),
+    GpuKernelName(GpuKernelName),
 }
 
 /// # Safety
@@ -189,6 +191,38 @@ pub(crate) fn decode_record(data: &[u8]) -> Option<Event> {
             let len = (e.size as usize).min(bytes.len());
             let name = String::from_utf8_lossy(&bytes[..len]).into_owned();
             Some(Event::KernelName(KernelName { pid: e.pid, handle: e.addr, name }))
+        }
+        k if k == types::event_kind::EVENT_CUPTI_KERNELS.0 => {
+            let record = size_of::<types::cupti_kernel>();
+            // SAFETY: viewing the u64 array as its bytes.
+            let bytes: &[u8] = unsafe { std::slice::from_raw_parts(e.user_stack.as_ptr().cast::<u8>(), stack_room * 8) };
+            let n = (e.user_frames as usize).min(bytes.len() / record);
+            let kernels = bytes[..n * record]
+                .chunks_exact(record)
+                .filter_map(|c| {
+                    // SAFETY: cupti_kernel is generated from BTF and plain old data.
+                    let k: types::cupti_kernel = unsafe { read_pod(c)? };
+                    Some(GpuKernel {
+                        start: k.start,
+                        end: k.end,
+                        correlation: k.correlation,
+                        device: k.device,
+                        stream: k.stream,
+                        name_id: k.name_id,
+                        graph: k.graph,
+                        graph_node: k.graph_node,
+                    })
+                })
+                .collect();
+            let comm = sample_of(&e, 0, false).comm;
+            Some(Event::GpuKernels(GpuKernelBatch { pid: e.pid, comm, kernels, dropped_total: e.size }))
+        }
+        k if k == types::event_kind::EVENT_CUPTI_NAME.0 => {
+            // SAFETY: viewing the u64 array as its bytes.
+            let bytes: &[u8] = unsafe { std::slice::from_raw_parts(e.user_stack.as_ptr().cast::<u8>(), stack_room * 8) };
+            let len = (e.size as usize).min(bytes.len());
+            let name = String::from_utf8_lossy(&bytes[..len]).into_owned();
+            Some(Event::GpuKernelName(GpuKernelName { pid: e.pid, id: e.addr as u32, name }))
         }
         _ => None,
     }

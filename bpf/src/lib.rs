@@ -10,7 +10,7 @@ mod perf;
 mod sampler;
 mod unwind_maps;
 
-pub use cuda::{CudaApi, CudaCall, CudaClass, KernelName};
+pub use cuda::{CudaApi, CudaCall, CudaClass, GpuKernel, GpuKernelBatch, GpuKernelName, KernelName};
 pub use error::BpfError;
 pub use events::{Event, ProcessEvent, ProcessEventKind, Sample, StackRead, UnwindStatus, UserFrame};
 pub use sampler::{Counters, CpuSampler, CudaCounters, CudaHooks, PythonCounters, SamplerConfig, Targets, UnwindCounters};

@@ -290,6 +290,20 @@ impl CpuAggregator {
         b.finish(profile);
     }
 
+    /// Drops the leaf frames that lie in files `drop` names (by file name): the frames of a
+    /// library that reports from inside the call it watches.
+    pub fn trim_leaf_files(&self, key: &mut StackKey, drop: impl Fn(&str) -> bool) {
+        let n = key
+            .user
+            .iter()
+            .take_while(|u| match u {
+                UserKey::Native(UserAddr::InModule { module, .. }) => drop(&self.symbolizer.module(*module).file_name()),
+                _ => false,
+            })
+            .count();
+        key.user.drain(..n);
+    }
+
     /// One stack as a line for logs: `main → load → cudaMalloc`.
     pub fn describe(&mut self, stack: &StackKey) -> String {
         let mut profile = Profile::of(vec![crate::profile::ValueType::new("stack", "count")]);

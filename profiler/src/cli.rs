@@ -42,6 +42,16 @@ Ctrl-C stops the recording early and still writes the output. Needs root (or CAP
 Secrets come from GPUFLAME_BASIC_AUTH_PASSWORD, GPUFLAME_BEARER_TOKEN, or files; a process names
 its own service by setting GPUFLAME_SERVICE_NAME in its environment.")]
     Agent(Box<crate::agent::config::AgentArgs>),
+    /// Write gpuflame's CUPTI injection library, for services to be started with
+    /// CUDA_INJECTION64_PATH set to it (the gpu-time profile of processes gpuflame did not start).
+    #[command(after_help = "Example:
+  gpuflame cupti-library /opt/gpuflame/libgpuflame_cupti.so
+  CUDA_INJECTION64_PATH=/opt/gpuflame/libgpuflame_cupti.so python3 -m vllm.entrypoints.openai.api_server …
+  gpuflame record --profiles gpu-time -p $(pgrep -f vllm) -o gpu.svg")]
+    CuptiLibrary {
+        /// Where to write the library.
+        path: PathBuf,
+    },
     /// Convert a pprof or folded profile into pprof, folded stacks or an SVG flame graph.
     #[command(after_help = "Examples:
   gpuflame convert cpu.pb.gz -o flame.svg

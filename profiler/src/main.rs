@@ -23,6 +23,12 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Record(args) => args.options().map_err(anyhow::Error::from).and_then(|o| record::run(&o)),
         Command::Agent(args) => gpuflame::agent::run(args),
+        Command::CuptiLibrary { path } => gpuflame::cuda::injection::write_to(path)
+            .map(|()| {
+                println!("start the service with {}={}", gpuflame::cuda::injection::INJECTION_VAR, path.display());
+                0
+            })
+            .map_err(|e| UserError(format!("cannot write {}: {e}", path.display())).into()),
         Command::Convert(args) => {
             convert::run(&args.input, &args.output, args.format.as_deref(), args.frequency).map(|()| 0)
         }

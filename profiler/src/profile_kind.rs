@@ -17,10 +17,13 @@ pub enum ProfileKind {
     GpuLaunches,
     /// Wall time inside CUDA calls per stack.
     CudaApi,
+    /// Kernel execution time on the device per launching stack (CUPTI).
+    GpuTime,
 }
 
 impl ProfileKind {
-    pub const ALL: [ProfileKind; 5] = [ProfileKind::Cpu, ProfileKind::HbmAlloc, ProfileKind::HbmInUse, ProfileKind::GpuLaunches, ProfileKind::CudaApi];
+    pub const ALL: [ProfileKind; 6] =
+        [ProfileKind::Cpu, ProfileKind::HbmAlloc, ProfileKind::HbmInUse, ProfileKind::GpuLaunches, ProfileKind::CudaApi, ProfileKind::GpuTime];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -29,6 +32,7 @@ impl ProfileKind {
             ProfileKind::HbmInUse => "hbm-inuse",
             ProfileKind::GpuLaunches => "gpu-launches",
             ProfileKind::CudaApi => "cuda-api",
+            ProfileKind::GpuTime => "gpu-time",
         }
     }
 
@@ -40,6 +44,7 @@ impl ProfileKind {
             ProfileKind::HbmInUse => vec![ValueType::new("inuse_space", "bytes"), ValueType::new("inuse_objects", "count")],
             ProfileKind::GpuLaunches => vec![ValueType::new("launches", "count")],
             ProfileKind::CudaApi => vec![ValueType::new("cuda_api", "nanoseconds")],
+            ProfileKind::GpuTime => vec![ValueType::new("gpu", "nanoseconds")],
         }
     }
 
@@ -89,7 +94,7 @@ mod tests {
     #[test]
     fn parses_lists() {
         assert_eq!(ProfileKind::parse_list("hbm-inuse, cpu,cpu").unwrap(), vec![ProfileKind::Cpu, ProfileKind::HbmInUse]);
-        assert_eq!(ProfileKind::parse_list("all").unwrap().len(), 5);
+        assert_eq!(ProfileKind::parse_list("all").unwrap().len(), 6);
         assert!(ProfileKind::parse_list("gpu").unwrap_err().contains("unknown profile \"gpu\""));
         assert!(ProfileKind::parse_list(",").is_err());
     }

@@ -12,7 +12,7 @@ use gpuflame_bpf::{Counters, Targets, UnwindCapacity};
 
 use crate::output::{self, Format};
 use crate::process::ProcessTracker;
-use crate::cuda::{human_bytes, Coverage, CudaProfiles, DutyCycle};
+use crate::cuda::{human_bytes, injection, Coverage, CudaProfiles, DutyCycle};
 use crate::profile_kind::ProfileKind;
 use crate::session::{CudaOptions, CudaState, Session, SessionConfig};
 use crate::status::StatusLine;
@@ -72,6 +72,20 @@ pub fn run(opts: &RecordOptions) -> anyhow::Result<i32> {
     for &pid in &opts.pids {
         target::check_pid(pid)?;
     }
+    let mut opts = opts.clone();
+    if opts.profiles.contains(&ProfileKind::GpuTime) {
+        // Where CUPTI cannot be had, these stand in for GPU time.
+        opts.profiles.extend([ProfileKind::GpuLaunches, ProfileKind::CudaApi]);
+        opts.profiles.sort();
+        opts.profiles.dedup();
+        if opts.command.is_empty() {
+            eprintln!(
+                "gpuflame: gpu-time comes only from processes started with {}= gpuflame's CUPTI library (`gpuflame cupti-library PATH` writes it); the others get gpu-launches and cuda-api",
+                injection::INJECTION_VAR
+            );
+        }
+    }
+    let opts = &opts;
     let paths = output_paths(&opts.output, &opts.profiles);
     let mut outputs = Vec::new();
     for (kind, path) in &paths {
@@ -103,7 +117,7 @@ fn record(opts: &RecordOptions, format: Format, outputs: Vec<(ProfileKind, PathB
         Targets::All
     };
     let wants_cuda = opts.profiles.iter().any(|k| k.is_cuda());
-    let launches = opts.profiles.iter().any(|k| matches!(k, ProfileKind::GpuLaunches | ProfileKind::CudaApi));
+    let launches = opts.profiles.iter().any(|k| matches!(k, ProfileKind::GpuLaunches | ProfileKind::CudaApi | ProfileKind::GpuTime));
     let cuda = wants_cuda.then(|| CudaOptions { launches, duty: (!opts.cuda_exact).then_some(DutyCycle { on: opts.cuda_window, ..DutyCycle::DEFAULT }) });
     let mut session = Session::start(SessionConfig {
         targets,
@@ -116,7 +130,25 @@ fn record(opts: &RecordOptions, format: Format, outputs: Vec<(ProfileKind, PathB
 
     let mut child = None;
     if !opts.command.is_empty() {
-        let gated = GatedChild::spawn(&opts.command)?;
+        let mut env = Vec::new();
+        if opts.profiles.contains(&ProfileKind::GpuTime) {
+            if let Some(existing) = std::env::var_os(injection::INJECTION_VAR) {
+                eprintln!(
+                    "gpuflame: {} is already set ({}): gpu-time comes only if that is gpuflame's library; gpu-launches and cuda-api stand in",
+                    injection::INJECTION_VAR,
+                    existing.to_string_lossy()
+                );
+            } else {
+                let lib = injection::install_default().context("writing the CUPTI injection library")?;
+                // Hooked before the command runs: the driver loads it during cuInit and calls it
+                // at once.
+                if let Some(c) = session.cuda.as_mut() {
+                    c.hooks.hook_path(&session.sampler, &lib);
+                }
+                env.push((injection::INJECTION_VAR.to_string(), lib.display().to_string()));
+            }
+        }
+        let gated = GatedChild::spawn(&opts.command, &env)?;
         session.sampler.add_target(gated.pid())?;
         child = Some(gated.release()?);
     }

@@ -161,6 +161,16 @@ impl Session {
                         c.profiles.kernel_named(k);
                     }
                 }
+                Event::GpuKernels(batch) => {
+                    if let Some(c) = self.cuda.as_mut() {
+                        c.profiles.gpu_kernels(&batch);
+                    }
+                }
+                Event::GpuKernelName(n) => {
+                    if let Some(c) = self.cuda.as_mut() {
+                        c.profiles.gpu_kernel_named(n);
+                    }
+                }
             }
         }
     }

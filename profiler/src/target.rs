@@ -47,13 +47,14 @@ pub struct GatedChild {
 }
 
 impl GatedChild {
-    pub fn spawn(argv: &[String]) -> Result<Self, UserError> {
+    pub fn spawn(argv: &[String], env: &[(String, String)]) -> Result<Self, UserError> {
         let (program, args) = argv.split_first().ok_or_else(|| UserError("no command given after --".into()))?;
         let io_err = |e: io::Error| UserError(format!("cannot start {program}: {e}"));
         let (mut pid_r, pid_w) = pipe().map_err(io_err)?;
         let (gate_r, gate_w) = pipe().map_err(io_err)?;
         let mut cmd = Command::new(program);
         cmd.args(args);
+        cmd.envs(env.iter().map(|(k, v)| (k, v)));
         let (mut pid_w, mut gate_r) = (pid_w, gate_r);
         // SAFETY: the closure runs between fork and exec and only calls getpid, write and read,
         // which are async-signal-safe.

@@ -32,6 +32,7 @@ struct py_process layout_py_process = {};
 enum py_frame_kind layout_py_frame_kind = PY_FRAME_OBJECT;
 enum event_kind layout_event_kind = EVENT_CPU_SAMPLE;
 enum cuda_api layout_cuda_api = CUDA_API_NONE;
+struct cupti_kernel layout_cupti_kernel = {};
 
 SEC("perf_event")
 int on_cpu_sample(struct bpf_perf_event_data *ctx)

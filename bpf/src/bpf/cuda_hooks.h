@@ -53,6 +53,8 @@ static __always_inline enum cuda_class cuda_class_of(__u32 api)
 		return CUDA_CLASS_LAUNCH;
 	if (api >= CUDA_DEVICE_SYNCHRONIZE && api <= CU_MEMCPY_DTOH_ASYNC)
 		return CUDA_CLASS_API;
+	if (api >= CUPTI_LAUNCH && api <= CUPTI_STATUS)
+		return CUDA_CLASS_CUPTI;
 	return CUDA_CLASS_META;
 }
 
@@ -63,6 +65,84 @@ SEC("uprobe.session")
 int on_calibrate(struct pt_regs *ctx)
 {
 	return 0;
+}
+
+static __always_inline void fill_header(struct sample_event *e, __u64 id, __u32 api)
+{
+	e->pid = id >> 32;
+	e->tid = (__u32)id;
+	e->cpu = bpf_get_smp_processor_id();
+	e->timestamp_ns = bpf_ktime_get_boot_ns();
+	e->api = api;
+	e->result = 0;
+	e->device = 0;
+	e->duration_ns = 0;
+	e->kernel_stack_bytes = 0;
+	e->size = 0;
+	e->addr = 0;
+	e->aux = 0;
+	e->hook_ns = 0;
+	e->user_frames = 0;
+	bpf_get_current_comm(e->comm, sizeof(e->comm));
+}
+
+/* The injection library's calls: everything is in their arguments, so they are sent at entry. */
+static __always_inline void cupti_enter(struct pt_regs *ctx, __u64 id, __u32 api)
+{
+	__u32 slot = SCRATCH_CUDA, n, frames, bytes;
+	struct sample_event *e = bpf_map_lookup_elem(&sample_scratch, &slot);
+	__u64 size = offsetof(struct sample_event, user_stack);
+	long len;
+
+	if (!e)
+		return;
+	fill_header(e, id, api);
+	switch (api) {
+	case CUPTI_LAUNCH:
+		e->kind = EVENT_CUDA_CALL;
+		e->addr = PT_REGS_PARM1(ctx) & 0xffffffff;
+		e->aux = PT_REGS_PARM2(ctx) & 0xffffffff;
+		unwind_user_stack(e, slot);
+		if (e->tid != (__u32)id || e->api != api) {
+			count(COUNTER_CUDA_RACE);
+			return;
+		}
+		frames = e->user_frames;
+		if (frames > MAX_USER_FRAMES)
+			frames = MAX_USER_FRAMES;
+		size += (__u64)frames * sizeof(__u64);
+		break;
+	case CUPTI_KERNELS:
+		e->kind = EVENT_CUPTI_KERNELS;
+		n = PT_REGS_PARM2(ctx);
+		if (n > CUPTI_BATCH)
+			n = CUPTI_BATCH;
+		if (n == 0)
+			return;
+		/* 42 records are 2016 bytes: the mask changes nothing but shows the verifier a bound. */
+		bytes = (n * sizeof(struct cupti_kernel)) & 0x7ff;
+		e->size = PT_REGS_PARM3(ctx);
+		if (bpf_probe_read_user(e->user_stack, bytes, (void *)PT_REGS_PARM1(ctx)))
+			return;
+		e->user_frames = n;
+		size += CUPTI_BATCH * sizeof(struct cupti_kernel);
+		break;
+	case CUPTI_NAME:
+		e->kind = EVENT_CUPTI_NAME;
+		e->addr = PT_REGS_PARM1(ctx) & 0xffffffff;
+		len = bpf_probe_read_user_str(e->user_stack, CUDA_NAME_MAX, (void *)PT_REGS_PARM2(ctx));
+		if (len <= 1)
+			return;
+		e->size = len - 1;
+		size += CUDA_NAME_MAX;
+		break;
+	default: /* CUPTI_STATUS */
+		e->kind = EVENT_CUDA_CALL;
+		e->result = PT_REGS_PARM1(ctx) & 0xffffffff;
+		break;
+	}
+	if (bpf_ringbuf_output(&samples, e, size, 0))
+		count(COUNTER_CUDA_LOST);
 }
 
 /* At entry: 0 asks for the return half, 1 does not (the return trap is then saved). */
@@ -77,6 +157,10 @@ static __always_inline int cuda_enter(struct pt_regs *ctx)
 
 	if (!is_target(tgid))
 		return 1;
+	if (key.cls == CUDA_CLASS_CUPTI) {
+		cupti_enter(ctx, id, api);
+		return 1;
+	}
 	call.sp = PT_REGS_SP(ctx);
 	/* A call of the same class deeper in this thread's stack is nested in one that counts. A
 	 * recorded call whose return was never seen (its hook went away) is higher up or gone. */

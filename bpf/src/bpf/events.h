@@ -27,6 +27,9 @@ enum event_kind {
 	EVENT_CPU_SAMPLE = 0,   /* a CPU-clock sample: both stacks */
 	EVENT_CUDA_CALL = 1,    /* a hooked CUDA call returned: api, result, arguments, duration, stack */
 	EVENT_CUDA_KERNEL = 2,  /* a kernel handle was named: addr = CUfunction, the name in user_stack */
+	EVENT_CUPTI_KERNELS = 3,/* kernel records (struct cupti_kernel) in user_stack; user_frames of
+				 * them; size = records dropped by the library so far */
+	EVENT_CUPTI_NAME = 4,   /* a kernel name id: addr = id, the name in user_stack */
 };
 
 /* One record of the `samples` ring buffer. CUDA records end after user_stack's used entries:
@@ -105,7 +108,12 @@ enum cuda_api {
 	/* bookkeeping */
 	CU_MODULE_GET_FUNCTION = 41, /* (CUfunction *out, CUmodule, const char *name) */
 	CUDA_SET_DEVICE = 42,
-	CUDA_API_MAX = 43,
+	/* gpuflame's CUPTI injection library */
+	CUPTI_LAUNCH = 43,         /* (correlation id, callback id): a launch, stack wanted */
+	CUPTI_KERNELS = 44,        /* (records, count, dropped so far): kernel activity records */
+	CUPTI_NAME = 45,           /* (name id, name) */
+	CUPTI_STATUS = 46,         /* (code): 0 active, 1 no libcupti, 2 another subscriber, 3 error */
+	CUDA_API_MAX = 47,
 };
 
 /* Hooked calls nest (cudaMalloc calls cuMemAlloc_v2): per thread and class, only the outermost
@@ -117,7 +125,24 @@ enum cuda_class {
 	CUDA_CLASS_LAUNCH = 3,
 	CUDA_CLASS_API = 4,
 	CUDA_CLASS_META = 5,
+	CUDA_CLASS_CUPTI = 6,  /* handled at entry: no return hook */
 };
+
+/* A kernel activity record as the injection library passes it (struct gpuflame_kernel). */
+struct cupti_kernel {
+	__u64 start;
+	__u64 end;
+	__u32 correlation;
+	__u32 device;
+	__u32 stream;
+	__u32 name_id;
+	__u32 graph;
+	__u32 pad;
+	__u64 graph_node;
+};
+
+/* Records per EVENT_CUPTI_KERNELS: as many as fit where a user stack goes. */
+#define CUPTI_BATCH 42
 
 /* Where ring records of CUDA calls are built: not the sampler's entry, whose programs can
  * interrupt a hook. */

@@ -20,6 +20,7 @@ struct native_unwind_state {
 	__u32 asked_refresh;
 	__u32 leaf_done;
 	__u32 slot; /* the sample_scratch entry being filled */
+	__u64 xol;  /* the process's uprobe page (return trampoline), or 0 */
 	struct py_walk py;
 };
 
@@ -157,6 +158,24 @@ static __always_inline int frame_pointer_step(struct native_unwind_state *st)
 	return UNWIND_CONTINUE;
 }
 
+/* A return address that a uretprobe replaced with its trampoline: the original, from the task's
+ * return instances, the one made for this stack slot. Global, for its loop. */
+__noinline __u64 uretprobe_original(__u64 slot, __u64 ra)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct return_instance *ri;
+
+	if (!task)
+		return ra;
+	ri = BPF_CORE_READ(task, utask, return_instances);
+	for (int i = 0; i < 16 && ri; i++) {
+		if (BPF_CORE_READ(ri, stack) == slot)
+			return BPF_CORE_READ(ri, orig_ret_vaddr);
+		ri = BPF_CORE_READ(ri, next);
+	}
+	return ra;
+}
+
 /* One step of the walk: one native frame, or one Python frame. A global function, so that the
  * verifier checks it once with the state unknown instead of along every path of the loop. */
 __noinline long unwind_one(struct native_unwind_state *st)
@@ -241,6 +260,9 @@ __noinline long unwind_one(struct native_unwind_state *st)
 		st->frames--;
 	if (bpf_probe_read_user(&ra, sizeof(ra), (void *)(cfa - 8)))
 		return stop(st, UNWIND_READ_FAULT);
+	/* A function being traced by a return probe (a CUDA hook) returns to the uprobe page. */
+	if (st->xol && ra >= st->xol && ra < st->xol + 4096)
+		ra = uretprobe_original(cfa - 8, ra);
 	if (rule->rbp_kind == RBP_CFA_OFFSET) {
 		if (bpf_probe_read_user(&st->bp, sizeof(st->bp), (void *)(cfa + rule->rbp_offset)))
 			return stop(st, UNWIND_READ_FAULT);
@@ -314,6 +336,7 @@ static __always_inline void unwind_user_stack(struct sample_event *e, __u32 slot
 	st.pid = e->pid;
 	st.tid = e->tid;
 	st.slot = slot;
+	st.xol = BPF_CORE_READ(task, mm, uprobes_state.xol_area, vaddr);
 	st.status = UNWIND_TRUNCATED;
 	st.py.enabled = bpf_map_lookup_elem(&python_processes, &st.pid) != NULL;
 	/* Python frames take steps of their own: room for a full stack of both. */

@@ -197,53 +197,8 @@ impl CudaHookManager {
         for entry in entries.iter().filter(|e| e.executable && e.inode != 0 && e.path.starts_with('/')) {
             let key = (entry.dev.clone(), entry.inode);
             mapped_now.insert(key.clone());
-            if self.without_cuda.contains(&key) {
-                continue;
-            }
             let path = PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", entry.start, entry.end));
-            if let Some(file) = self.files.get_mut(&key) {
-                file.users.insert(pid, path);
-                continue;
-            }
-            self.stats.files_searched += 1;
-            let functions = match cuda_functions(&path) {
-                Ok(f) if !f.is_empty() => f,
-                Ok(_) => {
-                    self.without_cuda.insert(key);
-                    continue;
-                }
-                Err(e) => {
-                    tracing::debug!(pid, path = %entry.path, error = %e, "cannot search for CUDA");
-                    self.without_cuda.insert(key);
-                    continue;
-                }
-            };
-            let (always, cycled): (Vec<_>, Vec<_>) = functions.iter().partition(|(api, _)| api.always_on());
-            let name = entry.path.clone();
-            let always_hooks = match (!always.is_empty()).then(|| sampler.attach_cuda(&path, &always)) {
-                Some(Ok(h)) => Some(h),
-                Some(Err(e)) => {
-                    self.stats.attach_failures += 1;
-                    tracing::warn!(path = %name, error = %e, "cannot hook the CUDA memory functions");
-                    None
-                }
-                None => None,
-            };
-            let mut file = HookedFile { name, cycled_functions: cycled, _always: always_hooks, cycled: None, users: HashMap::from([(pid, path)]) };
-            if self.cycled_wanted && (self.duty.is_none() || self.cycled_on_since.is_some()) {
-                attach_cycled(sampler, &mut file, &mut self.stats);
-            }
-            let latency = seen_at.elapsed();
-            self.stats.max_attach_latency = self.stats.max_attach_latency.max(latency);
-            self.stats.files_hooked += 1;
-            tracing::info!(
-                pid,
-                file = %file.name,
-                functions = functions.len(),
-                latency_ms = latency.as_secs_f64() * 1e3,
-                "CUDA found and hooked"
-            );
-            self.files.insert(key, file);
+            self.hook_file(sampler, pid, entry, path, seen_at);
         }
         // Files this process no longer maps, and files nobody maps any more.
         for (key, file) in self.files.iter_mut() {
@@ -252,6 +207,63 @@ impl CudaHookManager {
             }
         }
         self.files.retain(|_, f| !f.users.is_empty());
+    }
+
+    /// Searches a mapped file for CUDA once, and hooks what it finds; `path` reaches the file.
+    fn hook_file(&mut self, sampler: &CpuSampler, pid: u32, entry: &MapsEntry, path: PathBuf, seen_at: Instant) {
+        let key = (entry.dev.clone(), entry.inode);
+        if self.without_cuda.contains(&key) {
+            return;
+        }
+        if let Some(file) = self.files.get_mut(&key) {
+            file.users.insert(pid, path);
+            return;
+        }
+        self.stats.files_searched += 1;
+        let functions = match cuda_functions(&path) {
+            Ok(f) if !f.is_empty() => f,
+            Ok(_) => {
+                self.without_cuda.insert(key);
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(pid, path = %entry.path, error = %e, "cannot search for CUDA");
+                self.without_cuda.insert(key);
+                return;
+            }
+        };
+        let (always, cycled): (Vec<_>, Vec<_>) = functions.iter().partition(|(api, _)| api.always_on());
+        let name = entry.path.clone();
+        let always_hooks = match (!always.is_empty()).then(|| sampler.attach_cuda(&path, &always)) {
+            Some(Ok(h)) => Some(h),
+            Some(Err(e)) => {
+                self.stats.attach_failures += 1;
+                tracing::warn!(path = %name, error = %e, "cannot hook the CUDA memory functions");
+                None
+            }
+            None => None,
+        };
+        let mut file = HookedFile { name, cycled_functions: cycled, _always: always_hooks, cycled: None, users: HashMap::from([(pid, path)]) };
+        if self.cycled_wanted && (self.duty.is_none() || self.cycled_on_since.is_some()) {
+            attach_cycled(sampler, &mut file, &mut self.stats);
+        }
+        let latency = seen_at.elapsed();
+        self.stats.max_attach_latency = self.stats.max_attach_latency.max(latency);
+        self.stats.files_hooked += 1;
+        tracing::info!(pid, file = %file.name, functions = functions.len(), latency_ms = latency.as_secs_f64() * 1e3, "CUDA found and hooked");
+        self.files.insert(key, file);
+    }
+
+    /// Hooks a file by path before any process maps it (the injection library of a command about
+    /// to start).
+    pub fn hook_path(&mut self, sampler: &CpuSampler, path: &std::path::Path) {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(meta) = std::fs::metadata(path) else { return };
+        let dev = meta.dev();
+        // As /proc/PID/maps writes devices.
+        let key = (format!("{:02x}:{:02x}", libc::major(dev), libc::minor(dev)), meta.ino());
+        let entry = MapsEntry { start: 0, end: 0, executable: true, offset: 0, dev: key.0.clone(), inode: key.1, path: path.display().to_string() };
+        self.hook_file(sampler, 0, &entry, path.to_path_buf(), std::time::Instant::now());
     }
 
     pub fn process_exited(&mut self, pid: u32) {

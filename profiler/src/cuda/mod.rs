@@ -2,14 +2,16 @@
 //! from the records of the CUDA hooks; and OOM forensics.
 
 mod discover;
+mod gputime;
 pub mod hbm;
 pub mod hooks;
+pub mod injection;
 
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::{Duration, SystemTime};
 
-use gpuflame_bpf::{CudaApi, CudaCall, CudaClass, KernelName};
+use gpuflame_bpf::{CudaApi, CudaCall, CudaClass, GpuKernelBatch, GpuKernelName, KernelName};
 use gpuflame_pyframes::Interpreter;
 use gpuflame_symbolizer::MappedFile;
 
@@ -55,12 +57,26 @@ pub struct CudaProfiles {
     /// times, and naming Python frames costs reads of the process's memory.
     stack_cache: HashMap<(u32, u32, Vec<gpuflame_bpf::UserFrame>), StackKey>,
     pub launches_seen: u64,
+    gpu_time: gputime::GpuTime,
+    /// Processes whose injection library reported that it has no GPU time, and why.
+    pub cupti_failures: HashMap<u32, i32>,
 }
 
 impl CudaProfiles {
     /// Handles one hooked call's return; an out-of-memory failure comes back as a report.
     pub fn add(&mut self, call: &CudaCall, stacks: &mut CpuAggregator, files: Option<&[MappedFile]>, python: Option<&Interpreter>) -> Option<OomReport> {
         let pid = call.sample.pid;
+        if call.api == CudaApi::CuptiStatus {
+            if call.result != 0 && self.cupti_failures.insert(pid, call.result).is_none() {
+                let why = match call.result {
+                    1 => "libcupti was not found (set GPUFLAME_CUPTI_PATH)",
+                    2 => "another CUPTI subscriber is active (the PyTorch profiler or Nsight?)",
+                    _ => "CUPTI refused the kernel activity",
+                };
+                eprintln!("gpuflame: pid {pid} ({}): no GPU time: {why}; its gpu-launches and cuda-api profiles stand in", call.sample.comm);
+            }
+            return None;
+        }
         let cache_key = (pid, call.sample.tid, call.sample.user_stack.clone());
         let mut stack = match self.stack_cache.get(&cache_key) {
             Some(s) => s.clone(),
@@ -74,6 +90,18 @@ impl CudaProfiles {
             }
         };
         stack.tail.push(TailFrame::Function(call.api.symbol().to_string()));
+        if call.api == CudaApi::CuptiLaunch {
+            // Reported from inside the launch, by the injection library through CUPTI: their
+            // frames are not the program's.
+            stacks.trim_leaf_files(&mut stack, |f| f.starts_with("libgpuflame_cupti") || f.starts_with("libcupti"));
+            stack.tail.clear();
+            // A stack cut short (its libraries just loaded, their tables not in yet) would take
+            // its kernel's time away from the real call site: such a launch counts as unsampled.
+            if call.sample.unwind.is_complete() {
+                self.gpu_time.launch(pid, call.addr as u32, stack);
+            }
+            return None;
+        }
         *(if call.api.always_on() { &mut self.api_exact } else { &mut self.api_sampled }).entry(stack.clone()).or_default() += call.duration_ns as i64;
         if !call.api.always_on() {
             self.cycled_calls.entry(call.sample.tid).or_default().add(call.sample.timestamp_ns, call.hook_ns, self.trap_cost);
@@ -123,6 +151,14 @@ impl CudaProfiles {
         self.trap_cost = cost;
     }
 
+    pub fn gpu_kernels(&mut self, batch: &GpuKernelBatch) {
+        self.gpu_time.kernels(batch);
+    }
+
+    pub fn gpu_kernel_named(&mut self, n: GpuKernelName) {
+        self.gpu_time.named(n);
+    }
+
     pub fn kernel_named(&mut self, k: KernelName) {
         tracing::debug!(pid = k.pid, handle = k.handle, name = %k.name, "kernel named");
         self.kernel_names.insert((k.pid, k.handle), k.name);
@@ -132,6 +168,7 @@ impl CudaProfiles {
         self.hbm.process_exited(pid);
         self.stack_cache.retain(|k, _| k.0 != pid);
         self.kernel_names.retain(|&(p, _), _| p != pid);
+        self.gpu_time.process_exited(pid);
     }
 
     /// The CUDA profiles among `wanted` for the window that ends now; a new window starts.
@@ -167,6 +204,14 @@ impl CudaProfiles {
                         *sum.entry(k).or_default() += scaled(k, v);
                     }
                     sum.into_iter().map(|(k, v)| (k.clone(), None, vec![v])).collect()
+                }
+                ProfileKind::GpuTime => {
+                    let (values, stats) = self.gpu_time.take();
+                    let mut profile = Profile::of(kind.sample_types());
+                    profile.comments.push(stats.describe());
+                    stacks.build(&mut profile, values, start, duration);
+                    out.push((kind, profile));
+                    continue;
                 }
                 ProfileKind::Cpu => continue,
             };

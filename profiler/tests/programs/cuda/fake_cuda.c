@@ -5,6 +5,8 @@
  * FAKE_CUDA_INIT_MS how long cuInit takes (default 300 ms: a real driver takes hundreds of
  * milliseconds to seconds to initialise, which is when a profiler that sees the library mapped
  * gets its hooks in). */
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -129,6 +131,36 @@ static void sync_wait(void)
 		usleep(us);
 }
 
+/* As the real driver does at initialisation: load the CUPTI injection library that
+ * CUDA_INJECTION64_PATH names and call its InitializeInjection(). */
+static void load_injection(void)
+{
+	const char *path = getenv("CUDA_INJECTION64_PATH");
+	void *h;
+	int (*init)(void);
+
+	if (!path || !*path || !(h = dlopen(path, RTLD_NOW)))
+		return;
+	if ((init = (int (*)(void))dlsym(h, "InitializeInjection")))
+		init();
+}
+
+/* The stand-in CUPTI's launch report, if an injection library loaded it. */
+static void report_launch(const char *function, const char **kernels, int count, unsigned graph)
+{
+	static void (*report)(const char *, const char **, int, unsigned);
+	static int looked;
+
+	if (!looked) {
+		void *h = dlopen("libcupti.so.13", RTLD_NOW | RTLD_NOLOAD);
+		if (h)
+			report = (void (*)(const char *, const char **, int, unsigned))dlsym(h, "fake_cupti_launch");
+		looked = 1;
+	}
+	if (report)
+		report(function, kernels, count, graph);
+}
+
 CUresult cuInit(unsigned int flags)
 {
 	static int done;
@@ -137,6 +169,9 @@ CUresult cuInit(unsigned int flags)
 	if (!done) {
 		usleep(env_ull("FAKE_CUDA_INIT_MS", 300) * 1000);
 		done = 1;
+		pthread_mutex_unlock(&lock);
+		load_injection();
+		pthread_mutex_lock(&lock);
 	}
 	init_budget();
 	pthread_mutex_unlock(&lock);
@@ -202,6 +237,13 @@ CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
 	return CUDA_SUCCESS;
 }
 
+static void report_kernel(const char *function, CUfunction f)
+{
+	unsigned i = (unsigned)(((uintptr_t)f - 0xf0000000ULL) / 0x100);
+	const char *name = i < (unsigned)kernel_count ? kernels[i].name : "unknown";
+	report_launch(function, &name, 1, 0);
+}
+
 CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
 			unsigned shared, CUstream s, void **params, void **extra)
 {
@@ -210,6 +252,7 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
 		return CUDA_ERROR_INVALID_VALUE;
 	launch_cost();
 	launches++;
+	report_kernel("cuLaunchKernel", f);
 	return CUDA_SUCCESS;
 }
 CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
@@ -223,9 +266,18 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **par
 	if (!f)
 		return CUDA_ERROR_INVALID_VALUE;
 	launches++;
+	report_kernel("cuLaunchKernelEx", f);
 	return CUDA_SUCCESS;
 }
-CUresult cuGraphLaunch(CUgraphExec g, CUstream s) { (void)g; (void)s; launches++; return CUDA_SUCCESS; }
+/* A graph of two kernels. */
+CUresult cuGraphLaunch(CUgraphExec g, CUstream s)
+{
+	static const char *nodes[] = { "graph_node_a", "graph_node_bb" };
+	(void)s;
+	launches++;
+	report_launch("cuGraphLaunch", nodes, 2, (unsigned)(uintptr_t)g);
+	return CUDA_SUCCESS;
+}
 
 CUresult cuCtxSynchronize(void) { sync_wait(); return CUDA_SUCCESS; }
 CUresult cuStreamSynchronize(CUstream s) { (void)s; sync_wait(); return CUDA_SUCCESS; }

@@ -1,0 +1,306 @@
+/* gpuflame's CUPTI injection library, loaded by the CUDA driver through CUDA_INJECTION64_PATH.
+ *
+ * It subscribes to kernel activity records and to launch callbacks, and hands both to gpuflame
+ * through functions that gpuflame's uprobes watch: gpuflame_cupti_launch() at every launch, with
+ * the launch's correlation id (gpuflame captures the stack there, for a sample of launches), and
+ * gpuflame_cupti_kernels() once per batch of kernel records (start, end, device, stream,
+ * correlation id, kernel name id, graph id and node). Without gpuflame attached these are plain
+ * function calls. The process is never stopped or slowed beyond CUPTI's own cost; records beyond a
+ * rate bound (GPUFLAME_CUPTI_MAX_RATE per second, default 500000) are dropped and counted.
+ *
+ * CUPTI is opened at run time (GPUFLAME_CUPTI_PATH, else libcupti.so.13, .so.12, .so), so the
+ * library builds without the CUDA toolkit. The few CUPTI types used are declared here with the
+ * layout of cupti_activity.h and cupti_callbacks.h; kernel records are read by field offsets that
+ * every CUpti_ActivityKernel version since 4 shares. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+#define NOINLINE __attribute__((noinline))
+
+typedef int CUptiResult;
+typedef void *CUpti_SubscriberHandle;
+typedef void (*CUpti_CallbackFunc)(void *userdata, int domain, uint32_t cbid, const void *cbdata);
+typedef void (*BufferRequested)(uint8_t **buffer, size_t *size, size_t *max_records);
+typedef void (*BufferCompleted)(void *ctx, uint32_t stream, uint8_t *buffer, size_t size, size_t valid);
+
+#define CUPTI_SUCCESS 0
+#define CUPTI_CB_DOMAIN_DRIVER_API 1
+#define CUPTI_API_ENTER 0
+#define CUPTI_ACTIVITY_KIND_KERNEL 3
+#define CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL 10
+
+/* CUpti_CallbackData, as far as used. */
+struct cupti_callback_data {
+	uint32_t callback_site;
+	const char *function_name;
+	const void *function_params;
+	void *function_return_value;
+	const char *symbol_name;
+	void *context;
+	uint32_t context_uid;
+	uint64_t *correlation_data;
+	uint32_t correlation_id;
+};
+
+/* Offsets into CUpti_ActivityKernel4..10, which only ever grew at the end. */
+#define K_KIND 0
+#define K_START 16
+#define K_END 24
+#define K_DEVICE 40
+#define K_STREAM 48
+#define K_CORRELATION 92
+#define K_NAME 104
+#define K_GRAPH_NODE 144
+#define K_GRAPH 156
+
+/* What gpuflame reads: a batch of these per call of gpuflame_cupti_kernels(). */
+struct gpuflame_kernel {
+	uint64_t start;
+	uint64_t end;
+	uint32_t correlation;
+	uint32_t device;
+	uint32_t stream;
+	uint32_t name_id;
+	uint32_t graph;
+	uint32_t pad;
+	uint64_t graph_node;
+};
+
+#define BATCH 42 /* 42 * 48 bytes: what one gpuflame record carries */
+
+/* Status codes for gpuflame_cupti_status(). */
+#define STATUS_ACTIVE 0
+#define STATUS_NO_CUPTI 1
+#define STATUS_OTHER_SUBSCRIBER 2
+#define STATUS_CUPTI_ERROR 3
+
+static struct {
+	CUptiResult (*subscribe)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *);
+	CUptiResult (*enable_domain)(uint32_t, CUpti_SubscriberHandle, int);
+	CUptiResult (*activity_enable)(int);
+	CUptiResult (*register_callbacks)(BufferRequested, BufferCompleted);
+	CUptiResult (*next_record)(uint8_t *, size_t, void **);
+	CUptiResult (*flush_all)(uint32_t);
+	CUptiResult (*flush_period)(uint32_t);
+} cupti;
+
+static CUpti_SubscriberHandle subscriber;
+static int status = STATUS_ACTIVE;
+static uint64_t max_rate, window_start_ns, window_records, dropped;
+static pthread_mutex_t names_lock = PTHREAD_MUTEX_INITIALIZER;
+static const char *names[4096];
+static uint32_t name_count;
+
+/* --- What gpuflame hooks. Kept out of line and with their arguments used, so that each call
+ * really happens at the symbol gpuflame finds. --- */
+
+EXPORT NOINLINE void gpuflame_cupti_launch(uint32_t correlation_id, uint32_t cbid)
+{
+	__asm__ volatile("" : : "r"(correlation_id), "r"(cbid) : "memory");
+}
+
+EXPORT NOINLINE void gpuflame_cupti_kernels(const struct gpuflame_kernel *records, uint32_t n, uint64_t dropped_total)
+{
+	__asm__ volatile("" : : "r"(records), "r"(n), "r"(dropped_total) : "memory");
+}
+
+EXPORT NOINLINE void gpuflame_cupti_name(uint32_t id, const char *name)
+{
+	__asm__ volatile("" : : "r"(id), "r"(name) : "memory");
+}
+
+EXPORT NOINLINE void gpuflame_cupti_status(uint32_t code)
+{
+	__asm__ volatile("" : : "r"(code) : "memory");
+}
+
+/* --- */
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ULL + ts.tv_nsec;
+}
+
+/* Kernel names are few and live as long as CUPTI: they are numbered by their pointer. */
+static uint32_t name_id(const char *name)
+{
+	uint32_t i, id;
+
+	if (!name)
+		return 0;
+	pthread_mutex_lock(&names_lock);
+	for (i = 0; i < name_count; i++)
+		if (names[i] == name)
+			break;
+	if (i == name_count && name_count < 4096)
+		names[name_count++] = name;
+	pthread_mutex_unlock(&names_lock);
+	id = i + 1;
+	return id;
+}
+
+static void CUPTIAPI_callback(void *userdata, int domain, uint32_t cbid, const void *data)
+{
+	const struct cupti_callback_data *cb = data;
+
+	(void)userdata;
+	if (domain != CUPTI_CB_DOMAIN_DRIVER_API || cb->callback_site != CUPTI_API_ENTER || !cb->function_name)
+		return;
+	/* cuLaunchKernel, cuLaunchKernelEx, cuLaunchCooperativeKernel, cuGraphLaunch and their
+	 * _ptsz forms. */
+	if (strstr(cb->function_name, "Launch"))
+		gpuflame_cupti_launch(cb->correlation_id, cbid);
+}
+
+static void buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records)
+{
+	*size = 4 << 20;
+	*buffer = aligned_alloc(8, *size);
+	*max_records = 0;
+	if (!*buffer)
+		*size = 0;
+}
+
+static void buffer_completed(void *ctx, uint32_t stream, uint8_t *buffer, size_t size, size_t valid)
+{
+	struct gpuflame_kernel batch[BATCH];
+	static uint8_t named[4097];
+	uint32_t n = 0;
+	void *record = NULL;
+
+	(void)ctx;
+	(void)stream;
+	(void)size;
+	gpuflame_cupti_status(status);
+	while (cupti.next_record(buffer, valid, &record) == CUPTI_SUCCESS) {
+		const uint8_t *r = record;
+		uint32_t kind;
+		uint64_t t = now_ns();
+
+		memcpy(&kind, r + K_KIND, 4);
+		if (kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && kind != CUPTI_ACTIVITY_KIND_KERNEL)
+			continue;
+		if (t - window_start_ns > 1000000000ULL) {
+			window_start_ns = t;
+			window_records = 0;
+		}
+		if (++window_records > max_rate) {
+			dropped++;
+			continue;
+		}
+		struct gpuflame_kernel *k = &batch[n++];
+		const char *name;
+		memcpy(&k->start, r + K_START, 8);
+		memcpy(&k->end, r + K_END, 8);
+		memcpy(&k->device, r + K_DEVICE, 4);
+		memcpy(&k->stream, r + K_STREAM, 4);
+		memcpy(&k->correlation, r + K_CORRELATION, 4);
+		memcpy(&name, r + K_NAME, sizeof(name));
+		memcpy(&k->graph_node, r + K_GRAPH_NODE, 8);
+		memcpy(&k->graph, r + K_GRAPH, 4);
+		k->pad = 0;
+		k->name_id = name_id(name);
+		/* Named on first use, and again now and then for a gpuflame that attached later. */
+		if (k->name_id && k->name_id <= 4096 && named[k->name_id]++ % 64 == 0)
+			gpuflame_cupti_name(k->name_id, name);
+		if (n == BATCH) {
+			gpuflame_cupti_kernels(batch, n, dropped);
+			n = 0;
+		}
+	}
+	if (n)
+		gpuflame_cupti_kernels(batch, n, dropped);
+	free(buffer);
+}
+
+static void flush_at_exit(void)
+{
+	if (cupti.flush_all && status == STATUS_ACTIVE)
+		cupti.flush_all(1 /* CUPTI_ACTIVITY_FLAG_FLUSH_FORCED */);
+}
+
+/* Tells gpuflame why there is no GPU time, now and a little later (it may attach after this). */
+static void *announce(void *arg)
+{
+	(void)arg;
+	for (int i = 0; i < 5; i++) {
+		gpuflame_cupti_status(status);
+		sleep(1);
+	}
+	return NULL;
+}
+
+static void fail(int code, const char *why)
+{
+	pthread_t t;
+
+	status = code;
+	fprintf(stderr, "gpuflame CUPTI: %s; no GPU time from this process\n", why);
+	if (pthread_create(&t, NULL, announce, NULL) == 0)
+		pthread_detach(t);
+}
+
+static void *open_cupti(void)
+{
+	const char *env = getenv("GPUFLAME_CUPTI_PATH");
+	const char *names_to_try[] = { "libcupti.so.13", "libcupti.so.12", "libcupti.so" };
+	void *h;
+
+	if (env && *env)
+		return dlopen(env, RTLD_NOW | RTLD_GLOBAL);
+	for (size_t i = 0; i < sizeof(names_to_try) / sizeof(names_to_try[0]); i++)
+		if ((h = dlopen(names_to_try[i], RTLD_NOW | RTLD_GLOBAL)))
+			return h;
+	return NULL;
+}
+
+EXPORT int InitializeInjection(void)
+{
+	const char *rate = getenv("GPUFLAME_CUPTI_MAX_RATE");
+	void *h = open_cupti();
+	CUptiResult rc;
+
+	max_rate = rate && *rate ? strtoull(rate, NULL, 0) : 500000;
+	if (!h) {
+		fail(STATUS_NO_CUPTI, "libcupti not found (set GPUFLAME_CUPTI_PATH)");
+		return 1;
+	}
+	cupti.subscribe = dlsym(h, "cuptiSubscribe");
+	cupti.enable_domain = dlsym(h, "cuptiEnableDomain");
+	cupti.activity_enable = dlsym(h, "cuptiActivityEnable");
+	cupti.register_callbacks = dlsym(h, "cuptiActivityRegisterCallbacks");
+	cupti.next_record = dlsym(h, "cuptiActivityGetNextRecord");
+	cupti.flush_all = dlsym(h, "cuptiActivityFlushAll");
+	cupti.flush_period = dlsym(h, "cuptiActivityFlushPeriod");
+	if (!cupti.subscribe || !cupti.enable_domain || !cupti.activity_enable || !cupti.register_callbacks || !cupti.next_record) {
+		fail(STATUS_NO_CUPTI, "libcupti lacks the functions needed");
+		return 1;
+	}
+	rc = cupti.subscribe(&subscriber, CUPTIAPI_callback, NULL);
+	if (rc != CUPTI_SUCCESS) {
+		/* CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED: the PyTorch profiler, Nsight, ... */
+		fail(rc == 39 ? STATUS_OTHER_SUBSCRIBER : STATUS_CUPTI_ERROR,
+		     rc == 39 ? "another CUPTI subscriber is active (PyTorch profiler, Nsight?)" : "cuptiSubscribe failed");
+		return 1;
+	}
+	if (cupti.enable_domain(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API) != CUPTI_SUCCESS ||
+	    cupti.register_callbacks(buffer_requested, buffer_completed) != CUPTI_SUCCESS ||
+	    cupti.activity_enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS) {
+		fail(STATUS_CUPTI_ERROR, "CUPTI refused the kernel activity");
+		return 1;
+	}
+	if (cupti.flush_period)
+		cupti.flush_period(200); /* ms: records reach gpuflame within a fraction of a second */
+	atexit(flush_at_exit);
+	return 1;
+}

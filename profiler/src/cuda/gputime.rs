@@ -1,0 +1,140 @@
+//! GPU time: kernel execution records from the CUPTI injection library, attributed to the stacks
+//! that launched them.
+//!
+//! A launch's stack is captured (for a sample of launches, by the duty-cycled hook on the
+//! library's launch callback) together with CUPTI's correlation id, which the kernel's record
+//! carries too. A record whose launch was sampled goes to that stack; the others go to the stacks
+//! seen launching the same kernel in the same process, in proportion to how often each was seen
+//! ("by kernel and call site"); a kernel never seen launched goes to `[launch stack not sampled]`.
+
+use std::collections::HashMap;
+
+use gpuflame_bpf::{GpuKernelBatch, GpuKernelName};
+
+use crate::aggregate::{StackKey, TailFrame};
+
+/// Correlation ids kept for records still to come, at most.
+const LAUNCHES_LIMIT: usize = 1 << 20;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GpuTimeStats {
+    pub records: u64,
+    pub by_correlation_ns: i64,
+    pub by_site_ns: i64,
+    pub unattributed_ns: i64,
+    /// Records the injection libraries dropped to their rate bound (sum over processes).
+    pub dropped: u64,
+}
+
+#[derive(Default)]
+pub struct GpuTime {
+    launches: HashMap<(u32, u32), StackKey>,
+    sites: HashMap<(u32, u32), HashMap<StackKey, u64>>,
+    names: HashMap<(u32, u32), String>,
+    by_stack: HashMap<(StackKey, u32), i64>,
+    /// (pid, name id) → time of records whose launch was not sampled, and the process's name.
+    pending: HashMap<(u32, u32), (i64, String)>,
+    dropped: HashMap<u32, u64>,
+    stats: GpuTimeStats,
+}
+
+impl GpuTime {
+    /// A sampled launch: its stack (the CUDA call's caller and up) and correlation id.
+    pub fn launch(&mut self, pid: u32, correlation: u32, stack: StackKey) {
+        if self.launches.len() >= LAUNCHES_LIMIT {
+            self.launches.clear();
+        }
+        self.launches.insert((pid, correlation), stack);
+    }
+
+    pub fn named(&mut self, n: GpuKernelName) {
+        self.names.insert((n.pid, n.id), n.name);
+    }
+
+    pub fn kernels(&mut self, batch: &GpuKernelBatch) {
+        let pid = batch.pid;
+        self.dropped.insert(pid, batch.dropped_total);
+        for k in &batch.kernels {
+            let ns = k.end.saturating_sub(k.start) as i64;
+            self.stats.records += 1;
+            match self.launches.get(&(pid, k.correlation)) {
+                Some(stack) => {
+                    *self.sites.entry((pid, k.name_id)).or_default().entry(stack.clone()).or_default() += 1;
+                    *self.by_stack.entry((stack.clone(), k.name_id)).or_default() += ns;
+                    self.stats.by_correlation_ns += ns;
+                }
+                None => {
+                    let p = self.pending.entry((pid, k.name_id)).or_insert_with(|| (0, batch.comm.clone()));
+                    p.0 += ns;
+                }
+            }
+        }
+    }
+
+    pub fn process_exited(&mut self, pid: u32) {
+        self.launches.retain(|&(p, _), _| p != pid);
+    }
+
+    /// The window's stacks and nanoseconds, and how they were attributed; a new window starts.
+    pub fn take(&mut self) -> (Vec<(StackKey, Option<u32>, Vec<i64>)>, GpuTimeStats) {
+        let mut out: HashMap<StackKey, i64> = HashMap::new();
+        let name = |names: &HashMap<(u32, u32), String>, pid: u32, id: u32| {
+            names.get(&(pid, id)).cloned().unwrap_or_else(|| format!("kernel #{id}"))
+        };
+        for ((mut stack, id), ns) in std::mem::take(&mut self.by_stack) {
+            stack.tail.push(TailFrame::Kernel(name(&self.names, stack.pid, id)));
+            *out.entry(stack).or_default() += ns;
+        }
+        for ((pid, id), (ns, comm)) in std::mem::take(&mut self.pending) {
+            let kernel = TailFrame::Kernel(name(&self.names, pid, id));
+            match self.sites.get(&(pid, id)).filter(|s| !s.is_empty()) {
+                Some(sites) => {
+                    self.stats.by_site_ns += ns;
+                    let seen: u64 = sites.values().sum();
+                    let mut left = ns;
+                    let mut sites: Vec<(&StackKey, &u64)> = sites.iter().collect();
+                    sites.sort_by_key(|(_, &n)| n);
+                    for (i, (stack, &n)) in sites.iter().enumerate() {
+                        // The most frequent site, last, takes what rounding left over.
+                        let share = if i + 1 == sites.len() { left } else { (ns as i128 * n as i128 / seen as i128) as i64 };
+                        left -= share;
+                        let mut s = (*stack).clone();
+                        s.tail.push(kernel.clone());
+                        *out.entry(s).or_default() += share;
+                    }
+                }
+                None => {
+                    self.stats.unattributed_ns += ns;
+                    let stack = StackKey {
+                        pid,
+                        tid: 0,
+                        comm,
+                        kernel: Vec::new(),
+                        user: Vec::new(),
+                        truncated: false,
+                        tail: vec![TailFrame::Function("[launch stack not sampled]".into()), kernel],
+                    };
+                    *out.entry(stack).or_default() += ns;
+                }
+            }
+        }
+        self.stats.dropped = self.dropped.values().sum();
+        let stats = std::mem::take(&mut self.stats);
+        (out.into_iter().map(|(k, ns)| (k, None, vec![ns])).collect(), stats)
+    }
+}
+
+impl GpuTimeStats {
+    /// How the time was attributed, for the profile's comment.
+    pub fn describe(&self) -> String {
+        let total = (self.by_correlation_ns + self.by_site_ns + self.unattributed_ns).max(1) as f64;
+        format!(
+            "gpu time of {} kernel records: {:.1}% attributed by correlation with a sampled launch stack, {:.1}% by kernel and call site, {:.1}% unattributed; {} records dropped by the rate bound",
+            self.records,
+            100.0 * self.by_correlation_ns as f64 / total,
+            100.0 * self.by_site_ns as f64 / total,
+            100.0 * self.unattributed_ns as f64 / total,
+            self.dropped
+        )
+    }
+}
