@@ -193,9 +193,9 @@ pub(crate) fn decode_record(data: &[u8]) -> Option<Event> {
             Some(Event::KernelName(KernelName { pid: e.pid, handle: e.addr, name }))
         }
         k if k == types::event_kind::EVENT_CUPTI_KERNELS.0 => {
+            // The records follow the header in the ring record itself, past a sample's size.
             let record = size_of::<types::cupti_kernel>();
-            // SAFETY: viewing the u64 array as its bytes.
-            let bytes: &[u8] = unsafe { std::slice::from_raw_parts(e.user_stack.as_ptr().cast::<u8>(), stack_room * 8) };
+            let bytes = &data[HEADER_BYTES..];
             let n = (e.user_frames as usize).min(bytes.len() / record);
             let kernels = bytes[..n * record]
                 .chunks_exact(record)

@@ -74,7 +74,7 @@ struct gpuflame_kernel {
 	uint64_t graph_node;
 };
 
-#define BATCH 42 /* 42 * 48 bytes: what one gpuflame record carries */
+#define BATCH 682 /* 682 * 48 bytes: what one gpuflame record carries */
 
 /* Status codes for gpuflame_cupti_status(). */
 #define STATUS_ACTIVE 0
@@ -173,8 +173,9 @@ static void buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records
 
 static void buffer_completed(void *ctx, uint32_t stream, uint8_t *buffer, size_t size, size_t valid)
 {
-	struct gpuflame_kernel batch[BATCH];
-	static uint8_t named[4097];
+	static __thread struct gpuflame_kernel batch[BATCH];
+	static uint32_t named[4097], buffers;
+	uint32_t generation = __atomic_add_fetch(&buffers, 1, __ATOMIC_RELAXED);
 	uint32_t n = 0;
 	void *record = NULL;
 
@@ -210,9 +211,12 @@ static void buffer_completed(void *ctx, uint32_t stream, uint8_t *buffer, size_t
 		memcpy(&k->graph, r + K_GRAPH, 4);
 		k->pad = 0;
 		k->name_id = name_id(name);
-		/* Named on first use, and again now and then for a gpuflame that attached later. */
-		if (k->name_id && k->name_id <= 4096 && named[k->name_id]++ % 64 == 0)
+		/* Named once per buffer that uses it: for a gpuflame that attached later, and not so
+		 * often that the hook's cost adds up. */
+		if (k->name_id && k->name_id <= 4096 && named[k->name_id] != generation) {
+			named[k->name_id] = generation;
 			gpuflame_cupti_name(k->name_id, name);
+		}
 		if (n == BATCH) {
 			gpuflame_cupti_kernels(batch, n, dropped);
 			n = 0;

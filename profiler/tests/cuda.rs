@@ -30,11 +30,12 @@ impl Fixture {
             assert!(out.status.success(), "cc {args:?}:\n{}", String::from_utf8_lossy(&out.stderr));
         };
         let s = |p: &str| src.join(p).display().to_string();
-        cc(vec!["-O2".into(), "-g".into(), "-shared".into(), "-fPIC".into(), "-Wl,-soname,libcuda.so.1".into(), "-o".into(), "libcuda.so.1".into(), s("fake_cuda.c"), "-lpthread".into()]);
+        cc(vec!["-O2".into(), "-g".into(), "-shared".into(), "-fPIC".into(), "-Wl,-soname,libcuda.so.1".into(), "-o".into(), "libcuda.so.1".into(), s("fake_cuda.c"), "-lpthread".into(), "-ldl".into()]);
         cc(vec![
             "-O2".into(), "-g".into(), "-shared".into(), "-fPIC".into(), "-Wl,-soname,libcudart.so.13".into(), "-o".into(), "libcudart.so.13".into(),
             s("fake_cudart.c"), "-L.".into(), "-l:libcuda.so.1".into(), "-Wl,-rpath,$ORIGIN".into(), "-ldl".into(), "-lpthread".into(),
         ]);
+        cc(vec!["-O2".into(), "-g".into(), "-shared".into(), "-fPIC".into(), "-Wl,-soname,libcupti.so.13".into(), "-o".into(), "libcupti.so.13".into(), s("fake_cupti.c"), "-lpthread".into()]);
         cc(vec![
             "-O2".into(), "-g".into(), "-rdynamic".into(), "-o".into(), "cuda_app".into(), s("cuda_app.c"), "-L.".into(), "-l:libcudart.so.13".into(),
             "-l:libcuda.so.1".into(), format!("-Wl,-rpath,{}", d.display()),
@@ -204,4 +205,69 @@ fn vllm_like_kv_cache_is_under_the_python_function_that_made_it() {
     let user = kv_stack.user();
     let main = user.iter().position(|f| f.starts_with("main (vllm_like.py:")).expect("main above allocate_kv_cache");
     assert!(user[main + 1].starts_with("allocate_kv_cache (vllm_like.py:"), "{ctx}");
+}
+
+/// The stand-in CUPTI gives each kernel record 1000 ns per character of the kernel's name.
+fn kernel_ns(name: &str) -> u64 {
+    1000 * name.len() as u64
+}
+
+/// GPU time per launching stack, from `launches N` of cuda_app: N runtime launches of
+/// vector_add_kernel, N/2 cuLaunchKernelEx of sm90_xmma_gemm_bf16, N/10 graph launches of two
+/// kernels each.
+fn check_gpu_time(stacks: &[Stack], n: u64, ctx: &str) {
+    let runtime = under(stacks, &["[gpu] vector_add_kernel"]);
+    assert_eq!(runtime, n * kernel_ns("vector_add_kernel"), "{ctx}");
+    assert!(stacks.iter().filter(|s| s.user().last() == Some(&"[gpu] vector_add_kernel")).all(|s| s.has_sequence(&["main", "run_launches", "train_step", "cudaLaunchKernel"])), "{ctx}");
+    assert_eq!(under(stacks, &["gemm", "cuLaunchKernelEx", "report_kernel", "[gpu] sm90_xmma_gemm_bf16"]), n / 2 * kernel_ns("sm90_xmma_gemm_bf16"), "{ctx}");
+    // A graph's kernels go to the stack that launched the graph.
+    for node in ["graph_node_a", "graph_node_bb"] {
+        let leaf = format!("[gpu] {node}");
+        assert_eq!(under(stacks, &["replay_graph", "cudaGraphLaunch", "cuGraphLaunch", "report_launch", &leaf]), n / 10 * kernel_ns(node), "{ctx}");
+    }
+    assert_eq!(total(stacks), n * 17_000 + n / 2 * 19_000 + n / 10 * 25_000, "nothing else, nothing unattributed: {ctx}");
+}
+
+#[test]
+fn gpu_time_is_exact_under_the_launching_stacks() {
+    let fx = Fixture::build();
+    let out = fx.path("g.folded");
+    let cupti = fx.path("libcupti.so.13");
+    let (_, stderr) = fx.record(&["--profiles", "gpu-time", "--cuda-exact", "-o", &out], &[("GPUFLAME_CUPTI_PATH", cupti)], &["launches", "200"]);
+    let stacks = read_folded(Path::new(&fx.path("g.gpu-time.folded")));
+    check_gpu_time(&stacks, 200, &format!("{}\n{stderr}", describe(&stacks)));
+    // The stand-ins for when CUPTI is missing come along.
+    assert_eq!(total(&read_folded(Path::new(&fx.path("g.gpu-launches.folded")))), 200 + 100 + 20);
+}
+
+#[test]
+fn gpu_time_of_unsampled_launches_goes_to_their_call_sites() {
+    let fx = Fixture::build();
+    let out = fx.path("g.pb.gz");
+    let cupti = fx.path("libcupti.so.13");
+    // About 3 s of launches at 20 us each: the launch hooks see a few windows of them.
+    let env = [("GPUFLAME_CUPTI_PATH", cupti), ("FAKE_CUDA_LAUNCH_NS", "20000".to_string())];
+    let (_, stderr) = fx.record(&["--profiles", "gpu-time", "-o", &out], &env, &["launches", "60000"]);
+    let profile = pprof::read(&std::fs::read(fx.path("g.gpu-time.pb.gz")).unwrap()).unwrap();
+    let comment = profile.comments.iter().find(|c| c.starts_with("gpu time of")).cloned().unwrap_or_default();
+    let mut folded = Vec::new();
+    gpuflame::output::folded::write(&profile, &mut folded).unwrap();
+    let stacks = parse_folded(&String::from_utf8(folded).unwrap());
+    check_gpu_time(&stacks, 60000, &format!("{comment}\n{}\n{stderr}", describe(&stacks)));
+    assert_eq!(profile.sample_type().kind, "gpu");
+    assert!(comment.contains("by kernel and call site") && !comment.contains(", 0.0% by kernel"), "most launches were not sampled: {comment}");
+}
+
+#[test]
+fn another_cupti_subscriber_means_no_gpu_time_and_one_line() {
+    let fx = Fixture::build();
+    let out = fx.path("g.folded");
+    let cupti = fx.path("libcupti.so.13");
+    let env = [("GPUFLAME_CUPTI_PATH", cupti), ("FAKE_CUPTI_BUSY", "1".to_string())];
+    let (kv, stderr) = fx.record(&["--profiles", "gpu-time", "--cuda-exact", "-o", &out], &env, &["launches", "100"]);
+    assert_eq!(kv["failures"], "0", "the program is not disturbed");
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.contains("no GPU time: another CUPTI subscriber is active")).collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert_eq!(total(&read_folded(Path::new(&fx.path("g.gpu-time.folded")))), 0);
+    assert_eq!(total(&read_folded(Path::new(&fx.path("g.gpu-launches.folded")))), 100 + 50 + 10, "gpu-launches stands in");
 }

@@ -67,6 +67,14 @@ int on_calibrate(struct pt_regs *ctx)
 	return 0;
 }
 
+/* An EVENT_CUPTI_KERNELS record: a sample_event's fields up to its user stack, then records. */
+struct cupti_kernels_event {
+	struct {
+		__u8 bytes[offsetof(struct sample_event, user_stack)];
+	} header;
+	__u8 records[CUPTI_BATCH_MASK + 1];
+};
+
 static __always_inline void fill_header(struct sample_event *e, __u64 id, __u32 api)
 {
 	e->pid = id >> 32;
@@ -112,21 +120,31 @@ static __always_inline void cupti_enter(struct pt_regs *ctx, __u64 id, __u32 api
 			frames = MAX_USER_FRAMES;
 		size += (__u64)frames * sizeof(__u64);
 		break;
-	case CUPTI_KERNELS:
-		e->kind = EVENT_CUPTI_KERNELS;
+	case CUPTI_KERNELS: {
+		/* Too big for the scratch entry: built in the ring buffer itself. */
+		struct cupti_kernels_event *r;
+
 		n = PT_REGS_PARM2(ctx);
 		if (n > CUPTI_BATCH)
 			n = CUPTI_BATCH;
 		if (n == 0)
 			return;
-		/* 42 records are 2016 bytes: the mask changes nothing but shows the verifier a bound. */
-		bytes = (n * sizeof(struct cupti_kernel)) & 0x7ff;
-		e->size = PT_REGS_PARM3(ctx);
-		if (bpf_probe_read_user(e->user_stack, bytes, (void *)PT_REGS_PARM1(ctx)))
+		/* The mask changes nothing (682 records are 32736 bytes) but shows the verifier a bound. */
+		bytes = (n * sizeof(struct cupti_kernel)) & CUPTI_BATCH_MASK;
+		r = bpf_ringbuf_reserve(&samples, sizeof(*r), 0);
+		if (!r) {
+			count(COUNTER_CUDA_LOST);
 			return;
+		}
+		e->kind = EVENT_CUPTI_KERNELS;
+		e->size = PT_REGS_PARM3(ctx);
 		e->user_frames = n;
-		size += CUPTI_BATCH * sizeof(struct cupti_kernel);
-		break;
+		__builtin_memcpy(&r->header, e, sizeof(r->header));
+		if (bpf_probe_read_user(r->records, bytes, (void *)PT_REGS_PARM1(ctx)))
+			((struct sample_event *)r)->user_frames = 0;
+		bpf_ringbuf_submit(r, 0);
+		return;
+	}
 	case CUPTI_NAME:
 		e->kind = EVENT_CUPTI_NAME;
 		e->addr = PT_REGS_PARM1(ctx) & 0xffffffff;

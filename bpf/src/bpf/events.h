@@ -141,8 +141,10 @@ struct cupti_kernel {
 	__u64 graph_node;
 };
 
-/* Records per EVENT_CUPTI_KERNELS: as many as fit where a user stack goes. */
-#define CUPTI_BATCH 42
+/* Records per EVENT_CUPTI_KERNELS, which follow the header where a user stack would: one hook
+ * hit per 682 kernels (32 KiB of records). */
+#define CUPTI_BATCH 682
+#define CUPTI_BATCH_MASK 0x7fff
 
 /* Where ring records of CUDA calls are built: not the sampler's entry, whose programs can
  * interrupt a hook. */

@@ -28,10 +28,13 @@ pub struct GpuTimeStats {
 
 #[derive(Default)]
 pub struct GpuTime {
-    launches: HashMap<(u32, u32), StackKey>,
-    sites: HashMap<(u32, u32), HashMap<StackKey, u64>>,
+    /// Launch stacks, interned: a kernel record costs integer work only, at millions a second.
+    stacks: Vec<StackKey>,
+    stack_ids: HashMap<StackKey, u32>,
+    launches: HashMap<(u32, u32), u32>,
+    sites: HashMap<(u32, u32), HashMap<u32, u64>>,
     names: HashMap<(u32, u32), String>,
-    by_stack: HashMap<(StackKey, u32), i64>,
+    by_stack: HashMap<(u32, u32), i64>,
     /// (pid, name id) → time of records whose launch was not sampled, and the process's name.
     pending: HashMap<(u32, u32), (i64, String)>,
     dropped: HashMap<u32, u64>,
@@ -44,7 +47,12 @@ impl GpuTime {
         if self.launches.len() >= LAUNCHES_LIMIT {
             self.launches.clear();
         }
-        self.launches.insert((pid, correlation), stack);
+        let next = self.stacks.len() as u32;
+        let id = *self.stack_ids.entry(stack).or_insert_with_key(|k| {
+            self.stacks.push(k.clone());
+            next
+        });
+        self.launches.insert((pid, correlation), id);
     }
 
     pub fn named(&mut self, n: GpuKernelName) {
@@ -58,9 +66,9 @@ impl GpuTime {
             let ns = k.end.saturating_sub(k.start) as i64;
             self.stats.records += 1;
             match self.launches.get(&(pid, k.correlation)) {
-                Some(stack) => {
-                    *self.sites.entry((pid, k.name_id)).or_default().entry(stack.clone()).or_default() += 1;
-                    *self.by_stack.entry((stack.clone(), k.name_id)).or_default() += ns;
+                Some(&stack) => {
+                    *self.sites.entry((pid, k.name_id)).or_default().entry(stack).or_default() += 1;
+                    *self.by_stack.entry((stack, k.name_id)).or_default() += ns;
                     self.stats.by_correlation_ns += ns;
                 }
                 None => {
@@ -75,13 +83,25 @@ impl GpuTime {
         self.launches.retain(|&(p, _), _| p != pid);
     }
 
+    /// Stacks no launch or site refers to any more are dropped between windows.
+    fn compact(&mut self) {
+        if self.stacks.len() < 100_000 {
+            return;
+        }
+        self.launches.clear();
+        self.sites.clear();
+        self.stacks.clear();
+        self.stack_ids.clear();
+    }
+
     /// The window's stacks and nanoseconds, and how they were attributed; a new window starts.
     pub fn take(&mut self) -> (Vec<(StackKey, Option<u32>, Vec<i64>)>, GpuTimeStats) {
         let mut out: HashMap<StackKey, i64> = HashMap::new();
         let name = |names: &HashMap<(u32, u32), String>, pid: u32, id: u32| {
             names.get(&(pid, id)).cloned().unwrap_or_else(|| format!("kernel #{id}"))
         };
-        for ((mut stack, id), ns) in std::mem::take(&mut self.by_stack) {
+        for ((stack, id), ns) in std::mem::take(&mut self.by_stack) {
+            let mut stack = self.stacks[stack as usize].clone();
             stack.tail.push(TailFrame::Kernel(name(&self.names, stack.pid, id)));
             *out.entry(stack).or_default() += ns;
         }
@@ -92,13 +112,13 @@ impl GpuTime {
                     self.stats.by_site_ns += ns;
                     let seen: u64 = sites.values().sum();
                     let mut left = ns;
-                    let mut sites: Vec<(&StackKey, &u64)> = sites.iter().collect();
+                    let mut sites: Vec<(&u32, &u64)> = sites.iter().collect();
                     sites.sort_by_key(|(_, &n)| n);
                     for (i, (stack, &n)) in sites.iter().enumerate() {
                         // The most frequent site, last, takes what rounding left over.
                         let share = if i + 1 == sites.len() { left } else { (ns as i128 * n as i128 / seen as i128) as i64 };
                         left -= share;
-                        let mut s = (*stack).clone();
+                        let mut s = self.stacks[**stack as usize].clone();
                         s.tail.push(kernel.clone());
                         *out.entry(s).or_default() += share;
                     }
@@ -119,6 +139,7 @@ impl GpuTime {
             }
         }
         self.stats.dropped = self.dropped.values().sum();
+        self.compact();
         let stats = std::mem::take(&mut self.stats);
         (out.into_iter().map(|(k, ns)| (k, None, vec![ns])).collect(), stats)
     }
