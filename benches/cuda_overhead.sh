@@ -3,7 +3,9 @@
 # libcudart.so.13 (profiler/tests/programs/cuda): cost per hooked call, the slowdown of a loop of
 # N cuLaunchKernel calls without gpuflame, with gpuflame at its defaults (duty-cycled hooks) and
 # with exact counting, in the same run with rounds interleaved; and how close the sampled launch
-# count comes to the true count.
+# count comes to the true count. Then GPU time: the loop with gpuflame's CUPTI library loaded
+# by hand against the stand-in libcupti (CUPTI's own cost, no gpuflame), and under
+# `gpuflame record --profiles gpu-time`.
 #
 #   sudo benches/cuda_overhead.sh [N] [LAUNCH_NS] [ROUNDS]   (defaults 1000000 5000 3)
 #
@@ -20,8 +22,10 @@ src="$root/profiler/tests/programs/cuda"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cd "$tmp"
-cc -O2 -g -shared -fPIC -Wl,-soname,libcuda.so.1 -o libcuda.so.1 "$src/fake_cuda.c" -lpthread
+cc -O2 -g -shared -fPIC -Wl,-soname,libcuda.so.1 -o libcuda.so.1 "$src/fake_cuda.c" -lpthread -ldl
 cc -O2 -g -shared -fPIC -Wl,-soname,libcudart.so.13 -o libcudart.so.13 "$src/fake_cudart.c" -L. -l:libcuda.so.1 '-Wl,-rpath,$ORIGIN' -ldl -lpthread
+cc -O2 -g -shared -fPIC -Wl,-soname,libcupti.so.13 -o libcupti.so.13 "$src/fake_cupti.c" -lpthread
+"$exe" cupti-library "$tmp/libgpuflame_cupti.so" >/dev/null
 cc -O2 -g -rdynamic -o cuda_app "$src/cuda_app.c" -L. -l:libcudart.so.13 -l:libcuda.so.1 "-Wl,-rpath,$tmp"
 
 field() { sed -n "s/^$1=//p" "$2"; }
@@ -30,6 +34,8 @@ run() { # mode out
 	none) FAKE_CUDA_LAUNCH_NS=$launch_ns ./cuda_app bench "$n" >"$2" ;;
 	default) "$exe" record --profiles gpu-launches -o "$2.folded" -- env FAKE_CUDA_LAUNCH_NS=$launch_ns ./cuda_app bench "$n" >"$2" 2>"$2.err" ;;
 	exact) "$exe" record --profiles gpu-launches --cuda-exact -o "$2.folded" -- env FAKE_CUDA_LAUNCH_NS=$launch_ns ./cuda_app bench "$n" >"$2" 2>"$2.err" ;;
+	cupti) CUDA_INJECTION64_PATH="$tmp/libgpuflame_cupti.so" GPUFLAME_CUPTI_PATH="$tmp/libcupti.so.13" FAKE_CUDA_LAUNCH_NS=$launch_ns ./cuda_app bench "$n" >"$2" 2>/dev/null ;;
+	gputime) "$exe" record --profiles gpu-time -o "$2.gt.folded" -- env GPUFLAME_CUPTI_PATH="$tmp/libcupti.so.13" FAKE_CUDA_LAUNCH_NS=$launch_ns ./cuda_app bench "$n" >"$2" 2>"$2.err" ;;
 	esac
 }
 
@@ -38,20 +44,21 @@ FAKE_CUDA_LAUNCH_NS=0 ./cuda_app bench 200000 >bare0
 "$exe" record --profiles gpu-launches --cuda-exact -o hooked0.folded -- env FAKE_CUDA_LAUNCH_NS=0 ./cuda_app bench 200000 >hooked0 2>/dev/null
 awk -v a="$(field ns_per_launch bare0)" -v b="$(field ns_per_launch hooked0)" 'BEGIN { printf "  unprobed %.1f ns, hooked (entry + return, stack unwound) %.0f ns, cost %.0f ns per call\n", a, b, b - a }'
 
+modes=${MODES:-none default exact cupti gputime}
 echo "loop of $n launches of $launch_ns ns each, $rounds rounds interleaved:"
 for r in $(seq "$rounds"); do
-	for mode in none default exact; do
+	for mode in $modes; do
 		run $mode "$mode.$r"
 		s=$(field seconds "$mode.$r")
 		line="  round $r $mode: ${s} s"
-		if [ "$mode" != none ]; then
+		if [ "$mode" = default ] || [ "$mode" = exact ]; then
 			counted=$(awk '{ s += $NF } END { print s + 0 }' "$mode.$r.folded")
 			line="$line, launches counted $counted of $n ($(awk -v c="$counted" -v n="$n" 'BEGIN { printf "%+.1f%%", (c - n) * 100 / n }'))"
 		fi
 		echo "$line"
 	done
 done
-for mode in none default exact; do
+for mode in $modes; do
 	printf '%s ' "$mode"; for r in $(seq "$rounds"); do field seconds "$mode.$r"; done | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'
 done >medians
 base=$(awk '$1 == "none" { print $2 }' medians)

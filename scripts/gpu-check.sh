@@ -43,4 +43,20 @@ for mode in default expandable compile; do
 	echo "  cuda-api total:                          $(total "$out/$mode.cuda-api.folded") ns"
 	grep -E "CUDA found and hooked|CUDA files_hooked" "$out/$mode.err" | sed 's/^/  /' || true
 done
+echo "== gpu-time against torch.profiler (separate runs: both are CUPTI subscribers)"
+for mode in default compile; do
+	"$python" "$root/scripts/gpu_workload.py" "$mode" >"$out/$mode.bare.out"
+	"$python" "$root/scripts/gpu_workload.py" "$mode" --torch-profiler >"$out/$mode.torch.out"
+	"$exe" record -v --profiles gpu-time -o "$out/$mode.gt.folded" -- "$python" "$root/scripts/gpu_workload.py" "$mode" >"$out/$mode.gt.out" 2>"$out/$mode.gt.err"
+	torch_ns=$(sed -n 's/^torch_profiler_kernel_ns=//p' "$out/$mode.torch.out")
+	ours=$(total "$out/$mode.gt.gpu-time.folded")
+	bare=$(sed -n 's/^work_seconds=//p' "$out/$mode.bare.out")
+	with=$(sed -n 's/^work_seconds=//p' "$out/$mode.gt.out")
+	echo "-- $mode"
+	echo "  torch.profiler kernel time: $torch_ns ns; gpuflame gpu-time total: $ours ns ($(awk -v a="$ours" -v b="$torch_ns" 'BEGIN { if (b > 0) printf "%+.1f%%", (a - b) * 100 / b }'))"
+	echo "  work without / with gpuflame gpu-time: $bare s / $with s ($(awk -v a="$with" -v b="$bare" 'BEGIN { if (b > 0) printf "%+.1f%%", (a - b) * 100 / b }'))"
+	grep -h "gpu time of\|no GPU time" "$out/$mode.gt.err" | sed 's/^/  /' || true
+	echo "  top stacks:"
+	sort -t' ' -k2 -nr "$out/$mode.gt.gpu-time.folded" | head -5 | awk '{ n = $NF; $NF = ""; printf "    %14d ns  %s\n", n, substr($0, length($0) > 240 ? length($0) - 240 : 1) }'
+done
 echo "profiles in $out"

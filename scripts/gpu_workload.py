@@ -1,8 +1,9 @@
 """A PyTorch workload of known allocations and launches, for scripts/gpu-check.sh.
 
-    python3 gpu_workload.py default|expandable|compile
+    python3 gpu_workload.py default|expandable|compile [--torch-profiler]
 
-Prints key=value lines: what PyTorch says it reserved, and the launches it made on purpose."""
+Prints key=value lines: what PyTorch says it reserved, the launches it made on purpose, the
+wall time of the work, and with --torch-profiler the kernel time torch.profiler measured."""
 import sys
 import time
 
@@ -38,16 +39,33 @@ def run_compiled(n):
     return y
 
 
-def main():
-    mode = sys.argv[1] if len(sys.argv) > 1 else "default"
-    torch.cuda.init()
-    time.sleep(0.5)  # not needed by gpuflame; keeps the start-up apart from the work in a CPU profile
+def work(mode):
     tensors = allocate_tensors()
     out = matmuls(50)
     if mode == "compile":
         run_compiled(100)
     del tensors
     torch.cuda.synchronize()
+    return out
+
+
+def main():
+    mode = sys.argv[1] if len(sys.argv) > 1 else "default"
+    torch.cuda.init()
+    time.sleep(0.5)  # not needed by gpuflame; keeps the start-up apart from the work in a CPU profile
+    if mode == "compile":
+        run_compiled(1)  # compile outside the timed work
+    start = time.time()
+    if "--torch-profiler" in sys.argv:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            out = work(mode)
+        kernel_us = sum(e.self_device_time_total for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA)
+        print(f"torch_profiler_kernel_ns={int(kernel_us * 1000)}")
+    else:
+        out = work(mode)
+    print(f"work_seconds={time.time() - start:.3f}")
     print(f"mode={mode}")
     print(f"memory_reserved={torch.cuda.memory_reserved()}")
     print(f"max_memory_reserved={torch.cuda.max_memory_reserved()}")

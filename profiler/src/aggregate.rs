@@ -50,6 +50,9 @@ pub enum TailFrame {
     KernelStub(UserAddr),
 }
 
+/// Stacks with their device label and one value per sample type, ready to be symbolized.
+pub type StackValues = Vec<(StackKey, Option<u32>, Vec<i64>)>;
+
 /// A stack as the aggregators keep it: addresses, normalized while the process lives; named only
 /// when a profile is built.
 pub type StackId = StackKey;
@@ -211,7 +214,7 @@ impl CpuAggregator {
     }
 
     /// Fills `profile` with these stacks, their values and device labels, symbolized.
-    pub fn build(&mut self, profile: &mut Profile, values: Vec<(StackKey, Option<u32>, Vec<i64>)>, start: SystemTime, duration: Duration) {
+    pub fn build(&mut self, profile: &mut Profile, values: StackValues, start: SystemTime, duration: Duration) {
         profile.time_nanos = start.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64);
         profile.duration_nanos = duration.as_nanos() as i64;
 

@@ -201,7 +201,7 @@ fn record(opts: &RecordOptions, format: Format, outputs: Vec<(ProfileKind, PathB
     if let Some(c) = cuda.as_mut() {
         let coverage = c.hooks.take_coverage();
         profiles = c.profiles.take_profiles(&mut aggregator, &opts.profiles, coverage, start_wall, duration);
-        report_cuda(c, coverage);
+        report_cuda(c, coverage, &counters.cuda);
     }
     if opts.profiles.contains(&ProfileKind::Cpu) {
         profiles.push((ProfileKind::Cpu, aggregator.take_profile(opts.frequency_hz, start_wall, duration)));
@@ -311,7 +311,7 @@ impl OomWriter {
     }
 }
 
-fn report_cuda(c: &CudaState, coverage: Coverage) {
+fn report_cuda(c: &CudaState, coverage: Coverage, counters: &gpuflame_bpf::CudaCounters) {
     let h = &c.profiles.hbm.stats;
     let s = &c.hooks.stats;
     tracing::info!(
@@ -330,6 +330,14 @@ fn report_cuda(c: &CudaState, coverage: Coverage) {
     );
     if h.unknown_frees > 0 {
         tracing::info!(count = h.unknown_frees, "frees of memory allocated before the hooks were attached");
+    }
+    tracing::info!(calls = counters.calls, lost = counters.lost, table_full = counters.table_full, races = counters.races, "CUDA hook records");
+    if counters.lost > 0 || counters.table_full > 0 {
+        tracing::warn!(
+            lost = counters.lost,
+            calls_not_followed = counters.table_full,
+            "some CUDA calls were not recorded: the ring buffer or the table of calls in flight was full"
+        );
     }
 }
 

@@ -99,6 +99,28 @@ fn hbm_totals_per_stack_are_exact_and_frees_leave_in_use() {
 }
 
 #[test]
+fn cuda_linked_into_another_library_is_found_by_its_symbols() {
+    // The runtime built into a library of another name, as static cudart ends up inside
+    // framework libraries: found by the functions it defines, not by its file name.
+    let fx = Fixture::build();
+    let d = fx.dir.path();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/cuda");
+    let cc = |args: &[&str]| {
+        let out = Command::new("cc").args(args).current_dir(d).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    let rt = src.join("fake_cudart.c").display().to_string();
+    let app_src = src.join("cuda_app.c").display().to_string();
+    cc(&["-O2", "-g", "-shared", "-fPIC", "-Wl,-soname,libframework.so", "-o", "libframework.so", &rt, "-L.", "-l:libcuda.so.1", "-Wl,-rpath,$ORIGIN", "-ldl", "-lpthread"]);
+    cc(&["-O2", "-g", "-rdynamic", "-o", "framework_app", &app_src, "-L.", "-l:libframework.so", "-l:libcuda.so.1", &format!("-Wl,-rpath,{}", d.display())]);
+    let out = fx.path("fw.folded");
+    let app = fx.path("framework_app");
+    gpuflame_ok(&["record", "--profiles", "hbm-alloc", "-o", &out, "--", &app, "memory"], 0);
+    let stacks = read_folded(Path::new(&out));
+    assert_eq!(under(&stacks, &["alloc_weights", "cudaMalloc"]), 192 * MIB, "{}", describe(&stacks));
+}
+
+#[test]
 fn hbm_pprof_has_both_values_and_the_device() {
     let fx = Fixture::build();
     let out = fx.path("mem.pb.gz");

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use gpuflame_bpf::{GpuKernelBatch, GpuKernelName};
 
-use crate::aggregate::{StackKey, TailFrame};
+use crate::aggregate::{StackKey, StackValues, TailFrame};
 
 /// Correlation ids kept for records still to come, at most.
 const LAUNCHES_LIMIT: usize = 1 << 20;
@@ -95,7 +95,7 @@ impl GpuTime {
     }
 
     /// The window's stacks and nanoseconds, and how they were attributed; a new window starts.
-    pub fn take(&mut self) -> (Vec<(StackKey, Option<u32>, Vec<i64>)>, GpuTimeStats) {
+    pub fn take(&mut self) -> (StackValues, GpuTimeStats) {
         let mut out: HashMap<StackKey, i64> = HashMap::new();
         let name = |names: &HashMap<(u32, u32), String>, pid: u32, id: u32| {
             names.get(&(pid, id)).cloned().unwrap_or_else(|| format!("kernel #{id}"))

@@ -18,7 +18,7 @@ use gpuflame_symbolizer::MappedFile;
 pub use discover::{cuda_functions, DiscoverError};
 pub use hooks::{CudaHookManager, Coverage, DutyCycle};
 
-use crate::aggregate::{CpuAggregator, StackKey, TailFrame};
+use crate::aggregate::{CpuAggregator, StackKey, StackValues, TailFrame};
 use crate::profile::Profile;
 use crate::profile_kind::ProfileKind;
 use hbm::{Hbm, Site, SiteTotals};
@@ -191,7 +191,7 @@ impl CudaProfiles {
         let scaled = |k: &StackKey, v: i64| (v as f64 * thread_scale(k.tid)).round() as i64;
         let mut out = Vec::new();
         for &kind in wanted.iter().filter(|k| k.is_cuda()) {
-            let values: Vec<(StackKey, Option<u32>, Vec<i64>)> = match kind {
+            let values: StackValues = match kind {
                 ProfileKind::HbmAlloc => sites(&allocs),
                 ProfileKind::HbmInUse => sites(&in_use),
                 ProfileKind::GpuLaunches => launches.iter().map(|(k, &n)| (k.clone(), None, vec![scaled(k, n)])).collect(),
@@ -207,6 +207,7 @@ impl CudaProfiles {
                 }
                 ProfileKind::GpuTime => {
                     let (values, stats) = self.gpu_time.take();
+                    tracing::info!("{}", stats.describe());
                     let mut profile = Profile::of(kind.sample_types());
                     profile.comments.push(stats.describe());
                     stacks.build(&mut profile, values, start, duration);
@@ -253,7 +254,7 @@ impl CudaProfiles {
     }
 }
 
-fn sites(totals: &SiteTotals) -> Vec<(StackKey, Option<u32>, Vec<i64>)> {
+fn sites(totals: &SiteTotals) -> StackValues {
     totals.iter().map(|(site, &(bytes, objects))| (site.stack.clone(), Some(site.device), vec![bytes, objects])).collect()
 }
 
