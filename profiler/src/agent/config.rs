@@ -75,6 +75,9 @@ pub struct AgentArgs {
     /// The hostname label [default: the kernel's hostname; in a pod, pass the node name].
     #[arg(long, env = "GPUFLAME_HOSTNAME")]
     pub hostname: Option<String>,
+    /// Profiles to push, comma-separated: cpu, hbm-alloc, hbm-inuse, gpu-launches, cuda-api [default: cpu].
+    #[arg(long, value_name = "LIST", env = "GPUFLAME_PROFILES")]
+    pub profiles: Option<String>,
     /// Push one window and exit.
     #[arg(long)]
     pub once: bool,
@@ -108,6 +111,7 @@ struct FileConfig {
     metrics_addr: Option<String>,
     unwind_rows: Option<u64>,
     hostname: Option<String>,
+    profiles: Option<String>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -136,6 +140,7 @@ pub struct AgentConfig {
     pub metrics_addr: Option<String>,
     pub unwind_rows: u64,
     pub hostname: String,
+    pub profiles: Vec<crate::profile_kind::ProfileKind>,
     pub once: bool,
 }
 
@@ -216,6 +221,10 @@ impl AgentConfig {
         if frequency_hz == 0 || frequency_hz > 10_000 {
             return Err(err(format!("frequency {frequency_hz} Hz is out of range (1 to 10000)")));
         }
+        let profiles = crate::profile_kind::ProfileKind::parse_list(&args.profiles.clone().or(file.profiles).unwrap_or_else(|| "cpu".into())).map_err(err)?;
+        if profiles.contains(&crate::profile_kind::ProfileKind::GpuTime) {
+            return Err(err("gpu-time needs processes started under `gpuflame record -- CMD`; the agent pushes gpu-launches and cuda-api"));
+        }
         let metrics_addr = args.metrics_addr.clone().or(file.metrics_addr).map(|a| if a.contains(':') { a } else { format!("127.0.0.1:{a}") });
         Ok(AgentConfig {
             server,
@@ -237,6 +246,7 @@ impl AgentConfig {
                 Some(h) => h,
                 None => std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "unknown".into()),
             },
+            profiles,
             once: args.once,
         })
     }
@@ -248,6 +258,8 @@ impl AgentConfig {
         out += &format!("server = {}\n", q(&self.server));
         out += &format!("window = {}\n", self.window.as_secs_f64());
         out += &format!("frequency = {}\n", self.frequency_hz);
+        let names: Vec<&str> = self.profiles.iter().map(|k| k.name()).collect();
+        out += &format!("profiles = {}\n", q(&names.join(",")));
         out += &format!("service_name_from = {}\n", q(match self.service_name_from {
             NameFrom::Comm => "comm",
             NameFrom::Cmdline => "cmdline",

@@ -18,7 +18,9 @@ use tokio::sync::watch;
 
 use crate::output::pprof;
 use crate::profile::Profile;
-use crate::session::Session;
+use crate::cuda::DutyCycle;
+use crate::profile_kind::ProfileKind;
+use crate::session::{CudaOptions, Session, SessionConfig};
 use crate::{preflight, UserError};
 use config::{AgentArgs, AgentConfig};
 use metrics::AgentMetrics;
@@ -116,7 +118,17 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
 
 /// Samples in windows until stopped; returns the number of windows.
 fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &Mutex<AgentMetrics>, seq: &mut u64) -> anyhow::Result<u64> {
-    let mut session = Session::start_cpu(Targets::All, cfg.frequency_hz, cfg.unwind_rows)?;
+    let cuda = cfg.profiles.iter().any(|k| k.is_cuda()).then(|| CudaOptions {
+        launches: cfg.profiles.iter().any(|k| matches!(k, ProfileKind::GpuLaunches | ProfileKind::CudaApi)),
+        duty: Some(DutyCycle::DEFAULT),
+    });
+    let mut session = Session::start(SessionConfig {
+        targets: Targets::All,
+        frequency_hz: cfg.frequency_hz,
+        unwind_rows: cfg.unwind_rows,
+        cpu: cfg.profiles.contains(&ProfileKind::Cpu),
+        cuda,
+    })?;
     eprintln!(
         "gpuflame agent: profiling the whole machine ({} processes) at {} Hz, pushing every {} s to {}",
         session.tracker.processes(),
@@ -150,12 +162,26 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
         }
         session.drain()?;
         total_samples += session.aggregator.samples();
-        let profile = session.aggregator.take_profile(cfg.frequency_hz, window_wall, window_start.elapsed());
+        let elapsed = window_start.elapsed();
+        let mut profiles = Vec::new();
+        if let Some(c) = session.cuda.as_mut() {
+            let coverage = c.hooks.take_coverage();
+            profiles = c.profiles.take_profiles(&mut session.aggregator, &cfg.profiles, coverage, window_wall, elapsed);
+        }
+        for oom in std::mem::take(&mut session.ooms) {
+            let stack = session.aggregator.describe(&oom.stack);
+            tracing::warn!(pid = oom.pid, comm = %oom.comm, requested = oom.requested, in_use = oom.in_use, device = oom.device, %stack, "out of memory: {} failed", oom.api.symbol());
+        }
+        if cfg.profiles.contains(&ProfileKind::Cpu) {
+            profiles.push((ProfileKind::Cpu, session.aggregator.take_profile(cfg.frequency_hz, window_wall, elapsed)));
+        }
         window_start = Instant::now();
         window_wall = SystemTime::now();
         windows += 1;
-        if let Some(body) = encode_window(&profile, cfg, &mut namer, &hostname, &format!("{run_id}-{seq}")) {
-            queue.push(PushItem { seq: *seq, body, spool_file: None });
+        let series: Vec<RawProfileSeries> =
+            profiles.iter().flat_map(|(kind, p)| encode_series(p, pyroscope_name(*kind), cfg, &mut namer, &hostname, &format!("{run_id}-{seq}"))).collect();
+        if !series.is_empty() {
+            queue.push(PushItem { seq: *seq, body: PushRequest { series }.encode_to_vec(), spool_file: None });
             *seq += 1;
         }
         namer.retain(crate::target::process_alive);
@@ -165,10 +191,22 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
     }
 }
 
-/// The push request of one window: a series per service, or None when nothing was sampled.
-fn encode_window(profile: &Profile, cfg: &AgentConfig, namer: &mut ServiceNamer, hostname: &str, id: &str) -> Option<Vec<u8>> {
+/// The `__name__` a profile is pushed under.
+fn pyroscope_name(kind: ProfileKind) -> &'static str {
+    match kind {
+        ProfileKind::Cpu => CPU_PROFILE_NAME,
+        ProfileKind::HbmAlloc => "hbm_alloc",
+        ProfileKind::HbmInUse => "hbm_inuse",
+        ProfileKind::GpuLaunches => "gpu_launches",
+        ProfileKind::CudaApi => "cuda_api",
+        ProfileKind::GpuTime => "gpu_time",
+    }
+}
+
+/// The series of one profile of one window: one per service; none when nothing was sampled.
+fn encode_series(profile: &Profile, name: &str, cfg: &AgentConfig, namer: &mut ServiceNamer, hostname: &str, id: &str) -> Vec<RawProfileSeries> {
     if profile.samples.is_empty() {
-        return None;
+        return Vec::new();
     }
     let mut service_of: HashMap<(u32, String), String> = HashMap::new();
     for s in &profile.samples {
@@ -180,7 +218,7 @@ fn encode_window(profile: &Profile, cfg: &AgentConfig, namer: &mut ServiceNamer,
     services.sort();
     services.dedup();
     let key = |s: &crate::profile::Sample| (s.labels.pid.unwrap_or(0), s.labels.comm.clone().unwrap_or_default());
-    let series = services
+    services
         .into_iter()
         .map(|service| {
             let subset = profile.subset(|s| service_of.get(&key(s)) == Some(service));
@@ -188,13 +226,12 @@ fn encode_window(profile: &Profile, cfg: &AgentConfig, namer: &mut ServiceNamer,
             // Writing into a Vec cannot fail.
             let _ = pprof::write(&subset, &mut raw);
             let mut labels = vec![
-                LabelPair::new("__name__", CPU_PROFILE_NAME),
+                LabelPair::new("__name__", name),
                 LabelPair::new("service_name", service.clone()),
                 LabelPair::new("hostname", hostname),
             ];
             labels.extend(cfg.labels.iter().map(|(k, v)| LabelPair::new(k.clone(), v.clone())));
             RawProfileSeries { labels, samples: vec![RawSample { raw_profile: raw, id: id.to_string() }] }
         })
-        .collect();
-    Some(PushRequest { series }.encode_to_vec())
+        .collect()
 }
