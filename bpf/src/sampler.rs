@@ -149,10 +149,9 @@ impl CpuSampler {
             .map_err(|_| BpfError::Load(libbpf_rs::Error::from(std::io::Error::other("too many unwind rows"))))?;
         open.maps.unwind_blocks.set_max_entries(blocks).map_err(BpfError::load)?;
         let skel = open.load().map_err(BpfError::load)?;
-        ensure_tracefs();
 
         let mut sampler_links = Vec::new();
-        for prog in [&skel.progs.on_process_exec, &skel.progs.on_process_exit, &skel.progs.on_mmap_enter, &skel.progs.on_mmap_exit] {
+        for prog in [&skel.progs.on_process_exec, &skel.progs.on_process_exit, &skel.progs.on_mmap] {
             let link = prog.attach().map_err(|source| attach_error("the exec, mmap and exit hooks", source))?;
             sampler_links.push(link);
         }
@@ -395,20 +394,6 @@ impl CpuSampler {
 
     pub fn unwind_capacity(&self) -> UnwindCapacity {
         self.unwind.capacity()
-    }
-}
-
-/// Syscall tracepoints are attached through tracefs, which minimal systems do not mount.
-fn ensure_tracefs() {
-    const TRACEFS: &str = "/sys/kernel/tracing";
-    if Path::new(TRACEFS).join("events").exists() || Path::new("/sys/kernel/debug/tracing/events").exists() {
-        return;
-    }
-    let (source, target, fstype) = (c"nodev", c"/sys/kernel/tracing", c"tracefs");
-    // SAFETY: valid NUL-terminated strings; no data argument.
-    let rc = unsafe { libc::mount(source.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) };
-    if rc != 0 {
-        tracing::debug!(error = %std::io::Error::last_os_error(), "cannot mount tracefs");
     }
 }
 

@@ -139,6 +139,7 @@ impl Session {
                     }
                     let seen = Instant::now();
                     self.tracker.handle(&mut self.sampler, ev);
+                    tracing::debug!(pid = ev.pid, kind = ?ev.kind, "process event");
                     let Some(c) = self.cuda.as_mut() else { continue };
                     if ev.kind == ProcessEventKind::Exit {
                         refreshed.retain(|&p| p != ev.pid);

@@ -6,67 +6,54 @@
 #include "maps.h"
 #include "targets.h"
 
-SEC("tp_btf/sched_process_exec")
-int BPF_PROG(on_process_exec, struct task_struct *task, pid_t old_pid, struct linux_binprm *bprm)
-{
-	__u32 tgid = task->tgid;
-
-	if (is_target(tgid))
-		send_process_event(tgid, PROCESS_EXEC);
-	return 0;
-}
-
-/* An executable file mapping (dlopen, or ld.so at start): new code to unwind, and maybe CUDA to
- * hook, which should happen before the process calls it. The syscall's entry says whether the
- * mapping is of a file and executable; its exit, whether it happened. (fexit on vm_mmap_pgoff would
- * see both at once but needs ftrace, which kernels do not always allow.) */
+/* tgid -> its executable memory (mm->exec_vm) when last seen, to notice new code mapped. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 16384);
 	__type(key, __u32);
-	__type(value, __u8);
-} mmap_exec_pending SEC(".maps");
+	__type(value, __u64);
+} exec_vm_seen SEC(".maps");
 
-struct mmap_enter_args {
-	__u64 common;
-	__s32 nr;
-	__u32 pad;
-	__u64 addr, len, prot, flags, fd, off;
-};
-
-struct mmap_exit_args {
-	__u64 common;
-	__s32 nr;
-	__u32 pad;
-	__s64 ret;
-};
-
-SEC("tracepoint/syscalls/sys_enter_mmap")
-int on_mmap_enter(struct mmap_enter_args *ctx)
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(on_process_exec, struct task_struct *task, pid_t old_pid, struct linux_binprm *bprm)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tid = (__u32)id;
-	__u8 one = 1;
+	__u32 tgid = task->tgid;
+	__u64 none = 0;
 
-	if (!(ctx->prot & 0x4 /* PROT_EXEC */) || (__s64)ctx->fd < 0 || (ctx->flags & 0x20 /* MAP_ANONYMOUS */))
-		return 0;
-	if (is_target(id >> 32))
-		bpf_map_update_elem(&mmap_exec_pending, &tid, &one, BPF_ANY);
+	if (is_target(tgid)) {
+		send_process_event(tgid, PROCESS_EXEC);
+		/* A new program: every library it maps from now on is news. */
+		bpf_map_update_elem(&exec_vm_seen, &tgid, &none, BPF_ANY);
+	}
 	return 0;
 }
 
-SEC("tracepoint/syscalls/sys_exit_mmap")
-int on_mmap_exit(struct mmap_exit_args *ctx)
-{
-	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tid = (__u32)id;
+/* An executable file mapping (dlopen, or ld.so at start): new code to unwind, and maybe CUDA to
+ * hook, which should happen before the process calls it. Seen when the mapping process lets go
+ * of its mmap lock with more executable memory than before. (Syscall tracepoints would see the
+ * mmap itself, but while one is attached every system call of every process takes the slow path;
+ * fexit and kprobes need kernel options that are not always there.) */
 
-	if (!bpf_map_lookup_elem(&mmap_exec_pending, &tid))
+SEC("tp_btf/mmap_lock_released")
+int BPF_PROG(on_mmap, struct mm_struct *mm, bool write)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	__u64 exec_vm, *seen;
+
+	if (!write || !mm || !is_target(tgid))
 		return 0;
-	bpf_map_delete_elem(&mmap_exec_pending, &tid);
-	if (ctx->ret < 0 && ctx->ret > -4096)
+	/* exit_mmap() takes the lock too: an exiting process maps nothing new. */
+	if (bpf_get_current_task_btf()->flags & 0x00000004 /* PF_EXITING */)
 		return 0;
-	send_process_event(id >> 32, PROCESS_MMAP_EXEC);
+	exec_vm = mm->exec_vm;
+	seen = bpf_map_lookup_elem(&exec_vm_seen, &tgid);
+	if (seen && *seen >= exec_vm) {
+		*seen = exec_vm; /* an unmap: nothing new to load */
+		return 0;
+	}
+	bpf_map_update_elem(&exec_vm_seen, &tgid, &exec_vm, BPF_ANY);
+	if (seen) /* the first sight of a process is not news: its mappings were read at start */
+		send_process_event(tgid, PROCESS_MMAP_EXEC);
 	return 0;
 }
 

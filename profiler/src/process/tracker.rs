@@ -70,9 +70,14 @@ impl ProcessTracker {
     /// Reads the process's mappings again and loads what is new. A process that is gone is
     /// forgotten.
     pub fn refresh(&mut self, sampler: &mut CpuSampler, pid: u32) {
-        let Ok(text) = fs::read_to_string(format!("/proc/{pid}/maps")) else {
-            self.exited(sampler, pid);
-            return;
+        // An exiting process has no mappings left to read: what was read before stays, for its
+        // last samples.
+        let text = match fs::read_to_string(format!("/proc/{pid}/maps")) {
+            Ok(t) if !t.trim().is_empty() => t,
+            _ => {
+                self.exited(sampler, pid);
+                return;
+            }
         };
         let entries: Vec<MapsEntry> = parse_maps(&text).into_iter().filter(|e| e.executable).collect();
         let mut mappings = Vec::with_capacity(entries.len());
