@@ -101,17 +101,7 @@ pub struct Profile {
 
 impl Profile {
     pub fn cpu(frequency_hz: u64) -> Self {
-        Profile {
-            sample_types: vec![ValueType::cpu_nanoseconds()],
-            period_type: ValueType::cpu_nanoseconds(),
-            period: 1_000_000_000 / frequency_hz.max(1) as i64,
-            time_nanos: 0,
-            duration_nanos: 0,
-            mappings: Vec::new(),
-            locations: Vec::new(),
-            samples: Vec::new(),
-            comments: Vec::new(),
-        }
+        Profile { period: 1_000_000_000 / frequency_hz.max(1) as i64, ..Profile::of(vec![ValueType::cpu_nanoseconds()]) }
     }
 
     /// A profile of values that are not sampled time, such as bytes and counts.

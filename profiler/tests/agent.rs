@@ -363,21 +363,11 @@ fn hbm_profiles_are_pushed_per_service_with_their_own_names() {
     require_bpf();
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/cuda");
-    let cc = |args: &[&str]| {
-        let out = Command::new("cc").args(args).current_dir(d).output().expect("a C compiler");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    };
-    let s = |f: &str| src.join(f).display().to_string();
-    cc(&["-O2", "-g", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", "libcuda.so.1", &s("fake_cuda.c"), "-lpthread", "-ldl"]);
-    cc(&["-O2", "-g", "-shared", "-fPIC", "-Wl,-soname,libcudart.so.13", "-o", "libcudart.so.13", &s("fake_cudart.c"), "-L.", "-l:libcuda.so.1", "-Wl,-rpath,$ORIGIN", "-ldl", "-lpthread"]);
-    cc(&["-O2", "-g", "-rdynamic", "-o", "cuda_app", &s("cuda_app.c"), "-L.", "-l:libcudart.so.13", "-l:libcuda.so.1", &format!("-Wl,-rpath,{}", d.display())]);
-
+    let app = common::cuda::build_stand_ins(dir.path());
     let receiver = Receiver::start(Box::new(|_| 200));
     let agent = agent(&["--server", &receiver.url(), "--once", "--window", "4", "--profiles", "hbm-alloc,hbm-inuse", "-v"]);
     // Started after the agent: its allocations are seen from the first; it lives past the window.
-    let app = Workload(Command::new(d.join("cuda_app")).arg("memory").env("LINGER_MS", "8000").env("GPUFLAME_SERVICE_NAME", "kv-server").stdout(Stdio::null()).spawn().unwrap());
+    let app = Workload(Command::new(&app).arg("memory").env("LINGER_MS", "8000").env("GPUFLAME_SERVICE_NAME", "kv-server").stdout(Stdio::null()).spawn().unwrap());
     let started = Instant::now();
     while receiver.received().is_empty() && started.elapsed() < Duration::from_secs(20) {
         sleep(Duration::from_millis(100));

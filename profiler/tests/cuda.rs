@@ -6,7 +6,6 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use common::*;
 use gpuflame::output::pprof;
@@ -23,24 +22,8 @@ impl Fixture {
     fn build() -> Fixture {
         require_bpf();
         let dir = tempfile::tempdir().unwrap();
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/cuda");
-        let d = dir.path();
-        let cc = |args: Vec<String>| {
-            let out = Command::new("cc").args(&args).current_dir(d).output().expect("a C compiler (cc) is needed");
-            assert!(out.status.success(), "cc {args:?}:\n{}", String::from_utf8_lossy(&out.stderr));
-        };
-        let s = |p: &str| src.join(p).display().to_string();
-        cc(vec!["-O2".into(), "-g".into(), "-shared".into(), "-fPIC".into(), "-Wl,-soname,libcuda.so.1".into(), "-o".into(), "libcuda.so.1".into(), s("fake_cuda.c"), "-lpthread".into(), "-ldl".into()]);
-        cc(vec![
-            "-O2".into(), "-g".into(), "-shared".into(), "-fPIC".into(), "-Wl,-soname,libcudart.so.13".into(), "-o".into(), "libcudart.so.13".into(),
-            s("fake_cudart.c"), "-L.".into(), "-l:libcuda.so.1".into(), "-Wl,-rpath,$ORIGIN".into(), "-ldl".into(), "-lpthread".into(),
-        ]);
-        cc(vec!["-O2".into(), "-g".into(), "-shared".into(), "-fPIC".into(), "-Wl,-soname,libcupti.so.13".into(), "-o".into(), "libcupti.so.13".into(), s("fake_cupti.c"), "-lpthread".into()]);
-        cc(vec![
-            "-O2".into(), "-g".into(), "-rdynamic".into(), "-o".into(), "cuda_app".into(), s("cuda_app.c"), "-L.".into(), "-l:libcudart.so.13".into(),
-            "-l:libcuda.so.1".into(), format!("-Wl,-rpath,{}", d.display()),
-        ]);
-        Fixture { app: d.join("cuda_app"), dir }
+        let app = common::cuda::build_stand_ins(dir.path());
+        Fixture { app, dir }
     }
 
     fn path(&self, name: &str) -> String {
@@ -104,15 +87,8 @@ fn cuda_linked_into_another_library_is_found_by_its_symbols() {
     // framework libraries: found by the functions it defines, not by its file name.
     let fx = Fixture::build();
     let d = fx.dir.path();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/cuda");
-    let cc = |args: &[&str]| {
-        let out = Command::new("cc").args(args).current_dir(d).output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    };
-    let rt = src.join("fake_cudart.c").display().to_string();
-    let app_src = src.join("cuda_app.c").display().to_string();
-    cc(&["-O2", "-g", "-shared", "-fPIC", "-Wl,-soname,libframework.so", "-o", "libframework.so", &rt, "-L.", "-l:libcuda.so.1", "-Wl,-rpath,$ORIGIN", "-ldl", "-lpthread"]);
-    cc(&["-O2", "-g", "-rdynamic", "-o", "framework_app", &app_src, "-L.", "-l:libframework.so", "-l:libcuda.so.1", &format!("-Wl,-rpath,{}", d.display())]);
+    common::cuda::cc_in(d, &["-O2", "-g", "-shared", "-fPIC", "-Wl,-soname,libframework.so", "-o", "libframework.so", &common::cuda::source("fake_cudart.c"), "-L.", "-l:libcuda.so.1", "-Wl,-rpath,$ORIGIN", "-ldl", "-lpthread"]);
+    common::cuda::cc_in(d, &["-O2", "-g", "-rdynamic", "-o", "framework_app", &common::cuda::source("cuda_app.c"), "-L.", "-l:libframework.so", "-l:libcuda.so.1", &format!("-Wl,-rpath,{}", d.display())]);
     let out = fx.path("fw.folded");
     let app = fx.path("framework_app");
     gpuflame_ok(&["record", "--profiles", "hbm-alloc", "-o", &out, "--", &app, "memory"], 0);

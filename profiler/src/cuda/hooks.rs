@@ -84,15 +84,11 @@ impl ThreadRate {
             self.burst_first_ns = ts_ns;
         } else {
             // The previous call's hook cost lies between it and this one.
-            self.burst_overhead_ns += self.pending_cost(hook_ns, trap_cost);
+            self.burst_overhead_ns += hook_ns + trap_cost.as_nanos() as u64;
         }
         self.burst_last_ns = ts_ns;
         self.burst_calls += 1;
         self.calls += 1;
-    }
-
-    fn pending_cost(&self, hook_ns: u64, trap_cost: Duration) -> u64 {
-        hook_ns + trap_cost.as_nanos() as u64
     }
 
     fn close_burst(&mut self) {
@@ -333,10 +329,6 @@ impl CudaHookManager {
 
     pub fn trap_cost(&self) -> Duration {
         self.trap_cost
-    }
-
-    pub fn duty(&self) -> Option<&DutyCycle> {
-        self.duty.as_ref()
     }
 
     pub fn files_hooked(&self) -> usize {

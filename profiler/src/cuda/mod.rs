@@ -160,7 +160,6 @@ impl CudaProfiles {
     }
 
     pub fn kernel_named(&mut self, k: KernelName) {
-        tracing::debug!(pid = k.pid, handle = k.handle, name = %k.name, "kernel named");
         self.kernel_names.insert((k.pid, k.handle), k.name);
     }
 
@@ -181,11 +180,7 @@ impl CudaProfiles {
         let scale = coverage.scale();
         let thread_scales: HashMap<u32, f64> = std::mem::take(&mut self.cycled_calls)
             .into_iter()
-            .map(|(tid, mut rate)| {
-                let s = coverage.thread_scale(&mut rate);
-                tracing::debug!(tid, calls = rate.calls, scale = s, window_scale = scale, "calls seen through cycled hooks");
-                (tid, s)
-            })
+            .map(|(tid, mut rate)| (tid, coverage.thread_scale(&mut rate)))
             .collect();
         let thread_scale = |tid: u32| thread_scales.get(&tid).copied().unwrap_or(scale);
         let scaled = |k: &StackKey, v: i64| (v as f64 * thread_scale(k.tid)).round() as i64;

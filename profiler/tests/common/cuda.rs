@@ -1,0 +1,29 @@
+//! The CUDA stand-ins (tests/programs/cuda): libcuda.so.1, libcudart.so.13, libcupti.so.13 and
+//! the cuda_app program that drives them, built for a test.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The folder of the stand-ins' sources.
+pub fn source(file: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/cuda").join(file).display().to_string()
+}
+
+/// Runs `cc ARGS` in `dir`; fails the test with the compiler's output if it fails.
+pub fn cc_in(dir: &Path, args: &[&str]) {
+    let out = Command::new("cc").args(args).current_dir(dir).output().expect("a C compiler (cc) is needed");
+    assert!(out.status.success(), "cc {args:?}:\n{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Builds the stand-ins and cuda_app into `dir`; returns cuda_app's path.
+pub fn build_stand_ins(dir: &Path) -> PathBuf {
+    let rpath = format!("-Wl,-rpath,{}", dir.display());
+    cc_in(dir, &["-O2", "-g", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", "libcuda.so.1", &source("fake_cuda.c"), "-lpthread", "-ldl"]);
+    cc_in(dir, &[
+        "-O2", "-g", "-shared", "-fPIC", "-Wl,-soname,libcudart.so.13", "-o", "libcudart.so.13", &source("fake_cudart.c"), "-L.", "-l:libcuda.so.1",
+        "-Wl,-rpath,$ORIGIN", "-ldl", "-lpthread",
+    ]);
+    cc_in(dir, &["-O2", "-g", "-shared", "-fPIC", "-Wl,-soname,libcupti.so.13", "-o", "libcupti.so.13", &source("fake_cupti.c"), "-lpthread"]);
+    cc_in(dir, &["-O2", "-g", "-rdynamic", "-o", "cuda_app", &source("cuda_app.c"), "-L.", "-l:libcudart.so.13", "-l:libcuda.so.1", &rpath]);
+    dir.join("cuda_app")
+}
