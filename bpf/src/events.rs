@@ -39,6 +39,10 @@ pub enum UnwindStatus {
     KernelThread,
     /// A zero return address: the end of a stack whose outermost frame has no CFI marking.
     ZeroReturnAddress,
+    /// The table of a file on the stack was not built yet; it was asked for.
+    NoTableYet,
+    /// Code without CFI whose caller neither frame pointer nor stack scan found.
+    BadFrame,
     Unknown(u32),
 }
 
@@ -54,6 +58,8 @@ impl UnwindStatus {
             6 => UnwindStatus::ReadFault,
             7 => UnwindStatus::KernelThread,
             8 => UnwindStatus::ZeroReturnAddress,
+            9 => UnwindStatus::NoTableYet,
+            10 => UnwindStatus::BadFrame,
             other => UnwindStatus::Unknown(other),
         }
     }
@@ -69,13 +75,25 @@ impl UnwindStatus {
 pub enum UserFrame {
     /// A native instruction pointer (the sampled address or a return address).
     Native(u64),
-    /// A CPython frame: the code object's address in the process, the code's first line (to
-    /// tell a reused address apart), and the last instruction (bytes up to 3.9, code units from
-    /// 3.10).
-    Python { code: u64, first_line: u32, lasti: u32 },
+    /// A CPython frame: the code object's address in the process, a 16-bit tag of its name
+    /// pointer and its first line (to tell a reused address apart), and the last instruction
+    /// (bytes up to 3.9, code units from 3.10).
+    Python { code: u64, name_tag: u16, first_line: u32, lasti: u32 },
+    /// Frames missing here: the native walk stopped early, and the Python frames that follow
+    /// were read from the interpreter on their own.
+    Gap,
 }
 
 const PY_FRAME_TAG: u64 = 1 << 63;
+const PY_NAME_TAG_SHIFT: u32 = 47;
+const PY_ADDR_MASK: u64 = (1 << PY_NAME_TAG_SHIFT) - 1;
+const USER_GAP_MARK: u64 = PY_FRAME_TAG | 1;
+
+/// The tag the walker gives a code object whose name pointer is `name` (PY_NAME_TAG_SHIFT in
+/// events.h): user space checks it against the object it reads later.
+pub fn python_name_tag(name: u64) -> u16 {
+    (((name >> 4) ^ (name >> 20)) & 0xffff) as u16
+}
 
 /// Splits the raw stack slots: a Python frame is two slots, the first tagged.
 fn split_user_frames(slots: &[u64]) -> Vec<UserFrame> {
@@ -83,9 +101,17 @@ fn split_user_frames(slots: &[u64]) -> Vec<UserFrame> {
     let mut i = 0;
     while i < slots.len() {
         let v = slots[i];
-        if v & PY_FRAME_TAG != 0 {
+        if v == USER_GAP_MARK {
+            out.push(UserFrame::Gap);
+            i += 1;
+        } else if v & PY_FRAME_TAG != 0 {
             let second = slots.get(i + 1).copied().unwrap_or(0);
-            out.push(UserFrame::Python { code: v & !PY_FRAME_TAG, first_line: (second >> 32) as u32, lasti: second as u32 });
+            out.push(UserFrame::Python {
+                code: v & PY_ADDR_MASK,
+                name_tag: ((v & !PY_FRAME_TAG) >> PY_NAME_TAG_SHIFT) as u16,
+                first_line: (second >> 32) as u32,
+                lasti: second as u32,
+            });
             i += 2;
         } else {
             out.push(UserFrame::Native(v));
@@ -118,6 +144,8 @@ pub enum ProcessEventKind {
     Unknown,
     /// A file was mapped executable (dlopen): new code, maybe a CUDA library to hook.
     MmapExec,
+    /// A sample needs the unwind table of the file mapped at `addr`.
+    NeedTable { addr: u64 },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -251,6 +279,7 @@ pub(crate) fn decode_process_event(data: &[u8]) -> Option<ProcessEvent> {
         1 => ProcessEventKind::Exit,
         2 => ProcessEventKind::Unknown,
         3 => ProcessEventKind::MmapExec,
+        4 => ProcessEventKind::NeedTable { addr: e.addr },
         _ => return None,
     };
     Some(ProcessEvent { pid: e.pid, kind })
@@ -324,16 +353,23 @@ mod tests {
 
     #[test]
     fn python_frames_take_two_slots() {
-        let slots = [0x1000, 0x7f00_0000_1000 | PY_FRAME_TAG, (41 << 32) | 12, 0x2000];
+        let slots = [0x1000, 0x7f00_0000_1000 | PY_FRAME_TAG | (0xbeef << PY_NAME_TAG_SHIFT), (41 << 32) | 12, USER_GAP_MARK, 0x2000];
         assert_eq!(
             split_user_frames(&slots),
-            vec![UserFrame::Native(0x1000), UserFrame::Python { code: 0x7f00_0000_1000, first_line: 41, lasti: 12 }, UserFrame::Native(0x2000)]
+            vec![
+                UserFrame::Native(0x1000),
+                UserFrame::Python { code: 0x7f00_0000_1000, name_tag: 0xbeef, first_line: 41, lasti: 12 },
+                UserFrame::Gap,
+                UserFrame::Native(0x2000)
+            ]
         );
     }
 
     #[test]
     fn decodes_process_events() {
-        let e = types::process_event { pid: 7, kind: 1 };
+        let e = types::process_event { pid: 7, kind: 1, addr: 0 };
         assert_eq!(decode_process_event(as_bytes(&e)), Some(ProcessEvent { pid: 7, kind: ProcessEventKind::Exit }));
+        let e = types::process_event { pid: 7, kind: 4, addr: 0x4000 };
+        assert_eq!(decode_process_event(as_bytes(&e)), Some(ProcessEvent { pid: 7, kind: ProcessEventKind::NeedTable { addr: 0x4000 } }));
     }
 }

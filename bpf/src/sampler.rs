@@ -36,13 +36,17 @@ pub struct SamplerConfig {
     /// Samples per second on each CPU.
     pub frequency_hz: u64,
     pub targets: Targets,
-    /// Capacity of the unwind tables in rows (6 bytes of kernel memory each).
-    pub unwind_rows: u64,
+    /// Kernel memory the unwind tables may take, in bytes (6 per row). Shards of 6 MiB are
+    /// created as tables load, so an idle or small machine uses far less.
+    pub unwind_memory: u64,
 }
 
 impl SamplerConfig {
-    /// 8M rows (48 MiB of kernel memory): every library of a PyTorch process with room to spare.
-    pub const DEFAULT_UNWIND_ROWS: u64 = 8 << 20;
+    /// 256 MiB, 44M rows: tables load on demand, so this holds the hot files of many different
+    /// PyTorch builds at once (all 71 files of one torch process take 11M rows, 66 MiB).
+    pub const DEFAULT_UNWIND_MEMORY: u64 = 256 << 20;
+    /// Bytes of kernel memory per unwind row.
+    pub const BYTES_PER_ROW: u64 = 6;
 }
 
 /// The sampler's counters, summed over CPUs.
@@ -101,6 +105,10 @@ pub struct PythonCounters {
     /// Samples of Python processes whose thread state was not found.
     pub no_thread: u64,
     pub read_faults: u64,
+    /// Samples whose Python frames were kept after the native walk stopped early.
+    pub after_gap: u64,
+    /// Samples that had no room for all their Python frames.
+    pub truncated: u64,
 }
 
 /// Why user stacks ended early, by reason; and frames stepped by frame pointers.
@@ -112,7 +120,15 @@ pub struct UnwindCounters {
     pub bad_cfa: u64,
     pub read_fault: u64,
     pub truncated: u64,
+    /// Stacks that stopped at a file whose table was not built yet.
+    pub no_table_yet: u64,
+    /// Stacks that stopped at code without CFI whose caller was not found.
+    pub bad_frame: u64,
     pub frame_pointer_steps: u64,
+    /// Frame-pointer steps refused: rbp did not lead to a return address.
+    pub frame_pointer_rejected: u64,
+    /// Callers of code without CFI found by scanning the stack.
+    pub scanned_frames: u64,
 }
 
 /// A loaded and attached sampler. Dropping it detaches everything.
@@ -145,9 +161,8 @@ impl CpuSampler {
         })?;
         rodata.target_mode = mode;
         rodata.follow_forks = u8::from(follow);
-        let blocks = u32::try_from(config.unwind_rows.div_ceil(16).max(1))
-            .map_err(|_| BpfError::Load(libbpf_rs::Error::from(std::io::Error::other("too many unwind rows"))))?;
-        open.maps.unwind_blocks.set_max_entries(blocks).map_err(BpfError::load)?;
+        let rows = config.unwind_memory / SamplerConfig::BYTES_PER_ROW;
+        let blocks = u32::try_from(rows.div_ceil(16).max(1)).unwrap_or(u32::MAX);
         let skel = open.load().map_err(BpfError::load)?;
 
         let mut sampler_links = Vec::new();
@@ -289,13 +304,19 @@ impl CpuSampler {
                 bad_cfa: read(types::counter::COUNTER_UNWIND_BAD_CFA)?,
                 read_fault: read(types::counter::COUNTER_UNWIND_READ_FAULT)?,
                 truncated: read(types::counter::COUNTER_UNWIND_TRUNCATED)?,
+                no_table_yet: read(types::counter::COUNTER_UNWIND_NO_TABLE_YET)?,
+                bad_frame: read(types::counter::COUNTER_UNWIND_BAD_FRAME)?,
                 frame_pointer_steps: read(types::counter::COUNTER_UNWIND_FP_FALLBACK)?,
+                frame_pointer_rejected: read(types::counter::COUNTER_UNWIND_FP_REJECTED)?,
+                scanned_frames: read(types::counter::COUNTER_UNWIND_SCANNED)?,
             },
             process_events_lost: read(types::counter::COUNTER_PROCESS_EVENTS_LOST)?,
             python: PythonCounters {
                 frames: read(types::counter::COUNTER_PY_FRAMES)?,
                 no_thread: read(types::counter::COUNTER_PY_NO_THREAD)?,
                 read_faults: read(types::counter::COUNTER_PY_READ_FAULT)?,
+                after_gap: read(types::counter::COUNTER_PY_AFTER_GAP)?,
+                truncated: read(types::counter::COUNTER_PY_TRUNCATED)?,
             },
             cuda: CudaCounters {
                 calls: read(types::counter::COUNTER_CUDA_CALLS)?,
@@ -314,7 +335,17 @@ impl CpuSampler {
 
     /// Loads an executable's table; its rules must be loaded.
     pub fn insert_table(&mut self, table: &CompactTable) -> Result<TableId, BpfError> {
-        self.unwind.insert_table(&self.skel.maps.unwind_blocks, &self.skel.maps.unwind_tables, table)
+        self.unwind.insert_table(&self.skel.maps.unwind_shards, &self.skel.maps.unwind_tables, table)
+    }
+
+    /// When a sample last used the table (boot-time ns, to the second), or 0 if never.
+    pub fn table_last_used(&self, id: TableId) -> u64 {
+        UnwindMaps::last_used(&self.skel.maps.unwind_tables, id)
+    }
+
+    /// Whether a table of `rows` rows fits in the budget at all (with everything else evicted).
+    pub fn table_could_fit(&self, rows: usize) -> bool {
+        self.unwind.could_fit(rows)
     }
 
     pub fn remove_table(&mut self, id: TableId) -> Result<(), BpfError> {

@@ -4,16 +4,21 @@
 use std::collections::HashMap;
 
 use gpuflame_pyframes::{FrameEntry, PyOffsets};
+use std::os::fd::{AsFd, AsRawFd};
+
 use gpuflame_unwind::{CfaRule, CompactTable, RbpRule, RuleTable, UnwindRule};
-use libbpf_rs::{MapCore, MapFlags, MapMut};
+use libbpf_rs::{MapCore, MapFlags, MapHandle, MapMut, MapType};
 
 use crate::blocks::BlockAllocator;
 use crate::events::as_bytes;
 use crate::skel::types;
 use crate::BpfError;
 
-/// Rows per block of `unwind_blocks` (ROWS_PER_BLOCK in events.h).
-const ROWS_PER_BLOCK: usize = 16;
+/// Rows per block (ROWS_PER_BLOCK in events.h).
+pub(crate) const ROWS_PER_BLOCK: usize = 16;
+/// Blocks per shard: 1M rows, 6 MiB of kernel memory.
+pub(crate) const BLOCKS_PER_SHARD: u32 = types::shard_layout::SHARD_BLOCKS.0;
+const MAX_SHARDS: u32 = types::shard_layout::SHARD_MAX.0;
 pub(crate) const MAX_PROCESS_MAPPINGS: usize = 1024;
 const MAX_TABLES: u32 = 16384;
 
@@ -28,8 +33,18 @@ pub struct ExecMapping {
     pub end: u64,
     /// Runtime address minus the ELF file's virtual address.
     pub load_bias: u64,
-    /// None: code without unwind information (frame pointers are tried).
-    pub table: Option<TableId>,
+    pub table: MappingTable,
+}
+
+/// What the unwinder has for a mapping's code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MappingTable {
+    Loaded(TableId),
+    /// The file has unwind information that is not loaded: a sample that meets it asks for it.
+    Pending,
+    /// No unwind information (anonymous code, JIT, a file without CFI): the caller is found by
+    /// frame pointer or stack scan.
+    None,
 }
 
 /// Where a process's CPython interpreter is, for the Python walker.
@@ -45,13 +60,18 @@ pub struct PythonProcess {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct UnwindCapacity {
     pub rows_used: u64,
+    /// Rows the memory budget allows.
     pub rows_total: u64,
+    /// Kernel memory of the shards created so far, in bytes.
+    pub shard_bytes: u64,
     pub tables: u32,
     pub rules: u32,
 }
 
 pub(crate) struct UnwindMaps {
     blocks: BlockAllocator,
+    /// The inner maps of `unwind_shards`, created as allocations reach them.
+    shards: Vec<MapHandle>,
     tables: HashMap<u32, (u32, u32)>,
     free_ids: Vec<u32>,
     next_id: u32,
@@ -88,7 +108,42 @@ fn rule_value(rule: UnwindRule) -> types::unwind_rule {
 
 impl UnwindMaps {
     pub(crate) fn new(block_capacity: u32) -> Self {
-        UnwindMaps { blocks: BlockAllocator::new(block_capacity), tables: HashMap::new(), free_ids: Vec::new(), next_id: 0, rules_loaded: 0 }
+        let capacity = block_capacity.min(MAX_SHARDS * BLOCKS_PER_SHARD);
+        UnwindMaps { blocks: BlockAllocator::new(capacity), shards: Vec::new(), tables: HashMap::new(), free_ids: Vec::new(), next_id: 0, rules_loaded: 0 }
+    }
+
+    /// Creates the shards up to the one that holds block `last`.
+    fn ensure_shards(&mut self, outer: &MapMut<'_>, last: u32) -> Result<(), BpfError> {
+        let block_bytes = std::mem::size_of::<types::unwind_block>() as u32;
+        while self.shards.len() as u32 <= last / BLOCKS_PER_SHARD {
+            let index = self.shards.len() as u32;
+            let opts = libbpf_sys::bpf_map_create_opts { sz: std::mem::size_of::<libbpf_sys::bpf_map_create_opts>() as _, ..Default::default() };
+            let shard = MapHandle::create(MapType::Array, Some(format!("unwind_shard{index}")), 4, block_bytes, BLOCKS_PER_SHARD, &opts)
+                .map_err(map_err("unwind_shards"))?;
+            let fd = shard.as_fd().as_raw_fd() as u32;
+            outer.update(&index.to_ne_bytes(), &fd.to_ne_bytes(), MapFlags::ANY).map_err(map_err("unwind_shards"))?;
+            self.shards.push(shard);
+        }
+        Ok(())
+    }
+
+    /// Writes blocks starting at block `first`, shard by shard.
+    fn write_blocks(&self, first: u32, blocks: &[types::unwind_block]) -> Result<(), BpfError> {
+        let mut done = 0usize;
+        while done < blocks.len() {
+            let at = first + done as u32;
+            let shard = &self.shards[(at / BLOCKS_PER_SHARD) as usize];
+            let in_shard = ((BLOCKS_PER_SHARD - at % BLOCKS_PER_SHARD) as usize).min(blocks.len() - done);
+            let mut keys = Vec::with_capacity(in_shard * 4);
+            let mut values = Vec::with_capacity(in_shard * std::mem::size_of::<types::unwind_block>());
+            for (i, block) in blocks[done..done + in_shard].iter().enumerate() {
+                keys.extend_from_slice(&((at % BLOCKS_PER_SHARD) + i as u32).to_ne_bytes());
+                values.extend_from_slice(as_bytes(block));
+            }
+            shard.update_batch(&keys, &values, in_shard as u32, MapFlags::ANY, MapFlags::ANY).map_err(map_err("unwind_shards"))?;
+            done += in_shard;
+        }
+        Ok(())
     }
 
     pub(crate) fn load_rules(&mut self, map: &MapMut<'_>, rules: &RuleTable) -> Result<(), BpfError> {
@@ -99,7 +154,7 @@ impl UnwindMaps {
         Ok(())
     }
 
-    pub(crate) fn insert_table(&mut self, blocks_map: &MapMut<'_>, tables_map: &MapMut<'_>, table: &CompactTable) -> Result<TableId, BpfError> {
+    pub(crate) fn insert_table(&mut self, shards_map: &MapMut<'_>, tables_map: &MapMut<'_>, table: &CompactTable) -> Result<TableId, BpfError> {
         let block_count = table.len().div_ceil(ROWS_PER_BLOCK) as u32;
         let id = match self.free_ids.pop() {
             Some(id) => id,
@@ -118,29 +173,43 @@ impl UnwindMaps {
                 u64::from(self.blocks.capacity()) * ROWS_PER_BLOCK as u64
             )));
         };
-        let mut keys = Vec::with_capacity(block_count as usize * 4);
-        let mut values = Vec::with_capacity(block_count as usize * std::mem::size_of::<types::unwind_block>());
-        for (b, chunk) in table.pcs.chunks(ROWS_PER_BLOCK).zip(table.rules.chunks(ROWS_PER_BLOCK)).enumerate() {
-            let mut block = types::unwind_block { pc: [u32::MAX; ROWS_PER_BLOCK], rule: [0; ROWS_PER_BLOCK] };
-            block.pc[..chunk.0.len()].copy_from_slice(chunk.0);
-            block.rule[..chunk.1.len()].copy_from_slice(chunk.1);
-            keys.extend_from_slice(&(first + b as u32).to_ne_bytes());
-            values.extend_from_slice(as_bytes(&block));
-        }
+        let blocks: Vec<types::unwind_block> = table
+            .pcs
+            .chunks(ROWS_PER_BLOCK)
+            .zip(table.rules.chunks(ROWS_PER_BLOCK))
+            .map(|(pcs, rules)| {
+                let mut block = types::unwind_block { pc: [u32::MAX; ROWS_PER_BLOCK], rule: [0; ROWS_PER_BLOCK] };
+                block.pc[..pcs.len()].copy_from_slice(pcs);
+                block.rule[..rules.len()].copy_from_slice(rules);
+                block
+            })
+            .collect();
         let written = if block_count > 0 {
-            blocks_map.update_batch(&keys, &values, block_count, MapFlags::ANY, MapFlags::ANY)
+            self.ensure_shards(shards_map, first + block_count - 1).and_then(|()| self.write_blocks(first, &blocks))
         } else {
             Ok(())
         };
-        let info = types::table_info { base: table.base, first_block: first, block_count };
-        let written = written.and_then(|()| tables_map.update(&id.to_ne_bytes(), as_bytes(&info), MapFlags::ANY));
+        let info = types::table_info { base: table.base, first_block: first, block_count, last_used: 0 };
+        let written = written.and_then(|()| tables_map.update(&id.to_ne_bytes(), as_bytes(&info), MapFlags::ANY).map_err(map_err("unwind_tables")));
         if let Err(e) = written {
             self.blocks.release(first, block_count);
             self.free_ids.push(id);
-            return Err(map_err("unwind_blocks")(e));
+            return Err(e);
         }
         self.tables.insert(id, (first, block_count));
         Ok(TableId(id))
+    }
+
+    /// When a sample last used the table (boot-time ns, to the second), or 0.
+    pub(crate) fn last_used(tables_map: &MapMut<'_>, id: TableId) -> u64 {
+        let Ok(Some(bytes)) = tables_map.lookup(&id.0.to_ne_bytes(), MapFlags::ANY) else { return 0 };
+        // SAFETY: table_info is generated from BTF and plain old data.
+        unsafe { crate::events::read_pod::<types::table_info>(&bytes) }.map_or(0, |t| t.last_used)
+    }
+
+    /// Whether a table of `rows` rows could fit if nothing else were loaded.
+    pub(crate) fn could_fit(&self, rows: usize) -> bool {
+        (rows.div_ceil(ROWS_PER_BLOCK) as u64) <= u64::from(self.blocks.capacity())
     }
 
     pub(crate) fn remove_table(&mut self, tables_map: &MapMut<'_>, id: TableId) -> Result<(), BpfError> {
@@ -160,13 +229,12 @@ impl UnwindMaps {
         let mut info: Box<types::process_info> = Box::default();
         info.mapping_count = kept as u32;
         for (slot, m) in info.mappings.iter_mut().zip(&sorted[..kept]) {
-            *slot = types::exec_mapping {
-                begin: m.begin,
-                end: m.end,
-                load_bias: m.load_bias,
-                table_id: m.table.map_or(0, |t| t.0),
-                flags: u32::from(m.table.is_some()),
+            let (table_id, flags) = match m.table {
+                MappingTable::Loaded(t) => (t.0, types::exec_mapping_flags::MAPPING_HAS_TABLE.0),
+                MappingTable::Pending => (0, types::exec_mapping_flags::MAPPING_TABLE_PENDING.0),
+                MappingTable::None => (0, 0),
             };
+            *slot = types::exec_mapping { begin: m.begin, end: m.end, load_bias: m.load_bias, table_id, flags };
         }
         map.update(&pid.to_ne_bytes(), as_bytes(&*info), MapFlags::ANY).map_err(map_err("processes"))?;
         Ok(sorted.len() - kept)
@@ -195,6 +263,7 @@ impl UnwindMaps {
                 frame_entry,
                 code_adaptive: o.code_adaptive.map_or(u16::MAX, off),
                 code_firstlineno: off(o.code_firstlineno),
+                code_name: off(o.code_qualname.unwrap_or(o.code_name)),
                 frame_kind,
                 owner_cstack,
                 code_tagged: u8::from(o.version >= (3, 14)),
@@ -216,9 +285,11 @@ impl UnwindMaps {
 
     pub(crate) fn capacity(&self) -> UnwindCapacity {
         let used = self.blocks.capacity() - self.blocks.free_blocks();
+        let shard_bytes = self.shards.len() as u64 * u64::from(BLOCKS_PER_SHARD) * std::mem::size_of::<types::unwind_block>() as u64;
         UnwindCapacity {
             rows_used: u64::from(used) * ROWS_PER_BLOCK as u64,
             rows_total: u64::from(self.blocks.capacity()) * ROWS_PER_BLOCK as u64,
+            shard_bytes,
             tables: self.tables.len() as u32,
             rules: self.rules_loaded as u32,
         }

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use gpuflame_bpf::{Sample, UnwindStatus, UserFrame};
 use gpuflame_pyframes::Interpreter;
-use gpuflame_symbolizer::{MappedFile, PyFrame, PythonSymbolizer, Symbol, Symbolizer, UserAddr};
+use gpuflame_symbolizer::{MappedFile, NameTag, PyFrame, PythonSymbolizer, Symbol, Symbolizer, UserAddr};
 
 use crate::profile::{Labels, Line, Location, Mapping, Profile, ProfileBuilder, KERNEL_MAPPING, PYTHON_MAPPING};
 
@@ -19,6 +19,19 @@ pub(crate) enum UserKey {
     Native(UserAddr),
     /// Index into the aggregator's Python frames.
     Python(u32),
+    /// Native frames missing between the Python frames and the native ones below: why.
+    Gap(&'static str),
+}
+
+/// What a gap in a stack says, by why the native walk stopped.
+fn gap_label(status: UnwindStatus) -> &'static str {
+    match status {
+        UnwindStatus::NoRow | UnwindStatus::BadFrame | UnwindStatus::BadCfa => "[native: no unwind info]",
+        UnwindStatus::NoTableYet => "[native: unwind table not loaded yet]",
+        UnwindStatus::ReadFault => "[native: stack not readable]",
+        UnwindStatus::NoMapping | UnwindStatus::NoProcess => "[native: unknown code]",
+        _ => "[native: frames missing]",
+    }
 }
 
 /// Symbols cached across windows before the caches are dropped and rebuilt.
@@ -128,7 +141,7 @@ impl CpuAggregator {
             .filter_map(|(i, f)| match f {
                 UserFrame::Native(a) if i == 0 && !at_return => Some(*a),
                 UserFrame::Native(a) => Some(a.saturating_sub(1)),
-                UserFrame::Python { .. } => None,
+                UserFrame::Python { .. } | UserFrame::Gap => None,
             })
             .collect();
         let normalized = match files {
@@ -141,9 +154,11 @@ impl CpuAggregator {
         for frame in &sample.user_stack {
             match *frame {
                 UserFrame::Native(a) => user.push(UserKey::Native(normalized.next().unwrap_or(UserAddr::Unmapped { addr: a }))),
-                UserFrame::Python { code, first_line, lasti } => {
+                UserFrame::Gap => user.push(UserKey::Gap(gap_label(sample.unwind))),
+                UserFrame::Python { code, name_tag, first_line, lasti } => {
                     let Some(interp) = python else { continue };
-                    let py = self.python.resolve(sample.pid, &interp.offsets, code, first_line, lasti);
+                    let name = NameTag { tag: name_tag, of: gpuflame_bpf::python_name_tag };
+                    let py = self.python.resolve(sample.pid, &interp.offsets, code, name, first_line, lasti);
                     let next = self.py_frames.len() as u32;
                     let id = *self.py_index.entry(py.clone()).or_insert(next);
                     if id == next {
@@ -229,7 +244,7 @@ impl CpuAggregator {
                     .iter()
                     .filter_map(|u| match u {
                         UserKey::Native(a) => Some(*a),
-                        UserKey::Python(_) => None,
+                        UserKey::Python(_) | UserKey::Gap(_) => None,
                     })
                     .chain(k.tail.iter().filter_map(stub))
             })
@@ -264,6 +279,7 @@ impl CpuAggregator {
                             let line = Line { function: py.function.to_string(), file: Some(py.file.to_string()), line: py.line };
                             Location { mapping: Some(python_mapping), address: 0, kernel: false, lines: vec![line] }
                         }
+                        UserKey::Gap(label) => Location { mapping: None, address: 0, kernel: false, lines: vec![Line::function(*label)] },
                     };
                     b.location(profile, location)
                 });

@@ -76,10 +76,14 @@ pub struct RecordArgs {
     /// Output format: svg, pprof or folded (default: from the output's extension).
     #[arg(long, value_name = "FORMAT")]
     pub format: Option<String>,
-    /// Capacity of the BPF unwind tables, in rows (6 bytes of kernel memory each). Libraries that
-    /// do not fit are unwound with frame pointers, and counted.
-    #[arg(long, value_name = "ROWS", default_value_t = gpuflame_bpf::SamplerConfig::DEFAULT_UNWIND_ROWS)]
-    pub unwind_rows: u64,
+    /// Kernel memory for unwind tables, in MiB (6 bytes per row). Tables load as samples need
+    /// them; when the budget is full the least recently used are evicted, and files that still
+    /// do not fit are named at the end.
+    #[arg(long, value_name = "MIB", default_value_t = gpuflame_bpf::SamplerConfig::DEFAULT_UNWIND_MEMORY >> 20, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub unwind_memory: u64,
+    /// The same budget in rows, for tests of a full budget.
+    #[arg(long, value_name = "ROWS", hide = true, conflicts_with = "unwind_memory")]
+    pub unwind_rows: Option<u64>,
     /// Profiles to record, comma-separated: cpu, hbm-alloc, hbm-inuse, gpu-launches, cuda-api, or
     /// all. With more than one, each goes to its own file, named by profile (out.cpu.svg, …).
     #[arg(long, value_name = "LIST", default_value = "cpu")]
@@ -110,7 +114,10 @@ impl RecordArgs {
             output: self.output.clone(),
             format: self.format.clone(),
             command: self.command.clone(),
-            unwind_rows: self.unwind_rows,
+            unwind_memory: match self.unwind_rows {
+                Some(rows) => rows.saturating_mul(gpuflame_bpf::SamplerConfig::BYTES_PER_ROW),
+                None => self.unwind_memory << 20,
+            },
             profiles: crate::profile_kind::ProfileKind::parse_list(&self.profiles).map_err(crate::UserError)?,
             cuda_exact: self.cuda_exact,
             cuda_window: Duration::from_millis(self.cuda_window_ms.min(1000)),

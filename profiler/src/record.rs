@@ -31,7 +31,8 @@ pub struct RecordOptions {
     pub output: PathBuf,
     pub format: Option<String>,
     pub command: Vec<String>,
-    pub unwind_rows: u64,
+    /// Kernel memory for unwind tables, in bytes.
+    pub unwind_memory: u64,
     pub profiles: Vec<ProfileKind>,
     /// Keep launch and synchronisation hooks attached: exact counts, at their full cost.
     pub cuda_exact: bool,
@@ -122,7 +123,7 @@ fn record(opts: &RecordOptions, format: Format, outputs: Vec<(ProfileKind, PathB
     let mut session = Session::start(SessionConfig {
         targets,
         frequency_hz: opts.frequency_hz,
-        unwind_rows: opts.unwind_rows,
+        unwind_memory: opts.unwind_memory,
         cpu: opts.profiles.contains(&ProfileKind::Cpu),
         cuda,
     })?;
@@ -248,7 +249,13 @@ fn report_unwinding(counters: &Counters, tracker: &ProcessTracker, capacity: Unw
         bad_cfa = u.bad_cfa,
         read_fault = u.read_fault,
         truncated = u.truncated,
+        no_table_yet = u.no_table_yet,
+        no_unwind_info = u.bad_frame,
         frame_pointer_steps = u.frame_pointer_steps,
+        frame_pointer_rejected = u.frame_pointer_rejected,
+        scanned_frames = u.scanned_frames,
+        python_after_gap = counters.python.after_gap,
+        python_truncated = counters.python.truncated,
         kernel_stack_failed = counters.kernel_stack_failed,
         "unwinding"
     );
@@ -258,17 +265,25 @@ fn report_unwinding(counters: &Counters, tracker: &ProcessTracker, capacity: Unw
         rows = t.rows_loaded,
         build_ms = t.build_time.as_millis() as u64,
         evicted = t.tables_evicted,
+        evicted_for_room = t.tables_evicted_for_room,
         failures = t.table_failures,
+        files_without_cfi = t.files_without_cfi,
+        first_demanded_table_ms = t.first_demanded_table.map(|d| d.as_millis() as u64),
         rows_in_use = capacity.rows_used,
-        rows_capacity = capacity.rows_total,
+        rows_budget = capacity.rows_total,
+        kernel_bytes = capacity.shard_bytes,
         rules = capacity.rules,
         "unwind tables"
     );
-    if t.table_failures > 0 {
+    if !t.no_room.is_empty() {
+        let names: Vec<&str> = t.no_room.iter().map(String::as_str).take(5).collect();
+        let more = t.no_room.len().saturating_sub(names.len());
         tracing::warn!(
-            files = t.table_failures,
-            "unwind tables of some files could not be loaded (no unwind information, or --unwind-rows {} is full); their code is unwound with frame pointers",
-            capacity.rows_total
+            "unwind tables are full: {} file(s) did not fit in --unwind-memory {} MiB ({}{}); their stacks stop there — raise --unwind-memory",
+            t.no_room.len(),
+            capacity.rows_total * gpuflame_bpf::SamplerConfig::BYTES_PER_ROW >> 20,
+            names.join(", "),
+            if more > 0 { format!(" and {more} more") } else { String::new() }
         );
     }
     if t.mappings_dropped > 0 || counters.process_events_lost > 0 {

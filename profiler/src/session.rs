@@ -11,6 +11,11 @@ use crate::cuda::{CudaHookManager, CudaProfiles, DutyCycle, OomReport};
 use crate::process::ProcessTracker;
 use crate::UserError;
 
+/// How long a session waits for the tables of small files before sampling starts.
+const PRELOAD_WAIT: Duration = Duration::from_millis(500);
+/// How often the event loop looks for finished tables while some are being built.
+const TABLE_POLL: Duration = Duration::from_millis(10);
+
 /// What the CUDA hooks are for.
 #[derive(Debug, Clone)]
 pub struct CudaOptions {
@@ -23,7 +28,8 @@ pub struct CudaOptions {
 pub struct SessionConfig {
     pub targets: Targets,
     pub frequency_hz: u64,
-    pub unwind_rows: u64,
+    /// Kernel memory for unwind tables, in bytes.
+    pub unwind_memory: u64,
     /// Sample CPU time.
     pub cpu: bool,
     pub cuda: Option<CudaOptions>,
@@ -46,8 +52,8 @@ pub struct Session {
 
 impl Session {
     /// A CPU-only session.
-    pub fn start_cpu(targets: Targets, frequency_hz: u64, unwind_rows: u64) -> anyhow::Result<Self> {
-        Self::start(SessionConfig { targets, frequency_hz, unwind_rows, cpu: true, cuda: None })
+    pub fn start_cpu(targets: Targets, frequency_hz: u64, unwind_memory: u64) -> anyhow::Result<Self> {
+        Self::start(SessionConfig { targets, frequency_hz, unwind_memory, cpu: true, cuda: None })
     }
 
     /// Loads the programs, the unwind tables of the processes that run now (all of them when
@@ -58,7 +64,7 @@ impl Session {
             Targets::Processes { pids, .. } => Some(pids.clone()),
         };
         let frequency_hz = config.frequency_hz;
-        let sampler_config = SamplerConfig { frequency_hz, targets: config.targets, unwind_rows: config.unwind_rows };
+        let sampler_config = SamplerConfig { frequency_hz, targets: config.targets, unwind_memory: config.unwind_memory };
         let mut sampler = CpuSampler::start(&sampler_config).map_err(user_facing)?;
         let mut tracker = ProcessTracker::new();
         let started = Instant::now();
@@ -66,6 +72,9 @@ impl Session {
             None => tracker.refresh_all(&mut sampler),
             Some(pids) => pids.iter().for_each(|&pid| tracker.refresh(&mut sampler, pid)),
         }
+        // Small files' tables come in tens of ms: waiting a little for them makes the first
+        // samples complete; big ones load when samples ask, while sampling runs.
+        tracker.wait_for_tables(&mut sampler, PRELOAD_WAIT);
         let mut cuda = config.cuda.map(|c| CudaState { hooks: CudaHookManager::new(c.launches, c.duty), profiles: CudaProfiles::default() });
         if let Some(c) = cuda.as_mut() {
             c.hooks.calibrate(&sampler);
@@ -97,9 +106,12 @@ impl Session {
         loop {
             let now = Instant::now();
             let toggle = self.cuda.as_ref().and_then(|c| c.hooks.next_toggle(now));
-            let wait = deadline.saturating_duration_since(now).min(toggle.unwrap_or(Duration::MAX));
+            // Tables being built are loaded as they come, not at the end of the wait.
+            let tables = if self.tracker.building() { TABLE_POLL } else { Duration::MAX };
+            let wait = deadline.saturating_duration_since(now).min(toggle.unwrap_or(Duration::MAX)).min(tables);
             let events = self.sampler.poll(wait)?;
             self.handle(events);
+            self.tracker.poll_tables(&mut self.sampler);
             if let Some(c) = self.cuda.as_mut() {
                 c.hooks.tick(&self.sampler);
             }
@@ -132,6 +144,7 @@ impl Session {
             }
             match event {
                 Event::Sample(sample) => self.aggregator.add(&sample, self.tracker.files(sample.pid), self.tracker.python(sample.pid)),
+                Event::Process(ev) if matches!(ev.kind, ProcessEventKind::NeedTable { .. }) => self.tracker.handle(&mut self.sampler, ev),
                 Event::Process(ev) => {
                     // A burst of mmaps (a Python importing extensions) needs one refresh.
                     if ev.kind != ProcessEventKind::Exit && refreshed.contains(&ev.pid) {

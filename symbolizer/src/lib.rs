@@ -13,7 +13,7 @@ mod python;
 
 pub use frames::{Symbol, SymbolLine};
 pub use modules::{Module, ModuleId};
-pub use python::{PyFrame, PythonSymbolizer};
+pub use python::{NameTag, PyFrame, PythonSymbolizer};
 
 use std::collections::HashMap;
 

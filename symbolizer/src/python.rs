@@ -22,15 +22,31 @@ struct Code {
     line_table: Vec<u8>,
 }
 
-/// Reads code objects once per (process, address, first line): an address reused by another
-/// code object almost always has another first line, and then reads as new.
+/// How the walker identified a code object besides its address: a tag of its name pointer, and
+/// the function that makes the tag from a pointer (the BPF side's rule).
+#[derive(Debug, Clone, Copy)]
+pub struct NameTag {
+    pub tag: u16,
+    pub of: fn(u64) -> u16,
+}
+
+/// Reads code objects once per (process, address, first line, name tag): an address reused by
+/// another code object has another name or first line, and then reads as new. An object is named
+/// only if it still is a code object with the name the walker saw.
 #[derive(Default)]
 pub struct PythonSymbolizer {
     memory: HashMap<u32, File>,
-    code: HashMap<(u32, u64, u32), Option<Arc<Code>>>,
+    code: HashMap<(u32, u64, u32, u16), Option<Arc<Code>>>,
+    /// Type objects known to be `code`, per process.
+    code_types: HashMap<u32, u64>,
+    /// Frames that could not be named (unreadable, or no longer the code object sampled).
+    pub unknown_frames: u64,
 }
 
-const UNREADABLE: &str = "[unknown python code]";
+const UNREADABLE: &str = "[unknown python]";
+/// Bytes of a PyObject header before ob_type, and of a type object before tp_name.
+const OB_TYPE: u64 = 8;
+const TP_NAME: u64 = 24;
 
 impl PythonSymbolizer {
     pub fn new() -> Self {
@@ -38,10 +54,10 @@ impl PythonSymbolizer {
     }
 
     /// The frame of code object `code` in process `pid` at instruction `lasti`.
-    pub fn resolve(&mut self, pid: u32, offsets: &PyOffsets, code: u64, first_line: u32, lasti: u32) -> PyFrame {
-        let key = (pid, code, first_line);
+    pub fn resolve(&mut self, pid: u32, offsets: &PyOffsets, code: u64, name: NameTag, first_line: u32, lasti: u32) -> PyFrame {
+        let key = (pid, code, first_line, name.tag);
         if !self.code.contains_key(&key) {
-            let read = self.read_code(pid, offsets, code).map(Arc::new);
+            let read = self.read_code(pid, offsets, code, name).map(Arc::new);
             self.code.insert(key, read);
         }
         match self.code.get(&key).and_then(|c| c.clone()) {
@@ -50,14 +66,18 @@ impl PythonSymbolizer {
                 file: Arc::clone(&c.file),
                 line: line_for(offsets.version, first_line, &c.line_table, lasti),
             },
-            None => PyFrame { function: Arc::from(UNREADABLE), file: Arc::from(""), line: None },
+            None => {
+                self.unknown_frames += 1;
+                PyFrame { function: Arc::from(UNREADABLE), file: Arc::from(""), line: None }
+            }
         }
     }
 
     /// Drops what is known of a process (it exited, or exec'd).
     pub fn forget_process(&mut self, pid: u32) {
         self.memory.remove(&pid);
-        self.code.retain(|(p, _, _), _| *p != pid);
+        self.code_types.remove(&pid);
+        self.code.retain(|(p, _, _, _), _| *p != pid);
     }
 
     fn read(&mut self, pid: u32, addr: u64, len: usize) -> Option<Vec<u8>> {
@@ -86,11 +106,32 @@ impl PythonSymbolizer {
         Some(decode_str(&data, layout.kind))
     }
 
-    fn read_code(&mut self, pid: u32, o: &PyOffsets, code: u64) -> Option<Code> {
+    /// Whether the object at `addr` is a code object: its type's tp_name is "code".
+    fn is_code(&mut self, pid: u32, addr: u64) -> Option<bool> {
+        let ty = Self::read_ptr(&self.read(pid, addr + OB_TYPE, 8)?, 0)?;
+        if self.code_types.get(&pid) == Some(&ty) {
+            return Some(true);
+        }
+        let name = Self::read_ptr(&self.read(pid, ty + TP_NAME, 8)?, 0)?;
+        let is_code = self.read(pid, name, 5)? == b"code\0";
+        if is_code {
+            self.code_types.insert(pid, ty);
+        }
+        Some(is_code)
+    }
+
+    fn read_code(&mut self, pid: u32, o: &PyOffsets, code: u64, name: NameTag) -> Option<Code> {
+        if !self.is_code(pid, code)? {
+            return None;
+        }
         let fields = [o.code_filename, o.code_name, o.code_linetable, o.code_qualname.unwrap_or(0)];
         let size = fields.iter().max().copied().unwrap_or(0) + 8;
         let bytes = self.read(pid, code, size)?;
         let name_ptr = Self::read_ptr(&bytes, o.code_qualname.unwrap_or(o.code_name))?;
+        // Freed and reused for another code object since the sample: not the code sampled.
+        if (name.of)(name_ptr) != name.tag {
+            return None;
+        }
         let function = self.read_str(pid, o, name_ptr)?;
         let file = self.read_str(pid, o, Self::read_ptr(&bytes, o.code_filename)?)?;
         // The line table is a bytes object: its size at +16, its bytes at +32 in every version.

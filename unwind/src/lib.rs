@@ -9,11 +9,13 @@
 mod build;
 mod compact;
 mod elf;
+mod probe;
 mod rule;
 
 pub use compact::{CompactTable, RuleTable};
 pub use compact::CompactError;
 pub use elf::ExecutableKey;
+pub use probe::{open_regular, ElfProbe, ProbeError};
 pub use rule::{CfaRule, RbpRule, UnwindRule};
 
 use std::path::Path;
@@ -45,11 +47,18 @@ pub struct LoadSegment {
 
 /// The load bias of a mapping that maps the file at `file_offset` to `start`: runtime address
 /// minus the file's virtual address. None when no segment holds that offset.
+///
+/// The loader maps each segment from its page-aligned offset, so a segment that does not start
+/// on a page boundary shares its first page with the one before: the segment whose aligned start
+/// is the mapping's offset is the one mapped there (OpenBLAS's text starts at 0x288800, in the
+/// last page of its read-only segment).
 pub fn load_bias(segments: &[LoadSegment], start: u64, file_offset: u64) -> Option<u64> {
-    let seg = segments
-        .iter()
-        .find(|s| s.file_offset <= file_offset && file_offset < s.file_offset + s.file_size.max(1))?;
-    let vaddr = seg.vaddr + (file_offset - seg.file_offset);
+    const PAGE: u64 = 4096;
+    let aligned = segments.iter().find(|s| s.file_offset & !(PAGE - 1) == file_offset && s.file_size > 0);
+    let seg = aligned.or_else(|| {
+        segments.iter().find(|s| s.file_offset <= file_offset && file_offset < s.file_offset + s.file_size.max(1))
+    })?;
+    let vaddr = seg.vaddr.wrapping_sub(seg.file_offset).wrapping_add(file_offset);
     Some(start.wrapping_sub(vaddr))
 }
 
@@ -111,5 +120,9 @@ mod tests {
         let exe = [LoadSegment { file_offset: 0x1000, vaddr: 0x401000, file_size: 0x5000 }];
         assert_eq!(load_bias(&exe, 0x401000, 0x1000), Some(0));
         assert_eq!(load_bias(&exe, 0x401000, 0x9000), None);
+        // OpenBLAS: text at offset 0x288800, vaddr 0x289800, mapped from offset 0x288000, which
+        // the read-only segment before it also covers.
+        let blas = [LoadSegment { file_offset: 0, vaddr: 0, file_size: 0x2887dc }, LoadSegment { file_offset: 0x288800, vaddr: 0x289800, file_size: 0x133fe70 }];
+        assert_eq!(load_bias(&blas, 0x7f00_0028_8000, 0x288000), Some(0x7f00_0028_8000 - 0x289000));
     }
 }

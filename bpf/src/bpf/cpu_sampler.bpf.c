@@ -33,6 +33,10 @@ enum py_frame_kind layout_py_frame_kind = PY_FRAME_OBJECT;
 enum event_kind layout_event_kind = EVENT_CPU_SAMPLE;
 enum cuda_api layout_cuda_api = CUDA_API_NONE;
 struct cupti_kernel layout_cupti_kernel = {};
+enum exec_mapping_flags layout_mapping_flags = MAPPING_HAS_TABLE;
+enum shard_layout layout_shard_layout = SHARD_BLOCKS;
+struct table_info layout_table_info = {};
+struct unwind_block layout_unwind_block = {};
 
 SEC("perf_event")
 int on_cpu_sample(struct bpf_perf_event_data *ctx)

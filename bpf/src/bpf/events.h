@@ -20,6 +20,9 @@ enum unwind_status {
 	UNWIND_READ_FAULT = 6,   /* reading the stack failed (paged out, or garbage) */
 	UNWIND_KERNEL_THREAD = 7,/* no user stack at all */
 	UNWIND_ZERO_RA = 8,      /* return address 0: the end of a stack without CFI marking */
+	UNWIND_NO_TABLE_YET = 9, /* the file's table is not built yet (asked for) */
+	UNWIND_BAD_FRAME = 10,   /* code without CFI whose caller could not be found: a frame-pointer
+				  * step and a stack scan found no return address after a call */
 };
 
 /* What a record of the `samples` ring buffer is. */
@@ -157,11 +160,13 @@ enum process_event_kind {
 	PROCESS_EXIT = 1,    /* the whole process ended */
 	PROCESS_UNKNOWN = 2, /* a sample met a process or address the unwinder has no tables for */
 	PROCESS_MMAP_EXEC = 3, /* mapped a file executable (dlopen): new code, maybe CUDA */
+	PROCESS_NEED_TABLE = 4, /* a sample needs the table of the file mapped at addr */
 };
 
 struct process_event {
 	__u32 pid;
 	__u32 kind;
+	__u64 addr;
 };
 
 /* Indices of the per-CPU `counters` array. */
@@ -186,7 +191,13 @@ enum counter {
 	COUNTER_CUDA_LOST = 17,      /* CUDA records dropped: ring buffer full */
 	COUNTER_CUDA_CALLS_FULL = 18,/* calls not followed: the in-flight call table was full */
 	COUNTER_CUDA_RACE = 19,      /* a record's scratch was reused by another hook before it went */
-	COUNTER_MAX = 20,
+	COUNTER_UNWIND_NO_TABLE_YET = 20, /* stacks that stopped at a file whose table was not built */
+	COUNTER_UNWIND_BAD_FRAME = 21,    /* stacks that stopped at code without CFI */
+	COUNTER_UNWIND_FP_REJECTED = 22,  /* frame-pointer steps rejected: not a return address */
+	COUNTER_UNWIND_SCANNED = 23,      /* frames found by scanning the stack for a return address */
+	COUNTER_PY_AFTER_GAP = 24,        /* samples whose Python frames follow a native gap */
+	COUNTER_PY_TRUNCATED = 25,        /* Python frames left out: the sample had no room */
+	COUNTER_MAX = 26,
 };
 
 /* Which processes are sampled, set before load. */
@@ -210,7 +221,10 @@ struct exec_mapping {
 	__u32 flags;
 };
 
-#define MAPPING_HAS_TABLE 1 /* else: no unwind info (JIT, anonymous): frame pointers */
+enum exec_mapping_flags {
+	MAPPING_HAS_TABLE = 1,     /* else: no unwind info (JIT, anonymous): frame pointers, scan */
+	MAPPING_TABLE_PENDING = 2, /* the file has a table that is not loaded: ask for it */
+};
 
 struct process_info {
 	__u32 mapping_count;
@@ -218,11 +232,25 @@ struct process_info {
 	struct exec_mapping mappings[MAX_PROCESS_MAPPINGS]; /* sorted by begin, not overlapping */
 };
 
-/* Where table `table_id` lives in `unwind_blocks`. Row addresses are relative to `base`. */
+/* Where table `table_id` lives among the blocks. Row addresses are relative to `base`.
+ * last_used: when a sample last used it (boot ns, updated at most once a second), for eviction. */
 struct table_info {
 	__u64 base;
 	__u32 first_block;
 	__u32 block_count;
+	__u64 last_used;
+};
+
+/* Blocks live in shards (inner maps of `unwind_shards`) that user space creates as tables need
+ * them: block b is entry b % BLOCKS_PER_SHARD of shard b / BLOCKS_PER_SHARD. */
+#define SHARD_BITS 16
+#define BLOCKS_PER_SHARD (1 << SHARD_BITS) /* 1M rows, 6 MiB per shard */
+#define MAX_SHARDS 4096
+
+/* The same numbers as an enum, so that the Rust side gets them from BTF. */
+enum shard_layout {
+	SHARD_BLOCKS = BLOCKS_PER_SHARD,
+	SHARD_MAX = MAX_SHARDS,
 };
 
 /* ROWS_PER_BLOCK rows: start addresses (relative to the table's base, ascending; unused slots are
@@ -261,6 +289,13 @@ struct unwind_rule {
  * user-space address has it), then (co_firstlineno << 32) | lasti (in the version's unit: bytes
  * up to 3.9, code units from 3.10). */
 #define PY_FRAME_TAG (1ULL << 63)
+/* Bits 47-62 of the first slot: a 16-bit tag of the code object's name pointer as the walker read
+ * it, so that user space can tell whether the object it reads later is still the same. */
+#define PY_NAME_TAG_SHIFT 47
+#define PY_ADDR_MASK ((1ULL << PY_NAME_TAG_SHIFT) - 1)
+/* A one-slot marker (the tag bit with address 1, never a code object) between the native frames
+ * recovered and Python frames emitted after the native walk stopped early: a gap. */
+#define USER_GAP_MARK (PY_FRAME_TAG | 1)
 
 enum py_frame_kind {
 	PY_FRAME_OBJECT = 0,   /* 3.8-3.10: one PyFrameObject per evaluation-loop call */
@@ -283,6 +318,7 @@ struct py_offsets {
 	__u16 frame_entry;      /* is_entry (3.11) or owner (3.12+) */
 	__u16 code_adaptive;    /* PY_NO_OFFSET before 3.11 */
 	__u16 code_firstlineno;
+	__u16 code_name;        /* the name user space shows: co_qualname (3.11+) or co_name */
 	__u8 frame_kind;        /* enum py_frame_kind */
 	__u8 owner_cstack;
 	__u8 code_tagged;       /* 3.14: f_executable is a tagged stack reference */

@@ -62,13 +62,21 @@ struct {
 	__type(value, struct table_info);
 } unwind_tables SEC(".maps");
 
-/* All tables' rows; user space sizes it before load and hands out ranges of blocks. */
-struct {
+/* All tables' rows, in shards that user space creates and fills as tables arrive, up to the
+ * memory budget: kernel memory grows with what is loaded, not with a fixed capacity. */
+struct unwind_shard {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
+	__uint(max_entries, BLOCKS_PER_SHARD);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, sizeof(struct unwind_block));
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, MAX_SHARDS);
 	__type(key, __u32);
-	__type(value, struct unwind_block);
-} unwind_blocks SEC(".maps");
+	__array(values, struct unwind_shard);
+} unwind_shards SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -102,6 +110,21 @@ struct {
 	__type(value, __u64);
 } refresh_requested SEC(".maps");
 
+/* (tgid, mapping start) -> when its table was last asked for: one request per file and process
+ * every 200 ms at most, however many samples need it. */
+struct table_request_key {
+	__u32 pid;
+	__u32 _pad;
+	__u64 begin;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, struct table_request_key);
+	__type(value, __u64);
+} table_requested SEC(".maps");
+
 static __always_inline void count(enum counter c)
 {
 	__u32 key = c;
@@ -110,12 +133,17 @@ static __always_inline void count(enum counter c)
 		*v += 1;
 }
 
-static __always_inline void send_process_event(__u32 pid, enum process_event_kind kind)
+static __always_inline void send_process_event_at(__u32 pid, enum process_event_kind kind, __u64 addr)
 {
-	struct process_event ev = { .pid = pid, .kind = kind };
+	struct process_event ev = { .pid = pid, .kind = kind, .addr = addr };
 
 	if (bpf_ringbuf_output(&process_events, &ev, sizeof(ev), 0))
 		count(COUNTER_PROCESS_EVENTS_LOST);
+}
+
+static __always_inline void send_process_event(__u32 pid, enum process_event_kind kind)
+{
+	send_process_event_at(pid, kind, 0);
 }
 
 #endif

@@ -20,7 +20,9 @@ struct native_unwind_state {
 	__u32 asked_refresh;
 	__u32 leaf_done;
 	__u32 slot; /* the sample_scratch entry being filled */
+	__u32 scans; /* stack scans done for code without CFI */
 	__u64 xol;  /* the process's uprobe page (return trampoline), or 0 */
+	__u64 now;
 	struct py_walk py;
 };
 
@@ -66,7 +68,18 @@ __noinline int find_mapping_index(__u32 pid, __u64 ip)
 	return (lo - 1) & (MAX_PROCESS_MAPPINGS - 1);
 }
 
-/* Index into unwind_blocks of the last block of `table_id` whose first row starts at or before
+/* Block `key` of the unwind rows, in its shard. */
+static __always_inline struct unwind_block *lookup_block(__u32 key)
+{
+	__u32 shard = key >> SHARD_BITS, index = key & (BLOCKS_PER_SHARD - 1);
+	void *inner = bpf_map_lookup_elem(&unwind_shards, &shard);
+
+	if (!inner)
+		return NULL;
+	return bpf_map_lookup_elem(inner, &index);
+}
+
+/* Index of the last block of `table_id` whose first row starts at or before
  * rel, or -1. */
 __noinline int find_block(__u32 table_id, __u32 rel)
 {
@@ -82,7 +95,7 @@ __noinline int find_block(__u32 table_id, __u32 rel)
 			break;
 		mid = (lo + hi) / 2;
 		key = t->first_block + mid;
-		blk = bpf_map_lookup_elem(&unwind_blocks, &key);
+		blk = lookup_block(key);
 		if (!blk)
 			return -1;
 		if (blk->pc[0] <= rel)
@@ -98,7 +111,7 @@ __noinline int find_block(__u32 table_id, __u32 rel)
 /* The rule index of the last row in block `block` that starts at or before rel (row 0 does). */
 __noinline int find_row_rule(__u32 block, __u32 rel)
 {
-	struct unwind_block *blk = bpf_map_lookup_elem(&unwind_blocks, &block);
+	struct unwind_block *blk = lookup_block(block);
 	__u32 lo = 1, hi = ROWS_PER_BLOCK, mid;
 
 	if (!blk)
@@ -115,8 +128,8 @@ __noinline int find_row_rule(__u32 block, __u32 rel)
 	return blk->rule[(lo - 1) & (ROWS_PER_BLOCK - 1)];
 }
 
-/* The rule for a file address, or NULL when no row covers it. */
-static __always_inline struct unwind_rule *find_rule(__u32 table_id, __u64 elf_pc)
+/* The rule for a file address, or NULL when no row covers it. Marks the table used. */
+static __always_inline struct unwind_rule *find_rule(__u32 table_id, __u64 elf_pc, __u64 now)
 {
 	struct table_info *t = bpf_map_lookup_elem(&unwind_tables, &table_id);
 	int block, rule;
@@ -124,6 +137,9 @@ static __always_inline struct unwind_rule *find_rule(__u32 table_id, __u64 elf_p
 
 	if (!t || t->block_count == 0 || elf_pc < t->base || elf_pc - t->base > 0xfffffffeULL)
 		return NULL;
+	/* Once a second at most: a store to a shared cache line on every frame would cost more. */
+	if (now - t->last_used > 1000000000ULL)
+		t->last_used = now;
 	block = find_block(table_id, elf_pc - t->base);
 	if (block < 0)
 		return NULL;
@@ -140,22 +156,181 @@ static __always_inline int stop(struct native_unwind_state *st, enum unwind_stat
 	return UNWIND_STOP;
 }
 
-/* One step with frame pointers: for code that has no unwind rows at all. */
-static __always_inline int frame_pointer_step(struct native_unwind_state *st)
+/* Whether the bytes before ra end with a call instruction: e8 rel32, or ff /2 in one of its
+ * encodings (register; memory with no, 8- or 32-bit displacement; SIB; RIP-relative). A REX
+ * prefix before ff needs no check of its own. b[8 - n] is the byte at ra - n. */
+__noinline int follows_call(__u64 ra)
 {
-	__u64 frame[2]; /* saved rbp, return address */
+	__u8 b[8], m;
 
-	if (st->bp == 0 || st->bp < st->sp)
-		return stop(st, UNWIND_NO_ROW);
-	if (bpf_probe_read_user(frame, sizeof(frame), (void *)st->bp))
-		return stop(st, UNWIND_READ_FAULT);
-	count(COUNTER_UNWIND_FP_FALLBACK);
-	if (frame[1] == 0)
-		return stop(st, UNWIND_ZERO_RA);
-	st->sp = st->bp + 16;
-	st->bp = frame[0];
-	st->ip = frame[1];
-	return UNWIND_CONTINUE;
+	if (ra < 8 || bpf_probe_read_user(b, sizeof(b), (void *)(ra - 8)))
+		return 0;
+	if (b[3] == 0xe8)
+		return 1;
+#define CALL_MODRM(x) ((((x) >> 3) & 7) == 2)
+#define MOD(x) ((x) >> 6)
+#define RM(x) ((x) & 7)
+	m = b[7];
+	if (b[6] == 0xff && CALL_MODRM(m) && (MOD(m) == 3 || (MOD(m) == 0 && RM(m) != 4 && RM(m) != 5)))
+		return 1;
+	m = b[6];
+	if (b[5] == 0xff && CALL_MODRM(m) && ((MOD(m) == 1 && RM(m) != 4) || (MOD(m) == 0 && RM(m) == 4 && (b[7] & 7) != 5)))
+		return 1;
+	m = b[5];
+	if (b[4] == 0xff && CALL_MODRM(m) && MOD(m) == 1 && RM(m) == 4)
+		return 1;
+	m = b[3];
+	if (b[2] == 0xff && CALL_MODRM(m) && ((MOD(m) == 2 && RM(m) != 4) || (MOD(m) == 0 && RM(m) == 5)))
+		return 1;
+	m = b[2];
+	if (b[1] == 0xff && CALL_MODRM(m) && RM(m) == 4 && (MOD(m) == 2 || (MOD(m) == 0 && (b[3] & 7) == 5)))
+		return 1;
+#undef CALL_MODRM
+#undef MOD
+#undef RM
+	return 0;
+}
+
+/* A plausible return address of process pid: in its executable code, right after a call. */
+static __always_inline bool is_return_address(__u32 pid, __u64 ra)
+{
+	return ra && find_mapping_index(pid, ra) >= 0 && follows_call(ra) == 1;
+}
+
+#define SCAN_WORDS 64
+#define SCAN_CANDIDATES 8
+#define MAX_SCANS 8
+
+struct scan_buffer {
+	__u64 words[SCAN_WORDS];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct scan_buffer);
+} scan_buffers SEC(".maps");
+
+struct scan_state {
+	__u32 pid;
+	__u32 tried;
+	__s32 found; /* index of the word that is a return address, or -1 */
+};
+
+/* One word of the scan: a candidate is a word in the process's code; the first candidate that
+ * follows a call is taken, after SCAN_CANDIDATES the scan gives up. */
+static long scan_word(__u32 i, void *arg)
+{
+	struct scan_state *s = arg;
+	__u32 zero = 0;
+	struct scan_buffer *buf = bpf_map_lookup_elem(&scan_buffers, &zero);
+	__u64 w;
+
+	if (!buf)
+		return 1;
+	w = buf->words[i & (SCAN_WORDS - 1)];
+	if (w < 4096 || (w >> 47) || find_mapping_index(s->pid, w) < 0)
+		return 0;
+	if (++s->tried > SCAN_CANDIDATES)
+		return 1;
+	if (follows_call(w) != 1)
+		return 0;
+	s->found = i;
+	return 1;
+}
+
+/* Scans the SCAN_WORDS words from `base` up for a return address; on success the caller's
+ * frame starts above it. Returns 1 when found. Global, so that the verifier checks it once. */
+__noinline long scan_from(struct native_unwind_state *st, __u64 base)
+{
+	struct scan_state scan = { .found = -1 };
+	struct scan_buffer *buf;
+	__u32 zero = 0;
+
+	if (!st || st->scans >= MAX_SCANS)
+		return 0;
+	buf = bpf_map_lookup_elem(&scan_buffers, &zero);
+	if (!buf)
+		return 0;
+	st->scans++;
+	if (bpf_probe_read_user(buf->words, sizeof(buf->words), (void *)base))
+		return 0;
+	scan.pid = st->pid;
+	bpf_loop(SCAN_WORDS, scan_word, &scan, 0);
+	if (scan.found < 0 || scan.found >= SCAN_WORDS)
+		return 0;
+	count(COUNTER_UNWIND_SCANNED);
+	st->ip = buf->words[scan.found & (SCAN_WORDS - 1)];
+	st->sp = base + 8 * (scan.found + 1);
+	/* rbp stays: code without CFI that used it saved it below and will restore it. */
+	return 1;
+}
+
+/* Code without CFI (hand-written BLAS kernels, JIT): the caller is found by frame pointer when
+ * rbp leads to a return address, else by scanning the stack for the first word that is one:
+ * above sp, and, at the leaf, above each callee-saved register that points a little up the
+ * stack — kernels that align their stack for a big buffer keep the old sp in one (OpenBLAS's
+ * dgemm kernel: mov %rsp,%rbx; sub $0x7080,%rsp; and $-4096,%rsp). Every candidate must point
+ * right after a call instruction in the process's code, which keeps stale values and data out.
+ * Global, so that the verifier checks it once. */
+__noinline long step_without_cfi(struct native_unwind_state *st)
+{
+	struct task_struct *task;
+	struct pt_regs *regs;
+	__u64 frame[2] = {}; /* saved rbp, return address */
+	__u64 saved[6] = {};
+
+	if (!st)
+		return UNWIND_STOP;
+	if (st->bp >= st->sp && st->bp - st->sp < (1 << 20) && !bpf_probe_read_user(frame, sizeof(frame), (void *)st->bp)) {
+		if (frame[1] == 0) {
+			st->status = UNWIND_ZERO_RA; /* the outermost frame of a frame-pointer chain */
+			return UNWIND_STOP;
+		}
+		if (is_return_address(st->pid, frame[1])) {
+			count(COUNTER_UNWIND_FP_FALLBACK);
+			st->sp = st->bp + 16;
+			st->bp = frame[0];
+			st->ip = frame[1];
+			return UNWIND_CONTINUE;
+		}
+		count(COUNTER_UNWIND_FP_REJECTED);
+	}
+	if (scan_from(st, st->sp))
+		return UNWIND_CONTINUE;
+	if (st->frames == 1 && st->slot == SCRATCH_SAMPLER) {
+		task = bpf_get_current_task_btf();
+		regs = task ? (struct pt_regs *)bpf_task_pt_regs(task) : NULL;
+		if (regs) {
+			saved[0] = BPF_CORE_READ(regs, bx);
+			saved[1] = BPF_CORE_READ(regs, bp);
+			saved[2] = BPF_CORE_READ(regs, r12);
+			saved[3] = BPF_CORE_READ(regs, r13);
+			saved[4] = BPF_CORE_READ(regs, r14);
+			saved[5] = BPF_CORE_READ(regs, r15);
+			for (int i = 0; i < 6; i++) {
+				__u64 v = saved[i];
+
+				if (v > st->sp && v - st->sp < (1 << 20) && scan_from(st, v))
+					return UNWIND_CONTINUE;
+			}
+		}
+	}
+	st->status = UNWIND_BAD_FRAME;
+	return UNWIND_STOP;
+}
+
+/* Asks user space for the table of the file mapped at `begin`; at most every 200 ms. */
+static __always_inline void ask_table(struct native_unwind_state *st, __u64 begin)
+{
+	struct table_request_key key = { .pid = st->pid, .begin = begin };
+	__u64 *last = bpf_map_lookup_elem(&table_requested, &key);
+
+	if (last && st->now - *last < 200000000ULL)
+		return;
+	bpf_map_update_elem(&table_requested, &key, &st->now, BPF_ANY);
+	send_process_event_at(st->pid, PROCESS_NEED_TABLE, st->ip);
 }
 
 /* A return address that a uretprobe replaced with its trampoline: the original, from the task's
@@ -224,12 +399,16 @@ __noinline long unwind_one(struct native_unwind_state *st)
 		return stop(st, UNWIND_NO_MAPPING);
 	}
 	m = &proc->mappings[idx & (MAX_PROCESS_MAPPINGS - 1)];
+	if (m->flags & MAPPING_TABLE_PENDING) {
+		ask_table(st, m->begin);
+		return stop(st, UNWIND_NO_TABLE_YET);
+	}
 	if (!(m->flags & MAPPING_HAS_TABLE))
-		return frame_pointer_step(st);
+		return step_without_cfi(st);
 	pc = st->ip - adjust - m->load_bias;
-	rule = find_rule(m->table_id, pc);
+	rule = find_rule(m->table_id, pc, st->now);
 	if (!rule)
-		return frame_pointer_step(st);
+		return step_without_cfi(st);
 
 	switch (rule->cfa_kind) {
 	case CFA_RSP_OFFSET:
@@ -248,7 +427,7 @@ __noinline long unwind_one(struct native_unwind_state *st)
 	case CFA_END_OF_STACK:
 		return stop(st, UNWIND_END_OF_STACK);
 	case CFA_NO_INFO:
-		return frame_pointer_step(st);
+		return step_without_cfi(st);
 	default:
 		return stop(st, UNWIND_BAD_CFA);
 	}
@@ -307,11 +486,30 @@ static __always_inline void count_unwind_status(__u32 status)
 	case UNWIND_READ_FAULT:
 		count(COUNTER_UNWIND_READ_FAULT);
 		break;
+	case UNWIND_NO_TABLE_YET:
+		count(COUNTER_UNWIND_NO_TABLE_YET);
+		break;
+	case UNWIND_BAD_FRAME:
+		count(COUNTER_UNWIND_BAD_FRAME);
+		break;
 	}
 	count(COUNTER_USTACK_FAILED);
 }
 
-/* Walks the current task's user stack into e->user_stack. */
+/* Whether a walk that ended so left frames of the stack out (not its end, not a full sample). */
+static __always_inline bool stopped_early(__u32 status)
+{
+	return status != UNWIND_END_OF_STACK && status != UNWIND_ZERO_RA && status != UNWIND_TRUNCATED &&
+	       status != UNWIND_KERNEL_THREAD;
+}
+
+static long py_rest_step(__u32 i, void *arg)
+{
+	struct native_unwind_state *st = arg;
+
+	return py_emit_rest(&st->py, st->pid, st->tid, &st->frames, st->slot) ? 1 : 0;
+}
+
 /* Unwinds the current task's user stack into `e`, which is sample_scratch entry `slot`. */
 static __always_inline void unwind_user_stack(struct sample_event *e, __u32 slot)
 {
@@ -338,9 +536,13 @@ static __always_inline void unwind_user_stack(struct sample_event *e, __u32 slot
 	st.slot = slot;
 	st.xol = BPF_CORE_READ(task, mm, uprobes_state.xol_area, vaddr);
 	st.status = UNWIND_TRUNCATED;
+	st.now = bpf_ktime_get_ns();
 	st.py.enabled = bpf_map_lookup_elem(&python_processes, &st.pid) != NULL;
 	/* Python frames take steps of their own: room for a full stack of both. */
 	bpf_loop(2 * MAX_USER_FRAMES + 1, unwind_step, &st, 0);
+	/* The Python frames are readable without the native stack: a gap in it keeps them. */
+	if (st.py.enabled && stopped_early(st.status))
+		bpf_loop(MAX_USER_FRAMES / 2, py_rest_step, &st, 0);
 	e->user_frames = st.frames;
 	e->unwind_status = st.status;
 	count_unwind_status(st.status);

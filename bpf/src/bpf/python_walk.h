@@ -21,6 +21,7 @@ struct py_walk {
 	__u8 enabled;    /* the process runs CPython */
 	__u8 shim_known; /* next_shim is current */
 	__u8 via_shim;   /* emitting for a frame found by its shim: no native slot to skip after */
+	__u8 gap_marked; /* the gap marker is out: Python frames after an early native stop */
 };
 
 static __always_inline int py_read(void *dst, __u32 size, __u64 addr)
@@ -99,14 +100,34 @@ static __always_inline bool py_emit(struct sample_event *e, __u32 *frames, __u64
 	return true;
 }
 
+/* Emits the frame at f, which runs code object `code`: its address tagged with its name pointer,
+ * then its first line and last instruction. Returns false when the sample is full. */
+static __always_inline bool py_emit_frame(struct sample_event *e, __u32 *frames, struct py_offsets *o, __u64 f, __u64 code)
+{
+	__u64 instr = 0, lasti = 0, name = 0, tag = 0;
+	__s32 firstlineno = 0, lasti32 = 0;
+
+	if (code & ~PY_ADDR_MASK)
+		return true; /* not a user-space address: not a code object */
+	if (o->frame_kind == PY_FRAME_OBJECT) {
+		py_read(&lasti32, sizeof(lasti32), f + o->frame_instr);
+		lasti = (__u32)lasti32;
+	} else if (py_read(&instr, sizeof(instr), f + o->frame_instr) == 0 && instr >= code + o->code_adaptive) {
+		lasti = (instr - code - o->code_adaptive) / 2;
+	}
+	py_read(&firstlineno, sizeof(firstlineno), code + o->code_firstlineno);
+	if (o->code_name != PY_NO_OFFSET && py_read(&name, sizeof(name), code + o->code_name) == 0)
+		tag = ((name >> 4) ^ (name >> 20)) & 0xffff;
+	return py_emit(e, frames, code | (tag << PY_NAME_TAG_SHIFT), ((__u64)(__u32)firstlineno << 32) | (lasti & 0xffffffff));
+}
+
 /* One step of emitting: one Python frame, or the end of this eval-loop call's frames.
  * Returns false when the sample is full. */
 static __always_inline bool py_step(struct py_walk *w, __u32 pid, __u32 *frames, struct sample_event *e)
 {
 	struct py_process *p = bpf_map_lookup_elem(&python_processes, &pid);
 	struct py_offsets *o;
-	__u64 f = w->frame, code = 0, instr = 0, previous = 0, lasti = 0;
-	__s32 firstlineno = 0, lasti32 = 0;
+	__u64 f = w->frame, code = 0, previous = 0;
 	__u8 marker = 0;
 
 	if (!p || !f) {
@@ -131,14 +152,7 @@ static __always_inline bool py_step(struct py_walk *w, __u32 pid, __u32 *frames,
 	if (py_read(&code, sizeof(code), f + o->frame_code) == 0) {
 		if (o->code_tagged)
 			code &= ~7ULL;
-		if (o->frame_kind == PY_FRAME_OBJECT) {
-			py_read(&lasti32, sizeof(lasti32), f + o->frame_instr);
-			lasti = (__u32)lasti32;
-		} else if (py_read(&instr, sizeof(instr), f + o->frame_instr) == 0 && instr >= code + o->code_adaptive) {
-			lasti = (instr - code - o->code_adaptive) / 2;
-		}
-		py_read(&firstlineno, sizeof(firstlineno), code + o->code_firstlineno);
-		if (code && !py_emit(e, frames, code, ((__u64)(__u32)firstlineno << 32) | (lasti & 0xffffffff)))
+		if (code && !py_emit_frame(e, frames, o, f, code))
 			return false;
 	}
 	w->frame = previous;
@@ -146,6 +160,53 @@ static __always_inline bool py_step(struct py_walk *w, __u32 pid, __u32 *frames,
 	if (o->frame_kind == PY_FRAME_OBJECT || (o->frame_kind == PY_FRAME_IS_ENTRY && marker))
 		w->mode = PY_MODE_DONE;
 	return true;
+}
+
+/* After the native walk stopped early: the thread's Python frames that remain, all of them, after
+ * a gap marker, so that a sample in code without unwind information still has its Python line.
+ * Returns 1 when done, 0 to go on. Global, so that the verifier checks it once. */
+__noinline long py_emit_rest(struct py_walk *w, __u32 pid, __u32 tid, __u32 *frames, __u32 slot)
+{
+	struct sample_event *e = bpf_map_lookup_elem(&sample_scratch, &slot);
+	struct py_process *p = bpf_map_lookup_elem(&python_processes, &pid);
+	struct py_offsets *o;
+	__u64 f, code = 0, previous = 0;
+	__u8 marker = 0;
+
+	if (!w || !frames || !e || !p)
+		return 1;
+	o = &p->o;
+	if (!w->ready) {
+		w->ready = 1;
+		w->frame = py_current_frame(pid, tid);
+	}
+	f = w->frame;
+	if (!f || py_read(&previous, sizeof(previous), f + o->frame_previous))
+		return 1;
+	w->frame = previous;
+	if (o->frame_kind != PY_FRAME_OBJECT && py_read(&marker, sizeof(marker), f + o->frame_entry))
+		marker = 0;
+	if (o->frame_kind == PY_FRAME_OWNER && marker == o->owner_cstack)
+		return 0; /* a C-stack shim: nothing to show */
+	if (py_read(&code, sizeof(code), f + o->frame_code) || !code)
+		return 0;
+	if (o->code_tagged)
+		code &= ~7ULL;
+	if (!w->gap_marked) {
+		if (*frames >= MAX_USER_FRAMES) {
+			count(COUNTER_PY_TRUNCATED);
+			return 1;
+		}
+		e->user_stack[*frames & (MAX_USER_FRAMES - 1)] = USER_GAP_MARK;
+		*frames += 1;
+		w->gap_marked = 1;
+		count(COUNTER_PY_AFTER_GAP);
+	}
+	if (!py_emit_frame(e, frames, o, f, code)) {
+		count(COUNTER_PY_TRUNCATED);
+		return 1;
+	}
+	return 0;
 }
 
 /* The next shim frame from f on, or 0 (none within 64 frames). */

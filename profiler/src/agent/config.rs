@@ -69,9 +69,10 @@ pub struct AgentArgs {
     /// Serve Prometheus metrics here: PORT (on 127.0.0.1) or ADDRESS:PORT.
     #[arg(long, value_name = "ADDR", env = "GPUFLAME_METRICS_ADDR")]
     pub metrics_addr: Option<String>,
-    /// Capacity of the BPF unwind tables in rows [default: 8388608].
-    #[arg(long, value_name = "ROWS")]
-    pub unwind_rows: Option<u64>,
+    /// Kernel memory for unwind tables, in MiB [default: 256]; least recently used tables are
+    /// evicted when it is full.
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub unwind_memory: Option<u64>,
     /// The hostname label [default: the kernel's hostname; in a pod, pass the node name].
     #[arg(long, env = "GPUFLAME_HOSTNAME")]
     pub hostname: Option<String>,
@@ -109,7 +110,7 @@ struct FileConfig {
     shutdown_timeout: Option<f64>,
     max_backoff: Option<f64>,
     metrics_addr: Option<String>,
-    unwind_rows: Option<u64>,
+    unwind_memory: Option<u64>,
     hostname: Option<String>,
     profiles: Option<String>,
 }
@@ -138,7 +139,8 @@ pub struct AgentConfig {
     pub shutdown_timeout: Duration,
     pub max_backoff: Duration,
     pub metrics_addr: Option<String>,
-    pub unwind_rows: u64,
+    /// In MiB.
+    pub unwind_memory: u64,
     pub hostname: String,
     pub profiles: Vec<crate::profile_kind::ProfileKind>,
     pub once: bool,
@@ -241,7 +243,10 @@ impl AgentConfig {
             shutdown_timeout: seconds(args.shutdown_timeout.or(file.shutdown_timeout).unwrap_or(10.0), "shutdown timeout")?,
             max_backoff: seconds(args.max_backoff.or(file.max_backoff).unwrap_or(30.0), "max backoff")?,
             metrics_addr,
-            unwind_rows: args.unwind_rows.or(file.unwind_rows).unwrap_or(gpuflame_bpf::SamplerConfig::DEFAULT_UNWIND_ROWS),
+            unwind_memory: match args.unwind_memory.or(file.unwind_memory).unwrap_or(gpuflame_bpf::SamplerConfig::DEFAULT_UNWIND_MEMORY >> 20) {
+                m @ 1..=1048576 => m,
+                m => return Err(crate::UserError(format!("unwind_memory {m} MiB is out of range (1 to 1048576)")).into()),
+            },
             hostname: match args.hostname.clone().or(file.hostname) {
                 Some(h) => h,
                 None => std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "unknown".into()),
@@ -284,7 +289,7 @@ impl AgentConfig {
         if let Some(m) = &self.metrics_addr {
             out += &format!("metrics_addr = {}\n", q(m));
         }
-        out += &format!("unwind_rows = {}\n", self.unwind_rows);
+        out += &format!("unwind_memory = {}\n", self.unwind_memory);
         out += &format!("hostname = {}\n", q(&self.hostname));
         out += "\n[labels]\n";
         for (k, v) in &self.labels {

@@ -125,7 +125,7 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
     let mut session = Session::start(SessionConfig {
         targets: Targets::All,
         frequency_hz: cfg.frequency_hz,
-        unwind_rows: cfg.unwind_rows,
+        unwind_memory: cfg.unwind_memory << 20,
         cpu: cfg.profiles.contains(&ProfileKind::Cpu),
         cuda,
     })?;

@@ -1,5 +1,6 @@
 //! Process tracking: which executables each target process maps, and their unwind tables in BPF.
 
+mod builder;
 mod maps;
 mod tracker;
 

@@ -1,25 +1,52 @@
 //! Keeps BPF's view of target processes current: their executable mappings, and one unwind table
-//! per executable file, shared by every process that maps it, built once, evicted when no process
-//! maps it any more.
+//! per executable file, shared by every process that maps it. Tables are built on a thread of
+//! their own ([`TableBuilder`]): small files ahead of need, big ones when a sample first needs
+//! them; the least recently used are evicted when the memory budget is reached.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use gpuflame_bpf::{CpuSampler, ExecMapping, ProcessEvent, ProcessEventKind, PythonProcess, TableId};
+use gpuflame_bpf::{BpfError, CpuSampler, ExecMapping, MappingTable, ProcessEvent, ProcessEventKind, PythonProcess, TableId};
 use gpuflame_pyframes::{find_interpreter, Interpreter, Mapping};
 use gpuflame_symbolizer::MappedFile;
-use gpuflame_unwind::{load_bias, CompactTable, ExecutableKey, LoadSegment, RuleTable, UnwindTable};
+use gpuflame_unwind::{load_bias, CompactTable, ElfProbe, ExecutableKey, LoadSegment};
 
+use super::builder::{BuildJob, Built, TableBuilder};
 use super::maps::{parse_maps, MapsEntry};
+
+/// Files with at most this much CFI are built as soon as they are seen (~300k rows, tens of ms);
+/// bigger ones (libtorch_cpu.so has ~100 MB) only when a sample needs them.
+const EAGER_CFI_BYTES: u64 = 2 << 20;
+/// A table that found no room is not asked for again before this.
+const NO_ROOM_RETRY: Duration = Duration::from_secs(10);
+/// Tables used this recently are not evicted: they are the working set.
+const WORKING_SET: Duration = Duration::from_secs(2);
+/// Paths kept per file for the builder: one per process that maps it, the latest first.
+const PATHS_PER_FILE: usize = 4;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TableState {
+    /// Not built: built when a sample asks.
+    Unbuilt,
+    Queued { urgent: bool },
+    Loaded { id: TableId, rows: usize },
+    /// No unwind information: callers are found by frame pointer or stack scan.
+    NoTable,
+}
 
 /// An executable file known to the tracker.
 struct Executable {
-    /// None when the file has no usable unwind information (or it did not fit): frame pointers.
-    table: Option<TableId>,
+    state: TableState,
     segments: Vec<LoadSegment>,
+    cfi_bytes: u64,
     users: HashSet<u32>,
+    /// map_files paths that reach the file, for the builder.
+    paths: Vec<PathBuf>,
+    /// The path as /proc/PID/maps names it, for messages.
+    name: String,
+    retry_after: Option<Instant>,
 }
 
 /// What the tracker did, for the summary and the benchmarks.
@@ -28,14 +55,22 @@ pub struct TrackerStats {
     pub tables_built: usize,
     pub rows_loaded: u64,
     pub build_time: Duration,
+    /// Tables dropped because no process maps their file any more.
     pub tables_evicted: usize,
+    /// Tables dropped to make room within the memory budget.
+    pub tables_evicted_for_room: usize,
     pub table_failures: usize,
     pub mappings_dropped: usize,
+    /// Files without unwind information.
+    pub files_without_cfi: usize,
+    /// Files whose tables did not fit in the budget, by name.
+    pub no_room: BTreeSet<String>,
+    /// When the first table a sample asked for was loaded, after the tracker started.
+    pub first_demanded_table: Option<Duration>,
 }
 
-#[derive(Default)]
 pub struct ProcessTracker {
-    rules: RuleTable,
+    builder: TableBuilder,
     executables: HashMap<ExecutableKey, Executable>,
     /// (dev, inode) from /proc/PID/maps → key, so known files are not opened again.
     keys_by_inode: HashMap<(String, u64), ExecutableKey>,
@@ -45,11 +80,19 @@ pub struct ProcessTracker {
     files: HashMap<u32, Vec<MappedFile>>,
     /// The CPython interpreter of each Python process.
     pythons: HashMap<u32, Interpreter>,
-    /// Each live process's executable mappings as last read.
+    /// Each live process's executable mappings as last read, with the file each one maps.
     entries: HashMap<u32, Vec<MapsEntry>>,
+    entry_keys: HashMap<u32, Vec<Option<ExecutableKey>>>,
     python_warned: HashSet<u32>,
     exited: Vec<(Instant, u32)>,
+    started: Instant,
     pub stats: TrackerStats,
+}
+
+impl Default for ProcessTracker {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 /// How long the mappings of an exited process are kept for its last samples.
@@ -57,18 +100,32 @@ const EXITED_GRACE: Duration = Duration::from_secs(5);
 
 impl ProcessTracker {
     pub fn new() -> Self {
-        Self::default()
+        ProcessTracker {
+            builder: TableBuilder::start(),
+            executables: HashMap::new(),
+            keys_by_inode: HashMap::new(),
+            processes: HashMap::new(),
+            files: HashMap::new(),
+            pythons: HashMap::new(),
+            entries: HashMap::new(),
+            entry_keys: HashMap::new(),
+            python_warned: HashSet::new(),
+            exited: Vec::new(),
+            started: Instant::now(),
+            stats: TrackerStats::default(),
+        }
     }
 
     pub fn handle(&mut self, sampler: &mut CpuSampler, event: ProcessEvent) {
         match event.kind {
             ProcessEventKind::Exec | ProcessEventKind::Unknown | ProcessEventKind::MmapExec => self.refresh(sampler, event.pid),
+            ProcessEventKind::NeedTable { addr } => self.need_table(sampler, event.pid, addr),
             ProcessEventKind::Exit => self.exited(sampler, event.pid),
         }
     }
 
-    /// Reads the process's mappings again and loads what is new. A process that is gone is
-    /// forgotten.
+    /// Reads the process's mappings again and describes them to BPF; files not seen before are
+    /// queued for their tables. A process that is gone is forgotten.
     pub fn refresh(&mut self, sampler: &mut CpuSampler, pid: u32) {
         // An exiting process has no mappings left to read: what was read before stays, for its
         // last samples.
@@ -80,40 +137,23 @@ impl ProcessTracker {
             }
         };
         let entries: Vec<MapsEntry> = parse_maps(&text).into_iter().filter(|e| e.executable).collect();
-        let mut mappings = Vec::with_capacity(entries.len());
         let mut keys = Vec::new();
+        let mut entry_keys = Vec::with_capacity(entries.len());
         let mut files = Vec::new();
         for entry in &entries {
-            let (table, bias, key) = match self.executable_for(sampler, pid, entry) {
-                Some(key) => {
-                    let exe = &self.executables[&key];
-                    match load_bias(&exe.segments, entry.start, entry.offset) {
-                        Some(bias) => (exe.table, bias, Some(key)),
-                        None => (None, 0, Some(key)),
-                    }
-                }
-                None => (None, 0, None),
-            };
-            if let Some(key) = key {
+            let key = self.executable_for(pid, entry);
+            if let Some(key) = &key {
                 if entry.path.starts_with('/') {
-                    let build_id = match &key {
+                    let build_id = match key {
                         ExecutableKey::BuildId(id) => Some(id.clone()),
                         ExecutableKey::File { .. } => None,
                     };
                     let path = PathBuf::from(entry.path.strip_suffix(" (deleted)").unwrap_or(&entry.path));
                     files.push(MappedFile { start: entry.start, end: entry.end, offset: entry.offset, path, build_id });
                 }
-                keys.push(key);
+                keys.push(key.clone());
             }
-            mappings.push(ExecMapping { begin: entry.start, end: entry.end, load_bias: bias, table });
-        }
-        match sampler.set_process(pid, &mappings) {
-            Ok(0) => {}
-            Ok(dropped) => {
-                self.stats.mappings_dropped += dropped;
-                tracing::warn!(pid, dropped, "process has more executable mappings than the unwinder holds");
-            }
-            Err(e) => tracing::warn!(pid, error = %e, "cannot load the process's mappings"),
+            entry_keys.push(key);
         }
         for key in &keys {
             if let Some(exe) = self.executables.get_mut(key) {
@@ -123,9 +163,196 @@ impl ProcessTracker {
         self.files.insert(pid, files);
         self.find_python(sampler, pid, &entries);
         self.entries.insert(pid, entries);
+        self.entry_keys.insert(pid, entry_keys);
+        self.push_process(sampler, pid);
         let old = self.processes.insert(pid, keys);
         if let Some(old) = old {
             self.release_unused(sampler, pid, &old);
+        }
+    }
+
+    /// Describes the process's executable mappings to BPF as the tables stand now.
+    fn push_process(&mut self, sampler: &mut CpuSampler, pid: u32) {
+        let (Some(entries), Some(keys)) = (self.entries.get(&pid), self.entry_keys.get(&pid)) else { return };
+        let mappings: Vec<ExecMapping> = entries
+            .iter()
+            .zip(keys)
+            .map(|(entry, key)| {
+                let exe = key.as_ref().and_then(|k| self.executables.get(k));
+                let bias = exe.and_then(|e| load_bias(&e.segments, entry.start, entry.offset));
+                let table = match (exe.map(|e| e.state), bias) {
+                    (Some(TableState::Loaded { id, .. }), Some(_)) => MappingTable::Loaded(id),
+                    (Some(TableState::Unbuilt | TableState::Queued { .. }), Some(_)) => MappingTable::Pending,
+                    _ => MappingTable::None,
+                };
+                ExecMapping { begin: entry.start, end: entry.end, load_bias: bias.unwrap_or(0), table }
+            })
+            .collect();
+        match sampler.set_process(pid, &mappings) {
+            Ok(0) => {}
+            Ok(dropped) => {
+                self.stats.mappings_dropped += dropped;
+                tracing::warn!(pid, dropped, "process has more executable mappings than the unwinder holds");
+            }
+            Err(e) => tracing::warn!(pid, error = %e, "cannot load the process's mappings"),
+        }
+    }
+
+    /// A sample of `pid` met the file mapped at `addr` without its table.
+    fn need_table(&mut self, sampler: &mut CpuSampler, pid: u32, addr: u64) {
+        let find = |t: &Self| -> Option<ExecutableKey> {
+            let i = t.entries.get(&pid)?.iter().position(|e| e.start <= addr && addr < e.end)?;
+            t.entry_keys.get(&pid)?.get(i)?.clone()
+        };
+        let key = match find(self) {
+            Some(k) => k,
+            None => {
+                self.refresh(sampler, pid);
+                let Some(k) = find(self) else { return };
+                k
+            }
+        };
+        let Some(exe) = self.executables.get_mut(&key) else { return };
+        if exe.retry_after.is_some_and(|t| Instant::now() < t) {
+            return;
+        }
+        match exe.state {
+            TableState::Unbuilt | TableState::Queued { urgent: false } => {
+                exe.state = TableState::Queued { urgent: true };
+                self.builder.urgent(BuildJob { key, paths: exe.paths.clone(), cfi_bytes: exe.cfi_bytes, image: None });
+            }
+            TableState::Queued { urgent: true } => {}
+            // BPF's copy of the process is older than the table: tell it again.
+            TableState::Loaded { .. } | TableState::NoTable => self.push_process(sampler, pid),
+        }
+    }
+
+    /// Loads the tables built since the last call and tells the processes that map them.
+    pub fn poll_tables(&mut self, sampler: &mut CpuSampler) {
+        for built in self.builder.finished() {
+            self.loaded(sampler, built);
+        }
+    }
+
+    /// Whether tables are being built.
+    pub fn building(&self) -> bool {
+        self.builder.busy()
+    }
+
+    /// Waits up to `timeout` for the tables queued so far, loading each as it comes.
+    pub fn wait_for_tables(&mut self, sampler: &mut CpuSampler, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while self.builder.busy() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            // Short waits: the builder may have just finished, with nothing more to send.
+            if let Some(built) = self.builder.wait(left.min(Duration::from_millis(5))) {
+                self.loaded(sampler, built);
+            }
+        }
+        self.poll_tables(sampler);
+    }
+
+    fn loaded(&mut self, sampler: &mut CpuSampler, built: Built) {
+        if let Some(rules) = &built.rules {
+            if let Err(e) = sampler.load_rules(rules) {
+                tracing::warn!(error = %e, "cannot load unwind rules");
+            }
+        }
+        self.stats.build_time += built.elapsed;
+        let Some(exe) = self.executables.get(&built.key) else { return };
+        let urgent = exe.state == TableState::Queued { urgent: true };
+        let state = match built.table {
+            Ok(table) if table.is_empty() => {
+                self.stats.files_without_cfi += 1;
+                TableState::NoTable
+            }
+            Ok(table) => match self.insert(sampler, &built.key, &table, urgent) {
+                Some(id) => {
+                    self.stats.tables_built += 1;
+                    self.stats.rows_loaded += table.len() as u64;
+                    if urgent && self.stats.first_demanded_table.is_none() {
+                        self.stats.first_demanded_table = Some(self.started.elapsed());
+                    }
+                    tracing::debug!(file = %self.executables[&built.key].name, rows = table.len(), ms = built.elapsed.as_millis() as u64, urgent, "unwind table loaded");
+                    TableState::Loaded { id, rows: table.len() }
+                }
+                None => TableState::Unbuilt,
+            },
+            Err(e) => {
+                tracing::debug!(file = %exe.name, error = %e, "no unwind table");
+                self.stats.table_failures += 1;
+                TableState::NoTable
+            }
+        };
+        let Some(exe) = self.executables.get_mut(&built.key) else { return };
+        exe.state = state;
+        let users: Vec<u32> = exe.users.iter().copied().collect();
+        for pid in users {
+            self.push_process(sampler, pid);
+        }
+    }
+
+    /// Puts a table into BPF; a table a sample needs evicts the least recently used ones outside
+    /// the working set when the budget is full.
+    fn insert(&mut self, sampler: &mut CpuSampler, key: &ExecutableKey, table: &CompactTable, urgent: bool) -> Option<TableId> {
+        loop {
+            match sampler.insert_table(table) {
+                Ok(id) => return Some(id),
+                Err(BpfError::UnwindFull(why)) => {
+                    let victim = if urgent && sampler.table_could_fit(table.len()) { self.lru_victim(sampler, key) } else { None };
+                    match victim {
+                        Some(victim) => self.evict_for_room(sampler, &victim),
+                        None => {
+                            if let Some(exe) = self.executables.get_mut(key) {
+                                exe.retry_after = Some(Instant::now() + NO_ROOM_RETRY);
+                                if urgent {
+                                    tracing::debug!(file = %exe.name, %why, "no room for an unwind table");
+                                    self.stats.no_room.insert(exe.name.clone());
+                                }
+                            }
+                            return None;
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot load an unwind table");
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// The loaded table used least recently, if it is outside the working set.
+    fn lru_victim(&self, sampler: &CpuSampler, except: &ExecutableKey) -> Option<ExecutableKey> {
+        let now = monotonic_ns();
+        self.executables
+            .iter()
+            .filter(|(k, _)| *k != except)
+            .filter_map(|(k, e)| match e.state {
+                TableState::Loaded { id, .. } => Some((sampler.table_last_used(id), k)),
+                _ => None,
+            })
+            .filter(|&(used, _)| now.saturating_sub(used) > WORKING_SET.as_nanos() as u64)
+            .min_by_key(|&(used, _)| used)
+            .map(|(_, k)| k.clone())
+    }
+
+    fn evict_for_room(&mut self, sampler: &mut CpuSampler, key: &ExecutableKey) {
+        let Some(exe) = self.executables.get_mut(key) else { return };
+        if let TableState::Loaded { id, .. } = exe.state {
+            if let Err(e) = sampler.remove_table(id) {
+                tracing::warn!(error = %e, "cannot evict an unwind table");
+            }
+        }
+        exe.state = TableState::Unbuilt;
+        tracing::debug!(file = %exe.name, "unwind table evicted for room");
+        self.stats.tables_evicted_for_room += 1;
+        let users: Vec<u32> = exe.users.iter().copied().collect();
+        for pid in users {
+            self.push_process(sampler, pid);
         }
     }
 
@@ -133,6 +360,7 @@ impl ProcessTracker {
     pub fn exited(&mut self, sampler: &mut CpuSampler, pid: u32) {
         sampler.remove_process(pid);
         self.entries.remove(&pid);
+        self.entry_keys.remove(&pid);
         let now = Instant::now();
         self.exited.push((now, pid));
         while let Some(&(t, old)) = self.exited.first() {
@@ -159,96 +387,101 @@ impl ProcessTracker {
             let Some(exe) = self.executables.get_mut(key) else { continue };
             exe.users.remove(&pid);
             if exe.users.is_empty() {
-                if let Some(table) = exe.table {
-                    if let Err(e) = sampler.remove_table(table) {
+                if let TableState::Loaded { id, .. } = exe.state {
+                    if let Err(e) = sampler.remove_table(id) {
                         tracing::warn!(error = %e, "cannot evict an unwind table");
                     }
+                    self.stats.tables_evicted += 1;
                 }
                 self.executables.remove(key);
                 self.keys_by_inode.retain(|_, k| k != key);
-                self.stats.tables_evicted += 1;
             }
         }
     }
 
-    /// The executable behind a mapping, its table built and loaded if it is new.
-    fn executable_for(&mut self, sampler: &mut CpuSampler, pid: u32, entry: &MapsEntry) -> Option<ExecutableKey> {
+    /// The executable behind a mapping: known, or probed now and queued for its table.
+    fn executable_for(&mut self, pid: u32, entry: &MapsEntry) -> Option<ExecutableKey> {
         let inode_key = (entry.dev.clone(), entry.inode);
         let vdso = entry.path == "[vdso]";
         if entry.inode == 0 && !vdso {
-            return None; // anonymous code (JIT): frame pointers only
-        }
-        if !vdso {
-            if let Some(key) = self.keys_by_inode.get(&inode_key) {
-                if self.executables.contains_key(key) {
-                    return Some(key.clone());
-                }
-            }
+            return None; // anonymous code (JIT): frame pointers and stack scans only
         }
         // map_files reaches the mapped file even when it was deleted or is in another mount
         // namespace (a container).
         let path = PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", entry.start, entry.end));
-        let (key, data) = if vdso {
-            let data = read_process_memory(pid, entry.start, entry.end - entry.start)?;
-            let table = UnwindTable::from_elf(&data).ok()?;
-            // The vDSO is the same image in every process of this kernel.
-            (ExecutableKey::File { dev: 0, ino: 0, size: data.len() as u64, mtime_ns: 0 }, Some(table))
-        } else {
-            (ExecutableKey::of_file(&path).ok()?, None)
-        };
         if !vdso {
-            self.keys_by_inode.insert(inode_key, key.clone());
-        }
-        if !self.executables.contains_key(&key) {
-            let started = Instant::now();
-            let built = match data {
-                Some(t) => Ok(t),
-                None => UnwindTable::from_path(&path),
-            };
-            let exe = match built {
-                Ok(table) => {
-                    let segments = table.segments.clone();
-                    let loaded = self.load(sampler, &table);
-                    if loaded.is_none() {
-                        self.stats.table_failures += 1;
+            if let Some(key) = self.keys_by_inode.get(&inode_key).cloned() {
+                if let Some(exe) = self.executables.get_mut(&key) {
+                    if !exe.paths.contains(&path) {
+                        exe.paths.insert(0, path);
+                        exe.paths.truncate(PATHS_PER_FILE);
                     }
-                    Executable { table: loaded, segments, users: HashSet::new() }
+                    return Some(key);
                 }
-                Err(e) => {
-                    tracing::debug!(path = %entry.path, error = %e, "no unwind table");
-                    self.stats.table_failures += 1;
-                    Executable { table: None, segments: Vec::new(), users: HashSet::new() }
-                }
-            };
-            self.stats.build_time += started.elapsed();
-            self.executables.insert(key.clone(), exe);
+            }
         }
-        Some(key)
-    }
-
-    fn load(&mut self, sampler: &mut CpuSampler, table: &UnwindTable) -> Option<TableId> {
-        let compact = match CompactTable::new(table, &mut self.rules) {
-            Ok(c) => c,
+        if vdso {
+            return self.vdso(pid, entry);
+        }
+        let probe = match ElfProbe::of_file(&path) {
+            Ok(p) => p,
             Err(e) => {
-                tracing::warn!(error = %e, "cannot compact an unwind table");
+                tracing::debug!(path = %entry.path, error = %e, "cannot read the mapped file");
                 return None;
             }
         };
-        if let Err(e) = sampler.load_rules(&self.rules) {
-            tracing::warn!(error = %e, "cannot load unwind rules");
-            return None;
-        }
-        match sampler.insert_table(&compact) {
-            Ok(id) => {
-                self.stats.tables_built += 1;
-                self.stats.rows_loaded += compact.len() as u64;
-                Some(id)
+        let key = probe.key.clone();
+        self.keys_by_inode.insert(inode_key, key.clone());
+        if let Some(exe) = self.executables.get_mut(&key) {
+            if !exe.paths.contains(&path) {
+                exe.paths.insert(0, path);
+                exe.paths.truncate(PATHS_PER_FILE);
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot load an unwind table");
-                None
-            }
+            return Some(key);
         }
+        let state = if probe.cfi_bytes == 0 {
+            self.stats.files_without_cfi += 1;
+            TableState::NoTable
+        } else if probe.cfi_bytes <= EAGER_CFI_BYTES {
+            self.builder.background(BuildJob { key: key.clone(), paths: vec![path.clone()], cfi_bytes: probe.cfi_bytes, image: None });
+            TableState::Queued { urgent: false }
+        } else {
+            TableState::Unbuilt
+        };
+        let exe = Executable {
+            state,
+            segments: probe.segments,
+            cfi_bytes: probe.cfi_bytes,
+            users: HashSet::new(),
+            paths: vec![path],
+            name: entry.path.clone(),
+            retry_after: None,
+        };
+        self.executables.insert(key.clone(), exe);
+        Some(key)
+    }
+
+    /// The vDSO exists only in memory: its table is built from the process's copy, once.
+    fn vdso(&mut self, pid: u32, entry: &MapsEntry) -> Option<ExecutableKey> {
+        let data = read_process_memory(pid, entry.start, entry.end - entry.start)?;
+        // The vDSO is the same image in every process of this kernel.
+        let key = ExecutableKey::File { dev: 0, ino: 0, size: data.len() as u64, mtime_ns: 0 };
+        if self.executables.contains_key(&key) {
+            return Some(key);
+        }
+        let segments = ElfProbe::segments_of(&data).unwrap_or_default();
+        self.builder.background(BuildJob { key: key.clone(), paths: Vec::new(), cfi_bytes: 0, image: Some(data) });
+        let exe = Executable {
+            state: TableState::Queued { urgent: false },
+            segments,
+            cfi_bytes: 0,
+            users: HashSet::new(),
+            paths: Vec::new(),
+            name: entry.path.clone(),
+            retry_after: None,
+        };
+        self.executables.insert(key.clone(), exe);
+        Some(key)
     }
 
     /// Loads every process that runs now (whole-machine recordings).
@@ -312,6 +545,16 @@ impl ProcessTracker {
     pub fn processes(&self) -> usize {
         self.processes.len()
     }
+}
+
+/// CLOCK_MONOTONIC in ns: the clock of bpf_ktime_get_ns(), which stamps the tables' use.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid timespec for the call to fill.
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) } != 0 {
+        return 0;
+    }
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
 }
 
 fn read_process_memory(pid: u32, addr: u64, len: u64) -> Option<Vec<u8>> {

@@ -1,0 +1,186 @@
+//! Builds unwind tables on a thread of its own, so that neither sampling nor the event loop waits
+//! for a 100 MB `.eh_frame`. Files that samples need come first; small files are built ahead of
+//! need, smallest first; big files only when a sample asks for them.
+
+use std::collections::{BTreeSet, HashSet, VecDeque};
+use std::path::PathBuf;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use gpuflame_unwind::{CompactTable, ExecutableKey, RuleTable, UnwindTable};
+
+/// A table to build: the file's key, and paths that reach it (the map_files entries of the
+/// processes that map it; the first that still opens is read).
+#[derive(Debug, Clone)]
+pub struct BuildJob {
+    pub key: ExecutableKey,
+    pub paths: Vec<PathBuf>,
+    /// Bytes of CFI, for the order of background builds.
+    pub cfi_bytes: u64,
+    /// The file's bytes when it exists only in memory (the vDSO).
+    pub image: Option<Vec<u8>>,
+}
+
+/// A finished build.
+pub struct Built {
+    pub key: ExecutableKey,
+    pub table: Result<CompactTable, String>,
+    /// The shared rules as they are after this build, when it added any.
+    pub rules: Option<RuleTable>,
+    pub elapsed: Duration,
+}
+
+#[derive(Default)]
+struct Queue {
+    /// Asked for by samples: first come, first built.
+    urgent: VecDeque<BuildJob>,
+    /// Built ahead of need, smallest first: (cfi bytes, sequence).
+    background: BTreeSet<(u64, u64)>,
+    jobs: Vec<Option<BuildJob>>,
+    queued: HashSet<ExecutableKey>,
+    /// The file being built now.
+    building: Option<ExecutableKey>,
+    busy: bool,
+    stop: bool,
+}
+
+impl Queue {
+    fn next(&mut self) -> Option<BuildJob> {
+        let job = match self.urgent.pop_front() {
+            Some(job) => job,
+            None => {
+                let first = self.background.pop_first()?;
+                self.jobs.get_mut(first.1 as usize)?.take()?
+            }
+        };
+        self.queued.remove(&job.key);
+        Some(job)
+    }
+}
+
+pub struct TableBuilder {
+    shared: Arc<(Mutex<Queue>, Condvar)>,
+    results: Receiver<Built>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl TableBuilder {
+    pub fn start() -> Self {
+        let shared = Arc::new((Mutex::new(Queue::default()), Condvar::new()));
+        let (tx, results) = mpsc::channel();
+        let worker = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("gpuflame-tables".into())
+            .spawn(move || build_loop(&worker, &tx))
+            .map_err(|e| tracing::warn!(error = %e, "cannot start the table builder; stacks stop at files without tables"))
+            .ok();
+        TableBuilder { shared, results, thread }
+    }
+
+    fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
+        // A poisoned lock means the builder panicked; its queue is still consistent.
+        self.shared.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues a table a sample needs, ahead of everything else.
+    pub fn urgent(&self, job: BuildJob) {
+        let mut q = self.queue();
+        if q.building.as_ref() == Some(&job.key) || q.urgent.iter().any(|j| j.key == job.key) {
+            return;
+        }
+        // Asked for while waiting in the background: the urgent entry replaces it.
+        if q.queued.contains(&job.key) {
+            let found = q.jobs.iter().position(|j| j.as_ref().is_some_and(|j| j.key == job.key));
+            if let Some(i) = found {
+                q.jobs[i] = None;
+                q.background.retain(|&(_, seq)| seq != i as u64);
+            }
+        }
+        q.queued.insert(job.key.clone());
+        q.urgent.push_back(job);
+        self.shared.1.notify_one();
+    }
+
+    /// Queues a table to build when nothing urgent waits.
+    pub fn background(&self, job: BuildJob) {
+        let mut q = self.queue();
+        if q.building.as_ref() == Some(&job.key) || !q.queued.insert(job.key.clone()) {
+            return;
+        }
+        let seq = q.jobs.len() as u64;
+        q.background.insert((job.cfi_bytes, seq));
+        q.jobs.push(Some(job));
+        self.shared.1.notify_one();
+    }
+
+    /// Tables built since the last call.
+    pub fn finished(&self) -> Vec<Built> {
+        self.results.try_iter().collect()
+    }
+
+    /// Whether anything is queued or being built.
+    pub fn busy(&self) -> bool {
+        let q = self.queue();
+        q.busy || !q.urgent.is_empty() || !q.background.is_empty()
+    }
+
+    /// Waits up to `timeout` for the next finished table.
+    pub fn wait(&self, timeout: Duration) -> Option<Built> {
+        self.results.recv_timeout(timeout).ok()
+    }
+}
+
+impl Drop for TableBuilder {
+    fn drop(&mut self) {
+        self.queue().stop = true;
+        self.shared.1.notify_all();
+        // A build in progress is not waited for: the process is ending or the session is over.
+        drop(self.thread.take());
+    }
+}
+
+fn build_loop(shared: &(Mutex<Queue>, Condvar), results: &Sender<Built>) {
+    let mut rules = RuleTable::default();
+    loop {
+        let job = {
+            let mut q = shared.0.lock().unwrap_or_else(|e| e.into_inner());
+            q.busy = false;
+            q.building = None;
+            loop {
+                if q.stop {
+                    return;
+                }
+                if let Some(job) = q.next() {
+                    q.busy = true;
+                    q.building = Some(job.key.clone());
+                    break job;
+                }
+                q = shared.1.wait(q).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        let started = Instant::now();
+        let before = rules.len();
+        let table = build(&job, &mut rules);
+        let built = Built { key: job.key, table, rules: (rules.len() != before).then(|| rules.clone()), elapsed: started.elapsed() };
+        if results.send(built).is_err() {
+            return;
+        }
+    }
+}
+
+fn build(job: &BuildJob, rules: &mut RuleTable) -> Result<CompactTable, String> {
+    if let Some(image) = &job.image {
+        let table = UnwindTable::from_elf(image).map_err(|e| e.to_string())?;
+        return CompactTable::new(&table, rules).map_err(|e| e.to_string());
+    }
+    let mut last = String::from("no process maps the file any more");
+    for path in &job.paths {
+        match UnwindTable::from_path(path) {
+            Ok(table) => return CompactTable::new(&table, rules).map_err(|e| e.to_string()),
+            Err(e) => last = e.to_string(),
+        }
+    }
+    Err(last)
+}
