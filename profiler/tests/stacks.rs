@@ -1,0 +1,218 @@
+//! Stacks of real workloads: code without CFI (numpy's OpenBLAS), unwind tables that do not all
+//! fit in the budget, and Python code objects freed and reused while recording. Run as root.
+
+mod common;
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread::sleep;
+use std::time::Duration;
+
+use common::*;
+
+struct Killed(Child);
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn program(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs").join(name)
+}
+
+/// pyenv's CPython 3.11, into which scripts/setup.sh installs numpy.
+fn python311() -> PathBuf {
+    let found = std::fs::read_dir("/root/.pyenv/versions").ok().and_then(|d| {
+        d.flatten().map(|e| e.path()).filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("3.11."))).max()
+    });
+    let python = found.map(|p| p.join("bin/python3.11")).unwrap_or_else(|| PathBuf::from("/root/.pyenv/versions/3.11.x/bin/python3.11"));
+    assert!(python.exists(), "pyenv's Python 3.11 is needed at {} (see scripts/setup.sh)", python.display());
+    python
+}
+
+#[test]
+fn numpy_blas_kernels_without_cfi_keep_their_python_callers() {
+    require_bpf();
+    let python = python311();
+    let has_numpy = Command::new(&python).args(["-c", "import numpy"]).status().is_ok_and(|s| s.success());
+    assert!(has_numpy, "numpy is needed for {} (scripts/setup.sh installs it)", python.display());
+    let dir = tempfile::tempdir().unwrap();
+    // One BLAS thread: the kernels run under the Python thread that called them.
+    let child = Command::new(&python).arg(program("numpy_dot.py")).arg("12").env("OPENBLAS_NUM_THREADS", "1").spawn().unwrap();
+    let child = Killed(child);
+    sleep(Duration::from_millis(1500));
+    let out = dir.path().join("numpy.folded");
+    let pid = child.0.id().to_string();
+    let output = gpuflame_ok(&["record", "-F", "299", "-d", "4", "-p", &pid, "-v", "-o", out.to_str().unwrap()], 0);
+    drop(child);
+    let log = String::from_utf8_lossy(&output.stderr);
+    let stacks = read_folded(&out);
+    let all = total(&stacks);
+    assert!(all >= 300, "expected ~1200 samples, got {all}:\n{}", describe(&stacks));
+    let in_blas: Vec<&Stack> = stacks.iter().filter(|s| s.user().iter().any(|f| f.contains("dgemm") || f.contains("gemm_"))).collect();
+    let blas = in_blas.iter().map(|s| s.count).sum::<u64>();
+    assert!(blas * 2 >= all, "the loop should spend most samples in BLAS: {blas} of {all}:\n{}", describe(&stacks));
+    // The Python chain above the native frames, with native frames below it.
+    let with_python: u64 = stacks
+        .iter()
+        .filter(|s| s.has_sequence(&["main (numpy_dot.py:18)", "blas_outer (numpy_dot.py:13)", "blas_inner (numpy_dot.py:9)"]) && !s.user().last().is_some_and(|l| l.starts_with("blas_inner")))
+        .map(|s| s.count)
+        .sum();
+    let rooted: u64 = stacks.iter().filter(|s| s.user().first() == Some(&"_start")).map(|s| s.count).sum();
+    // A frame the stack scan made up would show as an unknown address or another library.
+    let junk: Vec<&Stack> = stacks.iter().filter(|s| s.user().iter().any(|f| f.starts_with("[unknown]"))).collect();
+    let mut report = String::new();
+    let _ = writeln!(report, "numpy: {with_python} of {all} samples with the Python chain above BLAS, {rooted} reach _start, {blas} in BLAS");
+    eprintln!("{report}");
+    assert!(with_python * 100 >= all * 95, "{report}{}\n{log}", describe(&stacks));
+    assert!(rooted * 100 >= all * 90, "{report}{}\n{log}", describe(&stacks));
+    assert!(junk.is_empty(), "frames that are no code:\n{}", describe(&junk.into_iter().cloned().collect::<Vec<_>>()));
+    assert!(log.contains("scanned_frames="), "{log}");
+}
+
+const LIBS: usize = 8;
+const FUNCTIONS: usize = 6000;
+
+/// A library of FUNCTIONS functions with a frame each (two unwind rows apiece), plus `libK_hot`.
+fn write_library(dir: &Path, k: usize) -> PathBuf {
+    let mut src = String::from("extern int (*volatile capacity_sink)(int);\n");
+    for j in 0..FUNCTIONS {
+        let _ = writeln!(src, "int lib{k}_f{j}(int x) {{ volatile int a[{n}]; a[x % {n}] = x; return capacity_sink(a[1]) + {j}; }}", n = 4 + j % 13);
+        if j == FUNCTIONS / 2 {
+            if k == 1 {
+                src.push_str("__attribute__((noinline)) int lib1_hot(int x) { volatile long s = 0; for (long i = 0; i < 2000000; i++) s += i ^ x; return (int)s; }\n");
+            }
+            if k == 0 {
+                src.push_str("extern int lib1_hot(int);\n__attribute__((noinline)) int lib0_hot(int x) { int r = lib1_hot(x); return r + capacity_sink(r); }\n");
+            }
+        }
+    }
+    let c = dir.join(format!("cap{k}.c"));
+    std::fs::write(&c, src).unwrap();
+    let so = dir.join(format!("libcap{k}.so"));
+    let mut cmd = Command::new("cc");
+    cmd.args(["-O1", "-fPIC", "-shared", "-fomit-frame-pointer", "-fasynchronous-unwind-tables", "-o"]).arg(&so).arg(&c);
+    if k == 0 {
+        cmd.arg(format!("-L{}", dir.display())).arg("-lcap1");
+    }
+    assert!(cmd.status().unwrap().success(), "building {}", so.display());
+    so
+}
+
+fn build_capacity_program(dir: &Path) -> PathBuf {
+    // libcap1 first: libcap0 links against it.
+    let mut order: Vec<usize> = (0..LIBS).collect();
+    order.swap(0, 1);
+    for k in order {
+        write_library(dir, k);
+    }
+    let main = "#include <stdlib.h>\n\
+        int (*volatile capacity_sink)(int);\n\
+        static int ident(int x) { return x; }\n\
+        int lib0_hot(int);\n\
+        int lib2_f1(int); int lib3_f1(int); int lib4_f1(int); int lib5_f1(int); int lib6_f1(int); int lib7_f1(int);\n\
+        __attribute__((noinline)) int hot(int x) { int r = lib0_hot(x); return r + capacity_sink(r); }\n\
+        int main(int argc, char **argv) {\n\
+            capacity_sink = ident;\n\
+            int cold = lib2_f1(1) + lib3_f1(1) + lib4_f1(1) + lib5_f1(1) + lib6_f1(1) + lib7_f1(1);\n\
+            for (;;) cold += hot(cold);\n\
+        }\n";
+    let c = dir.join("capacity.c");
+    std::fs::write(&c, main).unwrap();
+    let exe = dir.join("capacity");
+    let mut cmd = Command::new("cc");
+    cmd.args(["-O2", "-fomit-frame-pointer", "-o"]).arg(&exe).arg(&c).arg(format!("-L{}", dir.display()));
+    for k in 0..LIBS {
+        cmd.arg(format!("-lcap{k}"));
+    }
+    cmd.arg(format!("-Wl,-rpath,{}", dir.display()));
+    assert!(cmd.status().unwrap().success(), "building the capacity program");
+    exe
+}
+
+fn field(log: &str, name: &str) -> Option<u64> {
+    let at = log.find(&format!(" {name}="))? + name.len() + 2;
+    log[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
+#[test]
+fn tables_beyond_the_budget_are_evicted_and_the_hot_ones_stay() {
+    require_bpf();
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_capacity_program(dir.path());
+    let child = Killed(Command::new(&exe).stdout(Stdio::null()).spawn().unwrap());
+    sleep(Duration::from_millis(300));
+    let pid = child.0.id().to_string();
+
+    // Every table of the process together, for the budget to be a fraction of.
+    let probe = dir.path().join("all.folded");
+    let output = gpuflame_ok(&["record", "-d", "1", "-p", &pid, "-v", "-o", probe.to_str().unwrap()], 0);
+    let log = String::from_utf8_lossy(&output.stderr).into_owned();
+    let hot_rows = field(&log, "rows").unwrap_or_else(|| panic!("no table summary:\n{log}"));
+
+    // Room for a third of it: every cold library's table is built (they are small) and evicted.
+    let budget = (hot_rows / 3).to_string();
+    let out = dir.path().join("capacity.folded");
+    let output = gpuflame_ok(&["record", "--unwind-rows", &budget, "-F", "499", "-d", "4", "-p", &pid, "-v", "-o", out.to_str().unwrap()], 0);
+    drop(child);
+    let log = String::from_utf8_lossy(&output.stderr).into_owned();
+    let stacks = read_folded(&out);
+    let hot: Vec<&Stack> = stacks.iter().filter(|s| s.user().contains(&"lib1_hot")).collect();
+    let all: u64 = hot.iter().map(|s| s.count).sum();
+    let complete: u64 = hot.iter().filter(|s| s.user().first() == Some(&"_start") && s.has_sequence(&["main", "hot", "lib0_hot", "lib1_hot"])).map(|s| s.count).sum();
+    eprintln!("capacity: all tables {hot_rows} rows, budget {budget}; {complete} of {all} hot samples complete");
+    assert!(all >= 1000, "expected ~2000 samples in lib1_hot, got {all}:\n{}", describe(&stacks));
+    assert!(complete * 100 >= all * 99, "{complete} of {all} complete:\n{}\n{log}", describe(&stacks));
+    let junk: Vec<Stack> = stacks.iter().filter(|s| s.user().iter().any(|f| f.starts_with("[unknown]"))).cloned().collect();
+    assert!(junk.is_empty(), "frames that are no code:\n{}", describe(&junk));
+    assert!(field(&log, "evicted_for_room").is_some_and(|n| n >= 1), "no table was evicted for room:\n{log}");
+
+    // A budget smaller than the hot library's table: named, with the flag that fixes it.
+    let child = Killed(Command::new(&exe).stdout(Stdio::null()).spawn().unwrap());
+    sleep(Duration::from_millis(300));
+    let pid = child.0.id().to_string();
+    let out = dir.path().join("small.folded");
+    let output = gpuflame_ok(&["record", "--unwind-rows", "4000", "-F", "199", "-d", "2", "-p", &pid, "-o", out.to_str().unwrap()], 0);
+    drop(child);
+    let log = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(log.contains("unwind tables are full") && log.contains("libcap1.so") && log.contains("--unwind-memory"), "{log}");
+    let stacks = read_folded(&out);
+    let junk: Vec<Stack> = stacks.iter().filter(|s| s.user().iter().any(|f| f.starts_with("[unknown]"))).cloned().collect();
+    assert!(junk.is_empty(), "frames that are no code:\n{}", describe(&junk));
+    assert!(total(&stacks) >= 100, "{}", describe(&stacks));
+}
+
+#[test]
+fn freed_and_reused_code_objects_are_never_misnamed() {
+    require_bpf();
+    let python = python311();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("reuse.folded");
+    let script = program("code_reuse.py");
+    // 60 generated functions of 50 ms each, one after another.
+    let output = gpuflame_ok(&["record", "-F", "499", "-v", "-o", out.to_str().unwrap(), "--", python.to_str().unwrap(), script.to_str().unwrap(), "3", "0.05"], 0);
+    let log = String::from_utf8_lossy(&output.stderr);
+    let stacks = read_folded(&out);
+    let mut named = 0u64;
+    let mut wrong = Vec::new();
+    let mut distinct = std::collections::HashSet::new();
+    for s in &stacks {
+        let Some(thread) = s.comm().strip_prefix("gen_") else { continue };
+        for f in s.user() {
+            let Some(rest) = f.strip_prefix("gen_") else { continue };
+            let index = rest.split(' ').next().unwrap_or_default();
+            if index == thread {
+                named += s.count;
+                distinct.insert(index.to_string());
+            } else {
+                wrong.push(s.clone());
+            }
+        }
+    }
+    eprintln!("code reuse: {named} samples named right in {} functions, {} stacks misnamed", distinct.len());
+    assert!(wrong.is_empty(), "frames named after another function:\n{}\n{log}", describe(&wrong));
+    assert!(distinct.len() >= 20 && named >= 300, "too few generated functions seen ({} functions, {named} samples):\n{}", distinct.len(), describe(&stacks));
+}
