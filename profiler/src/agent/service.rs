@@ -130,10 +130,15 @@ mod tests {
     #[test]
     fn service_names_from_the_environment_are_sanitized() {
         let mut child = std::process::Command::new("sleep").arg("5").env(SERVICE_NAME_ENV, "svc\x1b;\n").spawn().expect("sleep");
-        let mut n = ServiceNamer::new(NameFrom::Comm, vec![]);
-        let service = n.service(child.id(), "sleep");
+        // spawn returns once the exec began; its environment shows a moment later.
+        let service = (0..200)
+            .map(|_| {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                ServiceNamer::new(NameFrom::Comm, vec![]).service(child.id(), "sleep")
+            })
+            .find(|s| s != "sleep");
         let _ = child.kill();
         let _ = child.wait();
-        assert_eq!(service, r"svc\x1b;\n");
+        assert_eq!(service.as_deref(), Some(r"svc\x1b;\n"));
     }
 }
