@@ -5,6 +5,7 @@ pub mod aggregate;
 pub mod cli;
 pub mod convert;
 pub mod cuda;
+pub mod names;
 pub mod output;
 pub mod preflight;
 pub mod process;

@@ -1,5 +1,7 @@
 //! The symbolized, format-independent profile that every writer takes and every reader returns.
 
+use crate::names::sanitize_in_place;
+
 /// A pprof-style value type, such as `cpu`/`nanoseconds`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ValueType {
@@ -180,7 +182,9 @@ impl Profile {
     }
 }
 
-/// Builds a [`Profile`], interning mappings and locations.
+/// Builds a [`Profile`], interning mappings and locations. Every profile is built by one, from
+/// records, pprof or folded input alike, so it is where names are made safe for every writer
+/// ([`crate::names::sanitize`]).
 #[derive(Default)]
 pub struct ProfileBuilder {
     mappings: std::collections::HashMap<Mapping, usize>,
@@ -189,14 +193,24 @@ pub struct ProfileBuilder {
 }
 
 impl ProfileBuilder {
-    pub fn mapping(&mut self, profile: &mut Profile, mapping: Mapping) -> usize {
+    pub fn mapping(&mut self, profile: &mut Profile, mut mapping: Mapping) -> usize {
+        sanitize_in_place(&mut mapping.path);
+        if let Some(id) = &mut mapping.build_id {
+            sanitize_in_place(id);
+        }
         *self.mappings.entry(mapping).or_insert_with_key(|m| {
             profile.mappings.push(m.clone());
             profile.mappings.len() - 1
         })
     }
 
-    pub fn location(&mut self, profile: &mut Profile, location: Location) -> usize {
+    pub fn location(&mut self, profile: &mut Profile, mut location: Location) -> usize {
+        for line in &mut location.lines {
+            sanitize_in_place(&mut line.function);
+            if let Some(file) = &mut line.file {
+                sanitize_in_place(file);
+            }
+        }
         *self.locations.entry(location).or_insert_with_key(|l| {
             profile.locations.push(l.clone());
             profile.locations.len() - 1
@@ -209,7 +223,10 @@ impl ProfileBuilder {
     }
 
     /// Adds `values` (one per sample type) to the sample with this stack and labels.
-    pub fn add_values(&mut self, stack: Vec<usize>, labels: Labels, values: &[i64]) {
+    pub fn add_values(&mut self, stack: Vec<usize>, mut labels: Labels, values: &[i64]) {
+        if let Some(comm) = &mut labels.comm {
+            sanitize_in_place(comm);
+        }
         let sum = self.samples.entry((stack, labels)).or_default();
         if sum.len() < values.len() {
             sum.resize(values.len(), 0);
@@ -227,5 +244,25 @@ impl ProfileBuilder {
             .into_iter()
             .map(|((stack, labels), values)| Sample { stack, values, labels })
             .collect();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builder_sanitizes_every_name() {
+        let mut profile = Profile::cpu(100);
+        let mut b = ProfileBuilder::default();
+        let mapping = b.mapping(&mut profile, Mapping { path: "/tmp/lib\n.so".into(), build_id: Some("ab\0".into()) });
+        let line = Line { function: "f\x1b".into(), file: Some("x\u{85}.py".into()), line: Some(3) };
+        let loc = b.location(&mut profile, Location { mapping: Some(mapping), address: 1, kernel: false, lines: vec![line] });
+        b.add(vec![loc], Labels { comm: Some("c\t;".into()), ..Default::default() }, 1);
+        b.finish(&mut profile);
+        assert_eq!(profile.mappings[0], Mapping { path: r"/tmp/lib\n.so".into(), build_id: Some(r"ab\x00".into()) });
+        let line = &profile.locations[0].lines[0];
+        assert_eq!((line.function.as_str(), line.file.as_deref()), (r"f\x1b", Some(r"x\x85.py")));
+        assert_eq!(profile.samples[0].labels.comm.as_deref(), Some(r"c\t;"));
     }
 }

@@ -26,12 +26,17 @@ pub fn str_layout(header: &[u8], o: &PyOffsets) -> Option<StrLayout> {
     Some(StrLayout { length, kind, data_offset })
 }
 
-/// Decodes `length` characters of width `kind`.
+/// Decodes `length` characters of width `kind`. Python strs may hold lone surrogates (U+D800 to
+/// U+DFFF, as `surrogateescape` makes from undecodable bytes) and memory read from a racing
+/// process may hold anything; such code points become U+FFFD rather than vanish, so that a name
+/// visibly had something there.
 pub fn decode(data: &[u8], kind: usize) -> String {
+    let char_or_replacement = |u: u32| char::from_u32(u).unwrap_or(char::REPLACEMENT_CHARACTER);
     match kind {
         1 => data.iter().map(|&b| char::from(b)).collect(),
-        2 => data.chunks_exact(2).filter_map(|c| char::from_u32(u32::from(u16::from_le_bytes([c[0], c[1]])))).collect(),
-        _ => data.chunks_exact(4).filter_map(|c| char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect(),
+        // UCS-2 holds no surrogate pairs (those strs are UCS-4): each unit is one code point.
+        2 => data.chunks_exact(2).map(|c| char_or_replacement(u32::from(u16::from_le_bytes([c[0], c[1]])))).collect(),
+        _ => data.chunks_exact(4).map(|c| char_or_replacement(u32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect(),
     }
 }
 
@@ -50,5 +55,16 @@ mod tests {
         assert_eq!(str_layout(&h, o).unwrap().data_offset, Some(56));
         assert_eq!(decode(&[0x3b, 0x04, 0x38, 0x04], 2), "\u{43b}\u{438}");
         assert_eq!(decode(b"step", 1), "step");
+    }
+
+    #[test]
+    fn lone_surrogates_and_invalid_code_points_become_replacement_characters() {
+        // "a\udcffb" as UCS-2, a high surrogate at the end, then "\U0001f600\udcff" and
+        // 0x110000 as UCS-4.
+        assert_eq!(decode(&[0x61, 0, 0xff, 0xdc, 0x62, 0, 0x00, 0xd8], 2), "a\u{fffd}b\u{fffd}");
+        let ucs4 = [0x00, 0xf6, 0x01, 0x00, 0xff, 0xdc, 0, 0, 0, 0, 0x11, 0];
+        assert_eq!(decode(&ucs4, 4), "\u{1f600}\u{fffd}\u{fffd}");
+        // Latin-1 is always valid: C1 controls come through, for the profile builder to escape.
+        assert_eq!(decode(&[0x85, 0xff], 1), "\u{85}\u{ff}");
     }
 }

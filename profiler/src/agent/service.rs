@@ -44,7 +44,9 @@ impl ServiceNamer {
                 return s.clone();
             }
         }
-        let service = self.resolve(pid, comm);
+        // The service_name label comes from the process's environment or command line, not
+        // only from the already sanitized comm.
+        let service = crate::names::sanitize(&self.resolve(pid, comm)).into_owned();
         self.cache.insert(pid, (comm.to_string(), service.clone()));
         service
     }
@@ -123,5 +125,20 @@ mod tests {
         let mut n = ServiceNamer::new(NameFrom::Comm, vec![rule]);
         // The test binary's command line contains "gpuflame" (its file name).
         assert_eq!(n.service(me, "x"), "svc-gpuflame");
+    }
+
+    #[test]
+    fn service_names_from_the_environment_are_sanitized() {
+        let mut child = std::process::Command::new("sleep").arg("5").env(SERVICE_NAME_ENV, "svc\x1b;\n").spawn().expect("sleep");
+        // spawn returns once the exec began; its environment shows a moment later.
+        let service = (0..200)
+            .map(|_| {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                ServiceNamer::new(NameFrom::Comm, vec![]).service(child.id(), "sleep")
+            })
+            .find(|s| s != "sleep");
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(service.as_deref(), Some(r"svc\x1b;\n"));
     }
 }

@@ -13,7 +13,9 @@ const KERNEL_SUFFIX: &str = "_[k]";
 pub fn lines(profile: &Profile) -> Vec<String> {
     let mut merged: BTreeMap<String, i64> = BTreeMap::new();
     for sample in &profile.samples {
-        let mut frames = vec![sanitize(sample.labels.comm.as_deref().unwrap_or("[unknown]"))];
+        // A process may name itself "": an empty first frame would make an unreadable line.
+        let comm = sample.labels.comm.as_deref().filter(|c| !c.is_empty()).unwrap_or("[unknown]");
+        let mut frames = vec![sanitize(comm)];
         for &loc in &sample.stack {
             let location = &profile.locations[loc];
             let python = location.mapping.is_some_and(|m| profile.mappings[m].path == PYTHON_MAPPING);
@@ -48,9 +50,11 @@ fn python_name(line: &Line) -> String {
     sanitize(&name)
 }
 
-/// Frame names must not contain the separators of the format.
+/// A `;` would split the frame in two. It becomes `:`, readable and rare in real names, rather
+/// than an escape that no folded reader undoes; newlines cannot reach here, the profile builder
+/// escaped them (crate::names).
 fn sanitize(name: &str) -> String {
-    name.replace([';', '\n'], ":")
+    name.replace(';', ":")
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -122,6 +126,20 @@ mod tests {
         }
         b.finish(&mut profile);
         assert_eq!(lines(&profile), ["x;a:b 4"]);
+    }
+
+    #[test]
+    fn hostile_names_stay_one_frame_on_one_line() {
+        let mut profile = Profile::cpu(100);
+        let mut b = ProfileBuilder::default();
+        let line = Line { function: "f;\n\x1b".into(), file: Some("/a/b;\r.py".into()), line: Some(7) };
+        let py = b.mapping(&mut profile, Mapping { path: PYTHON_MAPPING.into(), build_id: None });
+        let loc = b.location(&mut profile, Location { mapping: Some(py), address: 0, kernel: false, lines: vec![line] });
+        b.add(vec![loc], Labels { comm: Some(String::new()), ..Default::default() }, profile.period);
+        b.finish(&mut profile);
+        let text = lines(&profile);
+        assert_eq!(text, [r"[unknown];f:\n\x1b (b:\r.py:7) 1"]);
+        assert_eq!(read(&text[0], 1).unwrap().locations.len(), 1);
     }
 
     #[test]

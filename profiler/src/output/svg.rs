@@ -4,9 +4,14 @@ use std::io::{self, Write};
 
 use inferno::flamegraph::{self, Options};
 
+use crate::names::sanitize;
 use crate::profile::Profile;
 
 pub fn write(profile: &Profile, title: &str, out: impl Write) -> io::Result<()> {
+    // The title holds the profiled command line, which may hold anything; inferno escapes only
+    // XML's markup characters, not the control characters XML forbids.
+    let title = sanitize(title);
+    let title = title.as_ref();
     let lines = super::folded::lines(profile);
     let mut options = Options::default();
     options.title = title.to_string();
@@ -19,7 +24,7 @@ pub fn write(profile: &Profile, title: &str, out: impl Write) -> io::Result<()> 
         subtitle.push_str(" · ");
         subtitle.push_str(comment);
     }
-    options.subtitle = Some(subtitle);
+    options.subtitle = Some(sanitize(&subtitle).into_owned());
     if lines.is_empty() {
         // inferno refuses an empty input; an empty graph that says so beats no file at all.
         return write_empty(title, out);
@@ -61,6 +66,18 @@ mod tests {
             .collect();
         for name in ["main", "compute_&_sum<int>", "leaf", "other"] {
             assert!(titles.iter().any(|t| t.starts_with(name)), "{name} missing from {titles:?}");
+        }
+    }
+
+    #[test]
+    fn control_characters_in_the_title_stay_well_formed() {
+        for profile in [folded::read("app;main 1\n", 1).unwrap(), crate::profile::Profile::cpu(99)] {
+            let mut out = Vec::new();
+            write(&profile, "python3 -c \x1bx\0", &mut out).unwrap();
+            let svg = String::from_utf8(out).unwrap();
+            let options = roxmltree::ParsingOptions { allow_dtd: true, ..Default::default() };
+            roxmltree::Document::parse_with_options(&svg, options).expect("well-formed XML");
+            assert!(svg.contains(r"python3 -c \x1bx\x00"));
         }
     }
 
