@@ -1,15 +1,14 @@
-//! Ranges of the `unwind_blocks` array handed out to tables: first fit, coalescing on free.
+//! Ranges of the `page_index` array handed out to tables: first fit, coalescing on free.
 
 #[derive(Debug, Clone)]
 pub(crate) struct BlockAllocator {
-    capacity: u32,
     /// Free ranges (start, len), sorted by start, never adjacent.
     free: Vec<(u32, u32)>,
 }
 
 impl BlockAllocator {
     pub(crate) fn new(capacity: u32) -> Self {
-        BlockAllocator { capacity, free: if capacity > 0 { vec![(0, capacity)] } else { Vec::new() } }
+        BlockAllocator { free: if capacity > 0 { vec![(0, capacity)] } else { Vec::new() } }
     }
 
     pub(crate) fn alloc(&mut self, len: u32) -> Option<u32> {
@@ -39,12 +38,9 @@ impl BlockAllocator {
         }
     }
 
-    pub(crate) fn free_blocks(&self) -> u32 {
+    #[cfg(test)]
+    fn free_blocks(&self) -> u32 {
         self.free.iter().map(|&(_, l)| l).sum()
-    }
-
-    pub(crate) fn capacity(&self) -> u32 {
-        self.capacity
     }
 }
 

@@ -76,7 +76,7 @@ pub enum UserFrame {
     /// A native instruction pointer (the sampled address or a return address).
     Native(u64),
     /// A CPython frame: the code object's address in the process, a 16-bit tag of its name
-    /// pointer and its first line (to tell a reused address apart), and the last instruction
+    /// (length and hash) and its first line (to tell a reused address apart), and the last instruction
     /// (bytes up to 3.9, code units from 3.10).
     Python { code: u64, name_tag: u16, first_line: u32, lasti: u32 },
     /// Frames missing here: the native walk stopped early, and the Python frames that follow
@@ -89,10 +89,12 @@ const PY_NAME_TAG_SHIFT: u32 = 47;
 const PY_ADDR_MASK: u64 = (1 << PY_NAME_TAG_SHIFT) - 1;
 const USER_GAP_MARK: u64 = PY_FRAME_TAG | 1;
 
-/// The tag the walker gives a code object whose name pointer is `name` (PY_NAME_TAG_SHIFT in
-/// events.h): user space checks it against the object it reads later.
-pub fn python_name_tag(name: u64) -> u16 {
-    (((name >> 4) ^ (name >> 20)) & 0xffff) as u16
+/// The tag the walker gives a code object whose name string has `length ^ hash` (as
+/// PyASCIIObject holds them; PY_NAME_TAG_SHIFT in events.h): user space checks it against the
+/// object it reads later.
+pub fn python_name_tag(length_xor_hash: u64) -> u16 {
+    let x = length_xor_hash;
+    ((x ^ (x >> 16) ^ (x >> 32) ^ (x >> 48)) & 0xffff) as u16
 }
 
 /// Splits the raw stack slots: a Python frame is two slots, the first tagged.

@@ -335,7 +335,7 @@ impl CpuSampler {
 
     /// Loads an executable's table; its rules must be loaded.
     pub fn insert_table(&mut self, table: &CompactTable) -> Result<TableId, BpfError> {
-        self.unwind.insert_table(&self.skel.maps.unwind_shards, &self.skel.maps.unwind_tables, table)
+        self.unwind.insert_table(&self.skel.maps.unwind_shards, &self.skel.maps.page_index, &self.skel.maps.unwind_tables, table)
     }
 
     /// When a sample last used the table (boot-time ns, to the second), or 0 if never.

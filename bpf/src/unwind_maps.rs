@@ -68,11 +68,20 @@ pub struct UnwindCapacity {
     pub rules: u32,
 }
 
+/// Blocks per page: tables take whole pages, listed in `page_index`.
+const BLOCKS_PER_PAGE: u32 = types::shard_layout::PAGE_BLOCKS.0;
+const PAGE_INDEX_SIZE: u32 = types::shard_layout::PAGE_INDEX_SIZE.0;
+
 pub(crate) struct UnwindMaps {
-    blocks: BlockAllocator,
+    /// Pages free for tables, lowest last, so that low pages (and so few shards) are used first.
+    free_pages: Vec<u32>,
+    capacity_pages: u32,
+    /// Ranges of `page_index` entries.
+    slots: BlockAllocator,
     /// The inner maps of `unwind_shards`, created as allocations reach them.
     shards: Vec<MapHandle>,
-    tables: HashMap<u32, (u32, u32)>,
+    /// Table id → its first `page_index` entry and its pages.
+    tables: HashMap<u32, (u32, Vec<u32>)>,
     free_ids: Vec<u32>,
     next_id: u32,
     rules_loaded: usize,
@@ -108,8 +117,17 @@ fn rule_value(rule: UnwindRule) -> types::unwind_rule {
 
 impl UnwindMaps {
     pub(crate) fn new(block_capacity: u32) -> Self {
-        let capacity = block_capacity.min(MAX_SHARDS * BLOCKS_PER_SHARD);
-        UnwindMaps { blocks: BlockAllocator::new(capacity), shards: Vec::new(), tables: HashMap::new(), free_ids: Vec::new(), next_id: 0, rules_loaded: 0 }
+        let capacity_pages = (block_capacity.min(MAX_SHARDS * BLOCKS_PER_SHARD) / BLOCKS_PER_PAGE).max(1);
+        UnwindMaps {
+            free_pages: (0..capacity_pages).rev().collect(),
+            capacity_pages,
+            slots: BlockAllocator::new(PAGE_INDEX_SIZE),
+            shards: Vec::new(),
+            tables: HashMap::new(),
+            free_ids: Vec::new(),
+            next_id: 0,
+            rules_loaded: 0,
+        }
     }
 
     /// Creates the shards up to the one that holds block `last`.
@@ -127,21 +145,18 @@ impl UnwindMaps {
         Ok(())
     }
 
-    /// Writes blocks starting at block `first`, shard by shard.
-    fn write_blocks(&self, first: u32, blocks: &[types::unwind_block]) -> Result<(), BpfError> {
-        let mut done = 0usize;
-        while done < blocks.len() {
-            let at = first + done as u32;
-            let shard = &self.shards[(at / BLOCKS_PER_SHARD) as usize];
-            let in_shard = ((BLOCKS_PER_SHARD - at % BLOCKS_PER_SHARD) as usize).min(blocks.len() - done);
-            let mut keys = Vec::with_capacity(in_shard * 4);
-            let mut values = Vec::with_capacity(in_shard * std::mem::size_of::<types::unwind_block>());
-            for (i, block) in blocks[done..done + in_shard].iter().enumerate() {
-                keys.extend_from_slice(&((at % BLOCKS_PER_SHARD) + i as u32).to_ne_bytes());
+    /// Writes a table's blocks into its pages (a page never spans shards).
+    fn write_pages(&self, pages: &[u32], blocks: &[types::unwind_block]) -> Result<(), BpfError> {
+        for (&page, chunk) in pages.iter().zip(blocks.chunks(BLOCKS_PER_PAGE as usize)) {
+            let first = page * BLOCKS_PER_PAGE;
+            let shard = &self.shards[(first / BLOCKS_PER_SHARD) as usize];
+            let mut keys = Vec::with_capacity(chunk.len() * 4);
+            let mut values = Vec::with_capacity(chunk.len() * std::mem::size_of::<types::unwind_block>());
+            for (i, block) in chunk.iter().enumerate() {
+                keys.extend_from_slice(&((first % BLOCKS_PER_SHARD) + i as u32).to_ne_bytes());
                 values.extend_from_slice(as_bytes(block));
             }
-            shard.update_batch(&keys, &values, in_shard as u32, MapFlags::ANY, MapFlags::ANY).map_err(map_err("unwind_shards"))?;
-            done += in_shard;
+            shard.update_batch(&keys, &values, chunk.len() as u32, MapFlags::ANY, MapFlags::ANY).map_err(map_err("unwind_shards"))?;
         }
         Ok(())
     }
@@ -154,8 +169,17 @@ impl UnwindMaps {
         Ok(())
     }
 
-    pub(crate) fn insert_table(&mut self, shards_map: &MapMut<'_>, tables_map: &MapMut<'_>, table: &CompactTable) -> Result<TableId, BpfError> {
+    pub(crate) fn insert_table(&mut self, shards_map: &MapMut<'_>, index_map: &MapMut<'_>, tables_map: &MapMut<'_>, table: &CompactTable) -> Result<TableId, BpfError> {
         let block_count = table.len().div_ceil(ROWS_PER_BLOCK) as u32;
+        let page_count = block_count.div_ceil(BLOCKS_PER_PAGE);
+        if page_count as usize > self.free_pages.len() {
+            return Err(BpfError::UnwindFull(format!(
+                "{} rows do not fit: {} of {} rows free",
+                table.len(),
+                self.free_pages.len() as u64 * u64::from(BLOCKS_PER_PAGE) * ROWS_PER_BLOCK as u64,
+                u64::from(self.capacity_pages) * u64::from(BLOCKS_PER_PAGE) * ROWS_PER_BLOCK as u64
+            )));
+        }
         let id = match self.free_ids.pop() {
             Some(id) => id,
             None if self.next_id < MAX_TABLES => {
@@ -164,15 +188,11 @@ impl UnwindMaps {
             }
             None => return Err(BpfError::UnwindFull(format!("all {MAX_TABLES} table slots are in use"))),
         };
-        let Some(first) = self.blocks.alloc(block_count) else {
+        let Some(first_slot) = self.slots.alloc(page_count) else {
             self.free_ids.push(id);
-            return Err(BpfError::UnwindFull(format!(
-                "{} rows do not fit: {} of {} rows free",
-                table.len(),
-                u64::from(self.blocks.free_blocks()) * ROWS_PER_BLOCK as u64,
-                u64::from(self.blocks.capacity()) * ROWS_PER_BLOCK as u64
-            )));
+            return Err(BpfError::UnwindFull("the page index is full".into()));
         };
+        let pages: Vec<u32> = (0..page_count).filter_map(|_| self.free_pages.pop()).collect();
         let blocks: Vec<types::unwind_block> = table
             .pcs
             .chunks(ROWS_PER_BLOCK)
@@ -184,19 +204,22 @@ impl UnwindMaps {
                 block
             })
             .collect();
-        let written = if block_count > 0 {
-            self.ensure_shards(shards_map, first + block_count - 1).and_then(|()| self.write_blocks(first, &blocks))
-        } else {
-            Ok(())
-        };
-        let info = types::table_info { base: table.base, first_block: first, block_count, last_used: 0 };
+        let last_block = pages.iter().max().map_or(0, |&p| p * BLOCKS_PER_PAGE + BLOCKS_PER_PAGE - 1);
+        let mut written = self.ensure_shards(shards_map, last_block).and_then(|()| self.write_pages(&pages, &blocks));
+        if written.is_ok() && page_count > 0 {
+            let keys: Vec<u8> = (0..page_count).flat_map(|i| (first_slot + i).to_ne_bytes()).collect();
+            let values: Vec<u8> = pages.iter().flat_map(|p| p.to_ne_bytes()).collect();
+            written = index_map.update_batch(&keys, &values, page_count, MapFlags::ANY, MapFlags::ANY).map_err(map_err("page_index"));
+        }
+        let info = types::table_info { base: table.base, first_page: first_slot, block_count, last_used: 0 };
         let written = written.and_then(|()| tables_map.update(&id.to_ne_bytes(), as_bytes(&info), MapFlags::ANY).map_err(map_err("unwind_tables")));
         if let Err(e) = written {
-            self.blocks.release(first, block_count);
+            self.slots.release(first_slot, page_count);
+            self.free_pages.extend(pages);
             self.free_ids.push(id);
             return Err(e);
         }
-        self.tables.insert(id, (first, block_count));
+        self.tables.insert(id, (first_slot, pages));
         Ok(TableId(id))
     }
 
@@ -209,15 +232,16 @@ impl UnwindMaps {
 
     /// Whether a table of `rows` rows could fit if nothing else were loaded.
     pub(crate) fn could_fit(&self, rows: usize) -> bool {
-        (rows.div_ceil(ROWS_PER_BLOCK) as u64) <= u64::from(self.blocks.capacity())
+        (rows.div_ceil(ROWS_PER_BLOCK) as u64).div_ceil(u64::from(BLOCKS_PER_PAGE)) <= u64::from(self.capacity_pages)
     }
 
     pub(crate) fn remove_table(&mut self, tables_map: &MapMut<'_>, id: TableId) -> Result<(), BpfError> {
-        let Some((first, count)) = self.tables.remove(&id.0) else { return Ok(()) };
+        let Some((first_slot, pages)) = self.tables.remove(&id.0) else { return Ok(()) };
         // An empty entry first, so no sample reads blocks that are being reused.
         let empty = types::table_info::default();
         tables_map.update(&id.0.to_ne_bytes(), as_bytes(&empty), MapFlags::ANY).map_err(map_err("unwind_tables"))?;
-        self.blocks.release(first, count);
+        self.slots.release(first_slot, pages.len() as u32);
+        self.free_pages.extend(pages);
         self.free_ids.push(id.0);
         Ok(())
     }
@@ -284,11 +308,12 @@ impl UnwindMaps {
     }
 
     pub(crate) fn capacity(&self) -> UnwindCapacity {
-        let used = self.blocks.capacity() - self.blocks.free_blocks();
+        let page_rows = u64::from(BLOCKS_PER_PAGE) * ROWS_PER_BLOCK as u64;
+        let used = u64::from(self.capacity_pages) - self.free_pages.len() as u64;
         let shard_bytes = self.shards.len() as u64 * u64::from(BLOCKS_PER_SHARD) * std::mem::size_of::<types::unwind_block>() as u64;
         UnwindCapacity {
-            rows_used: u64::from(used) * ROWS_PER_BLOCK as u64,
-            rows_total: u64::from(self.blocks.capacity()) * ROWS_PER_BLOCK as u64,
+            rows_used: used * page_rows,
+            rows_total: u64::from(self.capacity_pages) * page_rows,
             shard_bytes,
             tables: self.tables.len() as u32,
             rules: self.rules_loaded as u32,

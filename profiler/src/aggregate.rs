@@ -125,12 +125,17 @@ impl CpuAggregator {
     /// The stack of a sample. `at_return`: the leaf is a return address too (a stack taken when
     /// a hooked function returned), so its call instruction is what is looked up.
     pub fn stack(&mut self, sample: &Sample, files: Option<&[MappedFile]>, python: Option<&Interpreter>, at_return: bool) -> StackKey {
-        // A new command name for a known pid means exec: its old mappings are gone.
-        if let Some(old) = self.comms.insert(sample.pid, sample.comm.clone()) {
-            if old != sample.comm {
-                self.symbolizer.forget_process(sample.pid);
-                self.python.forget_process(sample.pid);
+        // A new command name of a process's main thread means exec: its old mappings are gone.
+        // (Other threads have names of their own.)
+        if sample.tid == sample.pid {
+            if let Some(old) = self.comms.insert(sample.pid, sample.comm.clone()) {
+                if old != sample.comm {
+                    self.symbolizer.forget_process(sample.pid);
+                    self.python.forget_process(sample.pid);
+                }
             }
+        } else {
+            self.comms.entry(sample.pid).or_insert_with(|| sample.comm.clone());
         }
         // Native addresses go through normalization in one batch; Python frames are named now,
         // while the process and its code objects are alive.

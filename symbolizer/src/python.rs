@@ -22,8 +22,8 @@ struct Code {
     line_table: Vec<u8>,
 }
 
-/// How the walker identified a code object besides its address: a tag of its name pointer, and
-/// the function that makes the tag from a pointer (the BPF side's rule).
+/// How the walker identified a code object besides its address: a tag of its name, and the
+/// function that makes the tag from the name string's `length ^ hash` (the BPF side's rule).
 #[derive(Debug, Clone, Copy)]
 pub struct NameTag {
     pub tag: u16,
@@ -129,7 +129,9 @@ impl PythonSymbolizer {
         let bytes = self.read(pid, code, size)?;
         let name_ptr = Self::read_ptr(&bytes, o.code_qualname.unwrap_or(o.code_name))?;
         // Freed and reused for another code object since the sample: not the code sampled.
-        if (name.of)(name_ptr) != name.tag {
+        let header = self.read(pid, name_ptr + 16, 16)?;
+        let length_xor_hash = Self::read_ptr(&header, 0)? ^ Self::read_ptr(&header, 8)?;
+        if (name.of)(length_xor_hash) != name.tag {
             return None;
         }
         let function = self.read_str(pid, o, name_ptr)?;

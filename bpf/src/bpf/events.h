@@ -232,14 +232,21 @@ struct process_info {
 	struct exec_mapping mappings[MAX_PROCESS_MAPPINGS]; /* sorted by begin, not overlapping */
 };
 
-/* Where table `table_id` lives among the blocks. Row addresses are relative to `base`.
- * last_used: when a sample last used it (boot ns, updated at most once a second), for eviction. */
+/* Where table `table_id` lives: its blocks are in pages of BLOCKS_PER_PAGE, anywhere among the
+ * blocks, listed in `page_index` from entry first_page on (so that tables evicted in any order
+ * leave no holes too small for the next one). Row addresses are relative to `base`.
+ * last_used: when a sample last used it (monotonic ns, updated at most once a second), for
+ * eviction. */
 struct table_info {
 	__u64 base;
-	__u32 first_block;
+	__u32 first_page;
 	__u32 block_count;
 	__u64 last_used;
 };
+
+#define PAGE_BITS 8
+#define BLOCKS_PER_PAGE (1 << PAGE_BITS) /* 4096 rows, 24 KiB */
+#define PAGE_INDEX_ENTRIES (1 << 20)
 
 /* Blocks live in shards (inner maps of `unwind_shards`) that user space creates as tables need
  * them: block b is entry b % BLOCKS_PER_SHARD of shard b / BLOCKS_PER_SHARD. */
@@ -251,6 +258,8 @@ struct table_info {
 enum shard_layout {
 	SHARD_BLOCKS = BLOCKS_PER_SHARD,
 	SHARD_MAX = MAX_SHARDS,
+	PAGE_BLOCKS = BLOCKS_PER_PAGE,
+	PAGE_INDEX_SIZE = PAGE_INDEX_ENTRIES,
 };
 
 /* ROWS_PER_BLOCK rows: start addresses (relative to the table's base, ascending; unused slots are
@@ -289,8 +298,9 @@ struct unwind_rule {
  * user-space address has it), then (co_firstlineno << 32) | lasti (in the version's unit: bytes
  * up to 3.9, code units from 3.10). */
 #define PY_FRAME_TAG (1ULL << 63)
-/* Bits 47-62 of the first slot: a 16-bit tag of the code object's name pointer as the walker read
- * it, so that user space can tell whether the object it reads later is still the same. */
+/* Bits 47-62 of the first slot: a 16-bit tag of the code object's name (its length xor its hash)
+ * as the walker read it, so that user space can tell whether the object it reads later is still
+ * the same. */
 #define PY_NAME_TAG_SHIFT 47
 #define PY_ADDR_MASK ((1ULL << PY_NAME_TAG_SHIFT) - 1)
 /* A one-slot marker (the tag bit with address 1, never a code object) between the native frames

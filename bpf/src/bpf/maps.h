@@ -71,6 +71,14 @@ struct unwind_shard {
 	__uint(value_size, sizeof(struct unwind_block));
 };
 
+/* Each table's pages, in order: entry table_info.first_page + i is the i-th page's number. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, PAGE_INDEX_ENTRIES);
+	__type(key, __u32);
+	__type(value, __u32);
+} page_index SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
 	__uint(max_entries, MAX_SHARDS);

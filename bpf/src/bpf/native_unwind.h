@@ -79,6 +79,18 @@ static __always_inline struct unwind_block *lookup_block(__u32 key)
 	return bpf_map_lookup_elem(inner, &index);
 }
 
+/* The number among all blocks of block `i` of the table whose pages start at `first_page`, or
+ * 0xffffffff (no such block). */
+static __always_inline __u32 table_block(__u32 first_page, __u32 i)
+{
+	__u32 slot = first_page + (i >> PAGE_BITS);
+	__u32 *page = bpf_map_lookup_elem(&page_index, &slot);
+
+	if (!page)
+		return 0xffffffff;
+	return (*page << PAGE_BITS) | (i & (BLOCKS_PER_PAGE - 1));
+}
+
 /* Index of the last block of `table_id` whose first row starts at or before
  * rel, or -1. */
 __noinline int find_block(__u32 table_id, __u32 rel)
@@ -94,7 +106,7 @@ __noinline int find_block(__u32 table_id, __u32 rel)
 		if (lo >= hi)
 			break;
 		mid = (lo + hi) / 2;
-		key = t->first_block + mid;
+		key = table_block(t->first_page, mid);
 		blk = lookup_block(key);
 		if (!blk)
 			return -1;
@@ -105,7 +117,7 @@ __noinline int find_block(__u32 table_id, __u32 rel)
 	}
 	if (lo == 0)
 		return -1;
-	return t->first_block + lo - 1;
+	return table_block(t->first_page, lo - 1);
 }
 
 /* The rule index of the last row in block `block` that starts at or before rel (row 0 does). */

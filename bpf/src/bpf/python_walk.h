@@ -100,11 +100,12 @@ static __always_inline bool py_emit(struct sample_event *e, __u32 *frames, __u64
 	return true;
 }
 
-/* Emits the frame at f, which runs code object `code`: its address tagged with its name pointer,
+/* Emits the frame at f, which runs code object `code`: its address tagged with its name,
  * then its first line and last instruction. Returns false when the sample is full. */
 static __always_inline bool py_emit_frame(struct sample_event *e, __u32 *frames, struct py_offsets *o, __u64 f, __u64 code)
 {
-	__u64 instr = 0, lasti = 0, name = 0, tag = 0;
+	__u64 instr = 0, lasti = 0, name = 0, tag = 0, x;
+	__s64 len_hash[2] = {};
 	__s32 firstlineno = 0, lasti32 = 0;
 
 	if (code & ~PY_ADDR_MASK)
@@ -116,8 +117,13 @@ static __always_inline bool py_emit_frame(struct sample_event *e, __u32 *frames,
 		lasti = (instr - code - o->code_adaptive) / 2;
 	}
 	py_read(&firstlineno, sizeof(firstlineno), code + o->code_firstlineno);
-	if (o->code_name != PY_NO_OFFSET && py_read(&name, sizeof(name), code + o->code_name) == 0)
-		tag = ((name >> 4) ^ (name >> 20)) & 0xffff;
+	/* The name's length and hash (PyASCIIObject: +16, +24 in every version): a code object and
+	 * its name string freed and both reused at the same addresses still read as new. */
+	if (o->code_name != PY_NO_OFFSET && py_read(&name, sizeof(name), code + o->code_name) == 0 &&
+	    py_read(len_hash, sizeof(len_hash), name + 16) == 0) {
+		x = (__u64)(len_hash[0] ^ len_hash[1]);
+		tag = (x ^ (x >> 16) ^ (x >> 32) ^ (x >> 48)) & 0xffff;
+	}
 	return py_emit(e, frames, code | (tag << PY_NAME_TAG_SHIFT), ((__u64)(__u32)firstlineno << 32) | (lasti & 0xffffffff));
 }
 

@@ -306,12 +306,12 @@ impl ProcessTracker {
                     match victim {
                         Some(victim) => self.evict_for_room(sampler, &victim),
                         None => {
-                            if let Some(exe) = self.executables.get_mut(key) {
+                            // Built ahead of need, it waits for a sample to ask; asked for, it
+                            // is not asked for again for a while.
+                            if let Some(exe) = self.executables.get_mut(key).filter(|_| urgent) {
                                 exe.retry_after = Some(Instant::now() + NO_ROOM_RETRY);
-                                if urgent {
-                                    tracing::debug!(file = %exe.name, %why, "no room for an unwind table");
-                                    self.stats.no_room.insert(exe.name.clone());
-                                }
+                                tracing::debug!(file = %exe.name, %why, "no room for an unwind table");
+                                self.stats.no_room.insert(exe.name.clone());
                             }
                             return None;
                         }
