@@ -39,6 +39,8 @@ pub struct Section {
 pub struct ElfFile<R> {
     src: R,
     len: u64,
+    /// Where the program and section header tables are: (offset, bytes).
+    header_tables: [(u64, u64); 2],
     machine: u16,
     segments: Vec<Segment>,
     sections: Vec<Section>,
@@ -182,7 +184,8 @@ impl<R: ReadAt> ElfFile<R> {
                 })
                 .collect();
         }
-        Ok(ElfFile { src, len, machine, segments, sections })
+        let header_tables = [(phoff, phnum * PHDR_SIZE), (shoff, shnum * SHDR_SIZE)];
+        Ok(ElfFile { src, len, header_tables, machine, segments, sections })
     }
 
     /// The file's length when it was parsed.
@@ -192,6 +195,12 @@ impl<R: ReadAt> ElfFile<R> {
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// The byte ranges (offset, length) of the ELF header, the program headers and the section
+    /// headers, for a copy that keeps the file's layout.
+    pub fn header_ranges(&self) -> [(u64, u64); 3] {
+        [(0, EHDR_SIZE as u64), self.header_tables[0], self.header_tables[1]]
     }
 
     /// `e_machine` (62 for x86-64).
