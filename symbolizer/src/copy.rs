@@ -24,7 +24,8 @@ const CHUNK: u64 = 1 << 20;
 
 pub(crate) struct PrivateCopy {
     memfd: File,
-    /// DWARF was copied: blazesym may look for lines and inlined functions.
+    /// Whatever DWARF the file has was copied: blazesym may look for lines, inlined functions
+    /// and debug links (a stripped libc's names are in its separate debug file).
     pub dwarf: bool,
     pub bytes: u64,
 }
@@ -89,7 +90,7 @@ impl PrivateCopy {
             }
             bytes += len;
         }
-        Ok(PrivateCopy { memfd, dwarf: with_dwarf, bytes })
+        Ok(PrivateCopy { memfd, dwarf: dwarf == 0 || with_dwarf, bytes })
     }
 
     /// A path blazesym can open, that reaches the copy for as long as it is held.

@@ -335,6 +335,7 @@ impl Symbolizer {
 mod tests {
     use super::*;
     use gpuflame_elfread::{consts, ElfFile};
+    use std::path::PathBuf;
 
     #[inline(never)]
     #[no_mangle]
@@ -370,6 +371,29 @@ mod tests {
         assert!(names[1].is_unknown(), "a module without an open file is never read through its path");
         let UserAddr::InModule { module, .. } = with_file[0] else { panic!() };
         assert_eq!(s.module(module).path, Path::new("/bin/true"));
+    }
+
+    /// The private copy names every address as the original file does, through debug links too
+    /// (Debian's libc keeps its local symbols in /usr/lib/debug).
+    #[test]
+    fn the_private_copy_names_addresses_as_the_original_does() {
+        for path in [std::env::current_exe().unwrap(), PathBuf::from("/lib/x86_64-linux-gnu/libc.so.6")] {
+            let data = std::fs::read(&path).unwrap();
+            let elf = ElfFile::parse(&data[..]).unwrap();
+            let text = elf.load_segments().find(|s| s.flags & 1 != 0).unwrap();
+            let offsets: Vec<u64> = (0..300).map(|i| text.offset + text.file_size * i / 300).collect();
+            let blaze = Symbolizer::new_blazesym();
+            let direct: Vec<Symbol> =
+                blaze.symbolize(&Source::Elf(src::Elf::new(&path)), Input::FileOffset(&offsets)).unwrap().into_iter().map(frames::symbol_from).collect();
+            let mut s = Symbolizer::new();
+            let file = ModuleFile::open(&path).unwrap();
+            let mapped = [MappedFile { start: 0, end: u64::MAX, offset: 0, path: path.clone(), build_id: None, file: Some(file) }];
+            let placed = s.normalize_in(1, &offsets, &mapped);
+            let copied = s.symbolize_user(&placed);
+            let named = direct.iter().filter(|d| !d.is_unknown()).count();
+            assert!(named > 200, "{}: only {named} of 300 named directly", path.display());
+            assert_eq!(copied, direct, "{}", path.display());
+        }
     }
 
     #[test]
