@@ -6,6 +6,11 @@
 //! and string tables, notes, debug links and (within a budget) the DWARF sections, read with
 //! pread. Code and data sections stay holes, which cost nothing. The layout is the original's,
 //! so file offsets and addresses mean the same in the copy.
+//!
+//! Links to separate debug files are followed by blazesym only where they cannot lead out of
+//! root's debug directories: a link in a file someone else controls could otherwise name a
+//! FIFO or a file they truncate at will. Other links are unlinked in the copy (their section
+//! loses its name).
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
@@ -90,6 +95,7 @@ impl PrivateCopy {
             }
             bytes += len;
         }
+        unlink_unsafe_links(&elf, &memfd)?;
         Ok(PrivateCopy { memfd, dwarf: dwarf == 0 || with_dwarf, bytes })
     }
 
@@ -97,6 +103,50 @@ impl PrivateCopy {
     pub(crate) fn path(&self) -> PathBuf {
         PathBuf::from(format!("/proc/self/fd/{}", self.memfd.as_raw_fd()))
     }
+}
+
+/// Gives the link sections whose targets could lie outside root's debug directories an empty
+/// name in the copy, so that blazesym does not see them.
+fn unlink_unsafe_links<R: gpuflame_elfread::ReadAt>(elf: &ElfFile<R>, copy: &File) -> Result<(), CopyError> {
+    let shoff = elf.header_ranges()[2].0;
+    for (i, s) in elf.sections().iter().enumerate() {
+        let safe = match s.name.as_str() {
+            ".gnu_debuglink" => elf.section_data(s, 4096).is_ok_and(|d| safe_link_name(until_nul(&d))),
+            ".gnu_debugaltlink" => elf.section_data(s, 4096).is_ok_and(|d| safe_alt_path(until_nul(&d))),
+            // A DWARF 5 supplementary file: a path too, rare; not followed.
+            ".debug_sup" => false,
+            _ => continue,
+        };
+        if !safe {
+            tracing::debug!(section = %s.name, "debug link left out of the private copy");
+            let at = shoff.saturating_add(i as u64 * 64);
+            copy.write_all_at(&[0; 4], at).map_err(CopyError::Memfd)?;
+        }
+    }
+    Ok(())
+}
+
+fn until_nul(d: &[u8]) -> &[u8] {
+    &d[..d.iter().position(|&b| b == 0).unwrap_or(d.len())]
+}
+
+/// A debug link is a file name that blazesym looks for in the debug directories and next to the
+/// file (here /proc/self/fd/, where only digits name something).
+fn safe_link_name(name: &[u8]) -> bool {
+    !name.is_empty()
+        && name.len() <= 255
+        && name != b"."
+        && name != b".."
+        && !name.iter().all(u8::is_ascii_digit)
+        && name.iter().all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-' | b'+'))
+}
+
+/// An alternate debug file (dwz) must be an absolute path inside root's debug directories.
+fn safe_alt_path(path: &[u8]) -> bool {
+    let Ok(path) = std::str::from_utf8(path) else { return false };
+    (path.starts_with("/usr/lib/debug/") || path.starts_with("/lib/debug/"))
+        && path.split('/').all(|c| c != ".." && c != ".")
+        && path.chars().all(|c| c.is_ascii_graphic())
 }
 
 fn memfd() -> std::io::Result<File> {
@@ -113,6 +163,19 @@ fn memfd() -> std::io::Result<File> {
 mod tests {
     use super::*;
     use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn only_links_that_stay_in_debug_directories_are_followed() {
+        assert!(safe_link_name(b"libc.so.6.debug"));
+        assert!(safe_link_name(b"93ac61ec5a8eb1396f9fbd350e3169a558528a40.debug"));
+        for bad in [&b"/tmp/evil.debug"[..], b"../../tmp/x", b"12", b"..", b"", b"a b"] {
+            assert!(!safe_link_name(bad), "{}", String::from_utf8_lossy(bad));
+        }
+        assert!(safe_alt_path(b"/usr/lib/debug/.dwz/x86_64-linux-gnu/libc6.debug"));
+        for bad in [&b"/tmp/x.debug"[..], b"../../.dwz/x.debug", b"/usr/lib/debug/../../tmp/x", b"/usr/lib/debug/a b"] {
+            assert!(!safe_alt_path(bad), "{}", String::from_utf8_lossy(bad));
+        }
+    }
 
     #[test]
     fn copy_keeps_the_layout_and_leaves_code_out() {
