@@ -115,3 +115,28 @@ fn a_debug_link_to_a_fifo_is_not_followed() {
     assert!(names.iter().filter(|n| !n.is_unknown()).count() > 20, "the dynamic symbols still name exported functions");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// blazesym reads the private copy: truncating the original afterwards (which would raise SIGBUS
+/// in a reader that maps it) changes nothing; truncated before the copy, the module stays
+/// unnamed.
+#[test]
+fn truncating_the_original_cannot_reach_the_copy() {
+    let exe = std::env::current_exe().unwrap();
+    let dir = std::env::temp_dir().join(format!("symbolizer-trunc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let victim = dir.join("victim");
+    std::fs::copy(&exe, &victim).unwrap();
+    let (a, b) = (offset_of(&exe, "gpuflame_symbolizer_test_marker"), offset_of(&exe, "main"));
+    let file = ModuleFile::open(&victim).unwrap();
+    let mapped = [MappedFile { start: 0, end: u64::MAX, offset: 0, path: victim.clone(), build_id: None, file: Some(file) }];
+    let mut s = Symbolizer::new();
+    let first = s.normalize_in(1, &[a, b], &mapped);
+    assert!(!s.symbolize_user(&first[..1])[0].is_unknown());
+    std::fs::OpenOptions::new().write(true).open(&victim).unwrap().set_len(0).unwrap();
+    assert_eq!(s.symbolize_user(&first[1..])[0].lines.first().map(|l| l.function.as_str()), Some("main"));
+
+    let mut fresh = Symbolizer::new();
+    let placed = fresh.normalize_in(1, &[a], &mapped);
+    assert!(fresh.symbolize_user(&placed)[0].is_unknown());
+    let _ = std::fs::remove_dir_all(&dir);
+}
