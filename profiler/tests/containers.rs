@@ -147,3 +147,43 @@ fn python_in_a_container_has_its_frames_and_its_libpythons_names() {
         .sum();
     assert!(right * 100 >= all * 90, "only {right} of {all} samples have <module>;top;middle;leaf over Py_BytesMain;Py_RunMain;PyEval_EvalCode:\n{}", describe(&stacks));
 }
+
+/// Programs whose mapped file is not at its path any more: run from a memfd, or replaced by a
+/// rename with another program. Both are named from the mapped file.
+#[test]
+fn programs_not_at_their_path_are_named_from_the_mapped_file() {
+    require_bpf();
+    let dir = tempfile::tempdir().unwrap();
+    let chain = build_c(dir.path(), "chain", FP_FLAGS);
+    let memfd_exec = build_c(dir.path(), "memfd_exec", &["-O2"]);
+    let from_memfd = Killed(Command::new(&memfd_exec).arg(&chain).arg("30").spawn().unwrap());
+    let renamed = dir.path().join("renamed");
+    std::fs::copy(&chain, &renamed).unwrap();
+    let replaced = Killed(Command::new(&renamed).arg("30").spawn().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for (pid, needle) in [(from_memfd.0.id(), "/memfd:chainmem"), (replaced.0.id(), renamed.to_str().unwrap())] {
+        while !std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default().contains(needle) {
+            assert!(Instant::now() < deadline, "{needle} did not start");
+            sleep(Duration::from_millis(20));
+        }
+    }
+    // Another program renamed over the running one's path: same names would be wrong ones.
+    let other = dir.path().join("other");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/nschain.c");
+    let out = Command::new("cc").args(FP_FLAGS).args(["-Dns_a=host_a", "-Dns_b=host_b", "-o"]).arg(&other).arg(&src).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::rename(&other, &renamed).unwrap();
+
+    let folded = dir.path().join("moved.folded");
+    let (a, b) = (from_memfd.0.id().to_string(), replaced.0.id().to_string());
+    gpuflame_ok(&["record", "-F", "199", "-d", "3", "-p", &a, "-p", &b, "-o", folded.to_str().unwrap()], 0);
+    drop((from_memfd, replaced));
+    let stacks = read_folded(&folded);
+    for comm in ["chainmem", "renamed"] {
+        let mine: Vec<Stack> = stacks.iter().filter(|s| s.comm() == comm || s.comm() == format!("memfd:{comm}")).cloned().collect();
+        let all = total(&mine);
+        let named: u64 = mine.iter().filter(|s| s.has_sequence(&["main", "a", "b", "c"])).map(|s| s.count).sum();
+        assert!(all >= 150, "expected ~600 samples of {comm}, got {all}:\n{}", describe(&stacks));
+        assert!(named * 100 >= all * 95, "only {named} of {all} samples of {comm} carry main;a;b;c:\n{}", describe(&mine));
+    }
+}
