@@ -20,6 +20,10 @@ fn main() -> ExitCode {
         .without_time()
         .init();
 
+    // The files of sampled modules stay open until the recording is symbolized.
+    if let Err(e) = gpuflame_elfread::raise_fd_limit() {
+        tracing::warn!(error = %e, "cannot raise the limit on open files");
+    }
     let result = match &cli.command {
         Command::Record(args) => args.options().map_err(anyhow::Error::from).and_then(|o| record::run(&o)),
         Command::Agent(args) => gpuflame::agent::run(args),

@@ -56,10 +56,12 @@ impl GatedChild {
         cmd.args(args);
         cmd.envs(env.iter().map(|(k, v)| (k, v)));
         let (mut pid_w, mut gate_r) = (pid_w, gate_r);
-        // SAFETY: the closure runs between fork and exec and only calls getpid, write and read,
-        // which are async-signal-safe.
+        // SAFETY: the closure runs between fork and exec and only calls getpid, getrlimit,
+        // setrlimit, write and read, which are async-signal-safe.
         unsafe {
             cmd.pre_exec(move || {
+                // The command gets the limit on open files it would have had without gpuflame.
+                gpuflame_elfread::restore_fd_limit()?;
                 let pid = libc::getpid() as u32;
                 pid_w.write_all(&pid.to_ne_bytes())?;
                 let mut byte = [0u8; 1];

@@ -1,10 +1,10 @@
 //! Finding CPython in a process: the executable or libpython that holds the interpreter, its
 //! version, and where `_PyRuntime` and the evaluation loop are in memory.
 
-use std::fs;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use object::{Object, ObjectSegment, ObjectSymbol};
+use gpuflame_elfread::{consts, open_regular, ElfError, ElfFile, OpenError};
 
 use crate::offsets::PyOffsets;
 
@@ -12,8 +12,8 @@ use crate::offsets::PyOffsets;
 pub enum PyError {
     #[error("reading {path}: {source}")]
     Io { path: String, source: std::io::Error },
-    #[error("{0}: not a usable ELF file")]
-    Elf(String),
+    #[error("{path}: {source}")]
+    Read { path: String, source: ElfError },
     #[error("Python {0}.{1} is not supported (3.8 to 3.14 are)")]
     Unsupported(u8, u8),
     #[error("{0} has no _PyRuntime symbol")]
@@ -32,6 +32,8 @@ pub struct Interpreter {
     pub eval_ranges: Vec<(u64, u64)>,
 }
 
+const MAX_EVAL_RANGES: usize = 16;
+
 /// One file mapping of the process, as /proc/PID/maps lists it.
 #[derive(Debug, Clone)]
 pub struct Mapping<'a> {
@@ -48,10 +50,22 @@ fn version_from_name(name: &str) -> Option<(u8, u8)> {
     Some((major.parse().ok()?, minor.parse().ok()?))
 }
 
-/// Finds the interpreter among a process's file mappings; `read_runtime` reads `len` bytes of
-/// the process's memory (for `_Py_DebugOffsets`). None when the process is not CPython 3.
+/// Finds the interpreter among a process's file mappings, reading files at the paths the
+/// mappings name: right for this mount namespace only. `read_memory` reads `len` bytes of the
+/// process's memory (for `_Py_DebugOffsets`). None when the process is not CPython 3.
 pub fn find_interpreter(
     maps: &[Mapping<'_>],
+    read_memory: impl Fn(u64, usize) -> Option<Vec<u8>>,
+) -> Result<Option<Interpreter>, PyError> {
+    find_interpreter_with(maps, |m| open_regular(Path::new(m.path.trim_end_matches(" (deleted)"))), read_memory)
+}
+
+/// Finds the interpreter, with `open` reaching the file behind a mapping: for another process,
+/// /proc/PID/map_files/START-END, which is the mapped file itself even in another mount
+/// namespace (a container), deleted, or replaced at its path. The path text only names it.
+pub fn find_interpreter_with(
+    maps: &[Mapping<'_>],
+    open: impl Fn(&Mapping<'_>) -> Result<File, OpenError>,
     read_memory: impl Fn(u64, usize) -> Option<Vec<u8>>,
 ) -> Result<Option<Interpreter>, PyError> {
     // libpython first: a python executable that links it has no interpreter of its own.
@@ -65,41 +79,39 @@ pub fn find_interpreter(
     candidates.sort_by_key(|m| !Path::new(m.path).file_name().and_then(|n| n.to_str()).unwrap_or("").starts_with("libpython"));
     let Some(first) = candidates.first() else { return Ok(None) };
     let path = first.path.trim_end_matches(" (deleted)");
-    let io = |source| PyError::Io { path: path.to_string(), source };
-    let file = fs::File::open(path).map_err(io)?;
-    // SAFETY: read-only mapping of an executable file, only read.
-    let data = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-    let elf = object::File::parse(&*data).map_err(|_| PyError::Elf(path.to_string()))?;
-    let segments: Vec<(u64, u64, u64)> = elf
-        .segments()
-        .map(|s| {
-            let (off, size) = s.file_range();
-            (off, s.address(), size)
-        })
-        .collect();
+    let read = |source: ElfError| PyError::Read { path: path.to_string(), source };
+    let file = open(first).map_err(|e| read(e.into()))?;
+    let elf = ElfFile::parse(&file).map_err(read)?;
+    let segments: Vec<(u64, u64, u64)> = elf.load_segments().map(|s| (s.offset, s.vaddr, s.file_size)).collect();
     // The load bias from any mapping of this file.
     let bias = maps
         .iter()
         .filter(|m| m.path == first.path)
         .find_map(|m| {
-            let seg = segments.iter().find(|(off, _, size)| *off <= m.offset && m.offset < off + size.max(&1))?;
-            Some(m.start.wrapping_sub(seg.1 + (m.offset - seg.0)))
+            let seg = segments.iter().find(|(off, _, size)| *off <= m.offset && m.offset - off < (*size).max(1))?;
+            Some(m.start.wrapping_sub(seg.1.wrapping_add(m.offset - seg.0)))
         })
         .unwrap_or(0);
 
     let mut runtime = None;
     let mut eval_ranges = Vec::new();
-    for sym in elf.symbols().chain(elf.dynamic_symbols()) {
-        match sym.name() {
-            Ok("_PyRuntime") => runtime = Some(sym.address()),
-            Ok(n) if n == "_PyEval_EvalFrameDefault" || n.starts_with("_PyEval_EvalFrameDefault.cold") => {
-                let start = sym.address().wrapping_add(bias);
-                let range = (start, start + sym.size().max(1));
-                if !eval_ranges.contains(&range) {
-                    eval_ranges.push(range);
+    let tables = [consts::SHT_SYMTAB, consts::SHT_DYNSYM].map(|kind| elf.symbols(kind));
+    for table in tables {
+        let Some(symbols) = table.map_err(read)? else { continue };
+        for sym in symbols.iter() {
+            match sym.name {
+                b"_PyRuntime" => runtime = Some(sym.value),
+                n if n == b"_PyEval_EvalFrameDefault" || n.starts_with(b"_PyEval_EvalFrameDefault.cold") => {
+                    let start = sym.value.wrapping_add(bias);
+                    let range = (start, start.saturating_add(sym.size.max(1)));
+                    // The walker takes a handful; a file with millions of such names is not
+                    // searched quadratically.
+                    if eval_ranges.len() < MAX_EVAL_RANGES && !eval_ranges.contains(&range) {
+                        eval_ranges.push(range);
+                    }
                 }
+                _ => {}
             }
-            _ => {}
         }
     }
     let name = Path::new(path).file_name().and_then(|n| n.to_str()).unwrap_or("");
@@ -134,6 +146,39 @@ mod tests {
         assert_eq!(version_from_name("python3.13d"), Some((3, 13)));
         assert_eq!(version_from_name("python3"), None);
         assert_eq!(version_from_name("libc.so.6"), None);
+    }
+
+    const LIBPYTHON: &str = "/root/.pyenv/versions/3.11.7/lib/libpython3.11.so.1.0";
+
+    /// The path text names the file; the opener decides which file is read.
+    #[test]
+    fn the_opened_file_is_read_not_the_path() {
+        let maps = [Mapping { start: 0x7f00_0000_0000, offset: 0, path: "/nowhere/libpython3.11.so.1.0" }];
+        assert!(matches!(find_interpreter(&maps, |_, _| None), Err(PyError::Read { .. })));
+        let interp = find_interpreter_with(&maps, |_| open_regular(Path::new(LIBPYTHON)), |_, _| None).unwrap().unwrap();
+        assert_eq!(interp.version, (3, 11));
+        assert!(interp.runtime_addr > 0x7f00_0000_0000 && !interp.eval_ranges.is_empty());
+    }
+
+    #[test]
+    fn a_truncated_or_corrupt_libpython_is_an_error_not_a_crash() {
+        let data = std::fs::read(LIBPYTHON).unwrap();
+        let dir = std::env::temp_dir().join(format!("pyframes-cut-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let copy = dir.join("libpython3.11.so.1.0");
+        let maps = [Mapping { start: 0x7f00_0000_0000, offset: 0, path: "/x/libpython3.11.so.1.0" }];
+        for cut in [0, 63, 64, 4096, data.len() / 2, data.len() - 1] {
+            std::fs::write(&copy, &data[..cut]).unwrap();
+            let found = find_interpreter_with(&maps, |_| open_regular(&copy), |_, _| None);
+            assert!(found.is_err(), "cut at {cut}: {found:?}");
+        }
+        let mut bad = data.clone();
+        for b in bad.iter_mut().skip(64).step_by(997) {
+            *b = !*b;
+        }
+        std::fs::write(&copy, &bad).unwrap();
+        let _ = find_interpreter_with(&maps, |_| open_regular(&copy), |_, _| None);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

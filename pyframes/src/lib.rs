@@ -12,7 +12,7 @@ mod offsets;
 mod tables;
 mod unicode;
 
-pub use detect::{find_interpreter, Interpreter, Mapping, PyError};
+pub use detect::{find_interpreter, find_interpreter_with, Interpreter, Mapping, PyError};
 pub use linetable::line_for;
 pub use offsets::{FrameEntry, PyOffsets};
 pub use unicode::{decode as decode_str, str_layout, StrLayout};

@@ -1,31 +1,45 @@
 //! Native and kernel symbolization for gpuflame.
 //!
 //! Two steps, split in time on purpose. [`Symbolizer::normalize`] turns a process's virtual
-//! addresses into (module, file offset) while the process is alive: it needs /proc/PID/maps.
-//! [`Symbolizer::symbolize_user`] turns those into function, file and line at any later time,
-//! from the module files, cached per module (keyed by build-id when the file has one), so that a
-//! process that exited during a recording still gets its names.
+//! addresses into (module, file offset) while the process is alive: it needs /proc/PID/maps, and
+//! opens each module's file there, through /proc/PID/map_files. [`Symbolizer::symbolize_user`]
+//! turns those into function, file and line at any later time, from the files opened then,
+//! cached per module (keyed by build-id when the file has one, else by the file's identity), so
+//! that a process that exited during a recording, a deleted file, and a file of another mount
+//! namespace all get the names of the file that was actually mapped, never of a file that
+//! happens to have its path here.
 
+mod copy;
 mod demangle;
+mod files;
 mod frames;
 mod modules;
+mod procmaps;
 mod python;
 
+pub use files::{FileError, ModuleFile};
 pub use frames::{Symbol, SymbolLine};
 pub use modules::{Module, ModuleId};
 pub use python::{NameTag, PyFrame, PythonSymbolizer};
 
 use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
 
 use blazesym::normalize::{self, Normalizer, UserMeta};
 use blazesym::symbolize::source::{self as src, Source};
 use blazesym::symbolize::{self, Input, Symbolized};
-use std::path::Path;
+use blazesym::Pid;
+use gpuflame_elfread::{max_open_files, FileId};
+
+use copy::PrivateCopy;
+use modules::ModuleTable;
 
 const VDSO: &str = "[vdso]";
-use blazesym::Pid;
 
-use modules::ModuleTable;
+/// Private copies kept at once, in bytes: past this, the copies and blazesym's state are dropped
+/// before more are made (twice [`copy::MAX_COPY`]).
+const COPIES_BUDGET: u64 = 2 << 30;
 
 /// A user-space address after normalization.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -45,6 +59,9 @@ pub struct MappedFile {
     pub offset: u64,
     pub path: std::path::PathBuf,
     pub build_id: Option<Vec<u8>>,
+    /// The mapped file, opened while the process lived (None when it could not be): what the
+    /// module is symbolized from.
+    pub file: Option<Arc<ModuleFile>>,
 }
 
 pub struct Symbolizer {
@@ -55,6 +72,9 @@ pub struct Symbolizer {
     normalized: HashMap<u32, HashMap<u64, UserAddr>>,
     user_cache: HashMap<(ModuleId, u64), Symbol>,
     kernel_cache: HashMap<u64, Symbol>,
+    /// Private copies of module files, per file; None when the copy failed (not retried).
+    copies: HashMap<FileId, Option<PrivateCopy>>,
+    copied_bytes: u64,
 }
 
 impl Default for Symbolizer {
@@ -66,12 +86,16 @@ impl Default for Symbolizer {
 impl Symbolizer {
     pub fn new() -> Self {
         Symbolizer {
-            normalizer: Normalizer::builder().enable_build_ids(true).enable_build_id_caching(true).build(),
+            // Only the vDSO goes through blazesym's normalizer: without build-ids it opens no
+            // file (it would open the path text, which may be a FIFO or another file).
+            normalizer: Normalizer::builder().enable_build_ids(false).build(),
             blaze: Self::new_blazesym(),
-            modules: ModuleTable::default(),
+            modules: ModuleTable::new(max_open_files() / 2),
             normalized: HashMap::new(),
             user_cache: HashMap::new(),
             kernel_cache: HashMap::new(),
+            copies: HashMap::new(),
+            copied_bytes: 0,
         }
     }
 
@@ -84,30 +108,15 @@ impl Symbolizer {
         if !missing.is_empty() {
             missing.sort_unstable();
             missing.dedup();
-            let opts = normalize::NormalizeOpts { sorted_addrs: true, ..Default::default() };
-            match self.normalizer.normalize_user_addrs_opts(Pid::from(pid), &missing, &opts) {
-                Ok(out) => {
-                    for (&addr, &(offset, meta)) in missing.iter().zip(out.outputs.iter()) {
-                        let resolved = match out.meta.get(meta) {
-                            Some(UserMeta::Elf(elf)) => UserAddr::InModule {
-                                module: self.modules.intern(&elf.path, elf.build_id.as_deref()),
-                                file_offset: offset,
-                            },
-                            // The vDSO exists only in memory: blazesym names its code right away.
-                            Some(UserMeta::Sym(sym)) => {
-                                let module = self.modules.intern(Path::new(VDSO), None);
-                                let symbol = frames::symbol_from(Symbolized::Sym(sym.clone()));
-                                self.user_cache.insert((module, offset), symbol);
-                                UserAddr::InModule { module, file_offset: offset }
-                            }
-                            _ => UserAddr::Unmapped { addr },
-                        };
-                        known.insert(addr, resolved);
-                    }
+            match self.place(pid, &missing) {
+                Some(placed) => {
+                    let known = self.normalized.entry(pid).or_default();
+                    known.extend(missing.iter().copied().zip(placed));
                 }
-                Err(e) => {
-                    tracing::debug!(pid, error = %e, "normalizing addresses failed (process gone?)");
+                None => {
+                    tracing::debug!(pid, "cannot read the process's mappings (process gone?)");
                     // Not remembered: a later sample may still find the process readable.
+                    let known = self.normalized.entry(pid).or_default();
                     return addrs
                         .iter()
                         .map(|&a| known.get(&a).copied().unwrap_or(UserAddr::Unmapped { addr: a }))
@@ -115,7 +124,62 @@ impl Symbolizer {
                 }
             }
         }
-        addrs.iter().map(|a| known[a]).collect()
+        let known = self.normalized.entry(pid).or_default();
+        addrs.iter().map(|a| known.get(a).copied().unwrap_or(UserAddr::Unmapped { addr: *a })).collect()
+    }
+
+    /// Places sorted addresses with the process's maps read now, opening the mapped files through
+    /// /proc/PID/map_files; the vDSO's code is named right away. None when the maps cannot be
+    /// read.
+    fn place(&mut self, pid: u32, sorted: &[u64]) -> Option<Vec<UserAddr>> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok().filter(|t| !t.is_empty())?;
+        let mut maps = procmaps::parse(&text);
+        maps.sort_by_key(|m| m.start);
+        let mut opened: HashMap<u64, Option<Arc<ModuleFile>>> = HashMap::new();
+        let mut out = Vec::with_capacity(sorted.len());
+        let mut vdso = Vec::new();
+        for (i, &addr) in sorted.iter().enumerate() {
+            let at = maps.partition_point(|m| m.start <= addr);
+            let Some(m) = at.checked_sub(1).map(|j| &maps[j]).filter(|m| addr < m.end) else {
+                out.push(UserAddr::Unmapped { addr });
+                continue;
+            };
+            if m.path == VDSO {
+                vdso.push((i, addr));
+                out.push(UserAddr::Unmapped { addr });
+            } else if m.inode != 0 && m.path.starts_with('/') {
+                let file = opened.entry(m.start).or_insert_with(|| match ModuleFile::open_mapping(pid, m.start, m.end) {
+                    Ok(f) => Some(f),
+                    Err(e) => {
+                        tracing::debug!(pid, path = %m.path, error = %e, "cannot open a mapped file");
+                        None
+                    }
+                });
+                let path = Path::new(m.path.strip_suffix(" (deleted)").unwrap_or(&m.path));
+                let module = self.modules.intern(path, None, file.as_ref());
+                out.push(UserAddr::InModule { module, file_offset: addr - m.start + m.offset });
+            } else {
+                out.push(UserAddr::Unmapped { addr });
+            }
+        }
+        if !vdso.is_empty() {
+            let addrs: Vec<u64> = vdso.iter().map(|&(_, a)| a).collect();
+            let opts = normalize::NormalizeOpts { sorted_addrs: true, ..Default::default() };
+            match self.normalizer.normalize_user_addrs_opts(Pid::from(pid), &addrs, &opts) {
+                Ok(n) => {
+                    for (&(i, _), &(offset, meta)) in vdso.iter().zip(n.outputs.iter()) {
+                        // The vDSO exists only in memory: blazesym names its code right away.
+                        if let Some(UserMeta::Sym(sym)) = n.meta.get(meta) {
+                            let module = self.modules.intern(Path::new(VDSO), None, None);
+                            self.user_cache.insert((module, offset), frames::symbol_from(Symbolized::Sym(sym.clone())));
+                            out[i] = UserAddr::InModule { module, file_offset: offset };
+                        }
+                    }
+                }
+                Err(e) => tracing::debug!(pid, error = %e, "cannot place vDSO addresses"),
+            }
+        }
+        Some(out)
     }
 
     /// Normalizes with mappings recorded earlier (sorted by start), so that a process that has
@@ -127,7 +191,7 @@ impl Symbolizer {
             let i = mappings.partition_point(|m| m.start <= addr);
             match i.checked_sub(1).map(|i| &mappings[i]).filter(|m| addr < m.end) {
                 Some(m) => {
-                    let module = self.modules.intern(&m.path, m.build_id.as_deref());
+                    let module = self.modules.intern(&m.path, m.build_id.as_deref(), m.file.as_ref());
                     out.push(Some(UserAddr::InModule { module, file_offset: addr - m.start + m.offset }));
                 }
                 None => {
@@ -153,8 +217,37 @@ impl Symbolizer {
             tracing::debug!(entries = self.user_cache.len() + self.kernel_cache.len(), "trimming the symbol caches");
             self.user_cache.clear();
             self.kernel_cache.clear();
-            self.blaze = Self::new_blazesym();
+            self.drop_copies();
         }
+    }
+
+    /// Drops the private copies and blazesym, which maps them.
+    fn drop_copies(&mut self) {
+        self.blaze = Self::new_blazesym();
+        self.copies.clear();
+        self.copied_bytes = 0;
+    }
+
+    /// The private copy of a module file, made on first use.
+    fn copy_of(&mut self, file: &ModuleFile) -> Option<&PrivateCopy> {
+        if !self.copies.contains_key(&file.id()) {
+            if self.copied_bytes > COPIES_BUDGET || self.copies.len() >= max_open_files() {
+                tracing::debug!(bytes = self.copied_bytes, copies = self.copies.len(), "dropping the private copies");
+                self.drop_copies();
+            }
+            let copy = match PrivateCopy::make(file) {
+                Ok(c) => {
+                    self.copied_bytes += c.bytes;
+                    Some(c)
+                }
+                Err(e) => {
+                    tracing::debug!(file = ?file.id(), error = %e, "cannot copy a module's symbols");
+                    None
+                }
+            };
+            self.copies.insert(file.id(), copy);
+        }
+        self.copies.get(&file.id()).and_then(Option::as_ref)
     }
 
     fn new_blazesym() -> symbolize::Symbolizer {
@@ -178,23 +271,28 @@ impl Symbolizer {
         for (module, mut offsets) in by_module {
             offsets.sort_unstable();
             offsets.dedup();
-            let m = self.modules.get(module);
-            let paths: Vec<_> = std::iter::once(m.path.clone()).chain(m.other_paths.iter().cloned()).collect();
+            // Never the path: in another mount namespace it names another file, or a FIFO.
+            let files = self.modules.files(module).to_vec();
+            if files.is_empty() {
+                tracing::debug!(module = %self.modules.get(module).path.display(), "no open file to symbolize with");
+            }
             let mut symbols = vec![Symbol::unknown(); offsets.len()];
-            for path in paths {
+            for file in files {
                 let pending: Vec<usize> = (0..offsets.len()).filter(|&i| symbols[i].is_unknown()).collect();
                 if pending.is_empty() {
                     break;
                 }
                 let wanted: Vec<u64> = pending.iter().map(|&i| offsets[i]).collect();
-                let source = Source::Elf(src::Elf::new(&path));
-                match self.blaze.symbolize(&source, Input::FileOffset(&wanted)) {
+                let Some(copy) = self.copy_of(&file) else { continue };
+                let mut elf = src::Elf::new(copy.path());
+                elf.debug_syms = copy.dwarf;
+                match self.blaze.symbolize(&Source::Elf(elf), Input::FileOffset(&wanted)) {
                     Ok(results) => {
                         for (&i, r) in pending.iter().zip(results) {
                             symbols[i] = frames::symbol_from(r);
                         }
                     }
-                    Err(e) => tracing::debug!(module = %path.display(), error = %e, "cannot symbolize with this file"),
+                    Err(e) => tracing::debug!(module = %self.modules.get(module).path.display(), error = %e, "cannot symbolize with this file"),
                 }
             }
             for (offset, symbol) in offsets.into_iter().zip(symbols) {
@@ -232,3 +330,6 @@ impl Symbolizer {
     }
 }
 
+
+#[cfg(test)]
+mod tests;

@@ -3,7 +3,8 @@
 use std::collections::HashMap;
 
 use gimli::{BaseAddresses, CieOrFde, DebugFrame, EhFrame, LittleEndian, UnwindContext, UnwindSection};
-use object::{Object, ObjectSection, ObjectSegment};
+use gpuflame_elfread::limits::{MAX_CFI_SECTION, MAX_FDES, MAX_UNWIND_ROWS};
+use gpuflame_elfread::{consts, ElfFile, ReadAt};
 
 use crate::rule::{classify, UnwindRule};
 use crate::{TableStats, UnwindError, UnwindRow, UnwindTable};
@@ -17,17 +18,27 @@ struct FdeRows {
     rows: Vec<UnwindRow>,
 }
 
-pub(crate) fn from_elf(data: &[u8]) -> Result<UnwindTable, UnwindError> {
-    let file = object::File::parse(data)?;
-    if file.architecture() != object::Architecture::X86_64 {
-        return Err(UnwindError::Architecture(file.architecture()));
+/// What is left of the limits for one file: FDEs and rows are counted across `.eh_frame` and
+/// `.debug_frame` together.
+struct Budget {
+    fdes: usize,
+    rows: usize,
+}
+
+pub(crate) fn from_elf<R: ReadAt>(elf: &ElfFile<R>) -> Result<UnwindTable, UnwindError> {
+    from_elf_within(elf, Budget { fdes: MAX_FDES, rows: MAX_UNWIND_ROWS })
+}
+
+fn from_elf_within<R: ReadAt>(elf: &ElfFile<R>, mut budget: Budget) -> Result<UnwindTable, UnwindError> {
+    if elf.machine() != consts::EM_X86_64 {
+        return Err(UnwindError::Architecture(elf.machine()));
     }
     let mut stats = TableStats::default();
-    let section_addr = |name: &str| file.section_by_name(name).map(|s| s.address());
+    let section_addr = |name: &str| elf.section(name).map(|s| s.addr);
 
     let mut fdes = Vec::new();
-    if let Some(section) = file.section_by_name(".eh_frame") {
-        let mut bases = BaseAddresses::default().set_eh_frame(section.address());
+    if let Some(section) = elf.section(".eh_frame") {
+        let mut bases = BaseAddresses::default().set_eh_frame(section.addr);
         if let Some(a) = section_addr(".eh_frame_hdr") {
             bases = bases.set_eh_frame_hdr(a);
         }
@@ -37,28 +48,40 @@ pub(crate) fn from_elf(data: &[u8]) -> Result<UnwindTable, UnwindError> {
         if let Some(a) = section_addr(".got") {
             bases = bases.set_got(a);
         }
-        let eh = EhFrame::new(section.data()?, LittleEndian);
-        collect(&eh, &bases, &mut fdes, &mut stats);
+        let data = elf.section_data(section, MAX_CFI_SECTION)?;
+        let eh = EhFrame::new(&data, LittleEndian);
+        collect(&eh, &bases, &mut fdes, &mut stats, &mut budget)?;
     }
-    if let Some(section) = file.section_by_name(".debug_frame") {
-        // Compressed .debug_frame sections are decompressed by object.
-        let data = section.uncompressed_data()?;
+    // A compressed .debug_frame is left out (no decompressor here): .eh_frame covers most code.
+    if let Some(section) = elf.section(".debug_frame").filter(|s| s.flags & consts::SHF_COMPRESSED == 0) {
+        let data = elf.section_data(section, MAX_CFI_SECTION)?;
         let mut df = DebugFrame::new(&data, LittleEndian);
         df.set_address_size(8);
         let mut extra = Vec::new();
-        collect(&df, &BaseAddresses::default(), &mut extra, &mut stats);
-        // .eh_frame wins where both describe the same code.
-        let covered: Vec<(u64, u64)> = fdes.iter().map(|f| (f.start, f.end)).collect();
+        collect(&df, &BaseAddresses::default(), &mut extra, &mut stats, &mut budget)?;
+        // .eh_frame wins where both describe the same code; sorted ranges keep this n log n
+        // for files with millions of FDEs.
+        let mut covered: Vec<(u64, u64)> = fdes.iter().map(|f| (f.start, f.end)).collect();
+        covered.sort_unstable();
+        let mut max_end = Vec::with_capacity(covered.len());
+        let mut running = 0;
+        for &(_, e) in &covered {
+            running = running.max(e);
+            max_end.push(running);
+        }
+        let overlaps = |f: &FdeRows| {
+            // Ranges that start before f ends; one of them overlaps if the largest end among
+            // them lies past f's start.
+            let n = covered.partition_point(|&(s, _)| s < f.end);
+            n > 0 && max_end[n - 1] > f.start
+        };
         let before = fdes.len();
-        fdes.extend(extra.into_iter().filter(|f| !covered.iter().any(|&(s, e)| f.start < e && s < f.end)));
+        fdes.extend(extra.into_iter().filter(|f| !overlaps(f)));
         stats.from_debug_frame = fdes.len() > before;
     }
-    let segments = file
-        .segments()
-        .map(|seg| {
-            let (file_offset, file_size) = seg.file_range();
-            crate::LoadSegment { file_offset, vaddr: seg.address(), file_size }
-        })
+    let segments = elf
+        .load_segments()
+        .map(|seg| crate::LoadSegment { file_offset: seg.offset, vaddr: seg.vaddr, file_size: seg.file_size })
         .collect();
     Ok(UnwindTable { rows: merge(fdes), segments, stats })
 }
@@ -68,7 +91,9 @@ fn collect<'a, S: UnwindSection<Slice<'a>>>(
     bases: &BaseAddresses,
     out: &mut Vec<FdeRows>,
     stats: &mut TableStats,
-) where
+    budget: &mut Budget,
+) -> Result<(), UnwindError>
+where
     S::Offset: std::hash::Hash,
 {
     let mut ctx = Box::new(UnwindContext::new());
@@ -90,8 +115,10 @@ fn collect<'a, S: UnwindSection<Slice<'a>>>(
             continue;
         }
         let Ok(mut table) = fde.rows(section, bases, &mut ctx) else { continue };
+        budget.fdes = budget.fdes.checked_sub(1).ok_or(UnwindError::Limit { what: "FDEs", limit: MAX_FDES })?;
         let mut rows = Vec::new();
         while let Ok(Some(row)) = table.next_row() {
+            budget.rows = budget.rows.checked_sub(1).ok_or(UnwindError::Limit { what: "unwind rows", limit: MAX_UNWIND_ROWS })?;
             let rule = classify(row, section);
             if matches!(rule.cfa, crate::CfaRule::Unsupported) {
                 stats.unsupported_rows += 1;
@@ -102,6 +129,7 @@ fn collect<'a, S: UnwindSection<Slice<'a>>>(
         stats.raw_rows += rows.len();
         out.push(FdeRows { start: fde.initial_address(), end: fde.end_address(), rows });
     }
+    Ok(())
 }
 
 /// Sorts FDEs, concatenates their rows, marks the gaps between them as having no information and
@@ -154,9 +182,49 @@ mod tests {
         assert_eq!(rows[3].rule, UnwindRule::NO_INFO);
     }
 
+    const LIBC: &str = "/lib/x86_64-linux-gnu/libc.so.6";
+
+    #[test]
+    fn truncated_or_corrupt_libc_is_an_error_or_a_smaller_table_never_a_panic() {
+        let data = std::fs::read(LIBC).unwrap();
+        let full = UnwindTable::from_elf(&data).unwrap();
+        assert!(full.stats.fdes > 1000);
+        // Cut anywhere: before the section headers (at the end) nothing parses.
+        for cut in (0..data.len()).step_by(data.len() / 97) {
+            assert!(UnwindTable::from_elf(&data[..cut]).is_err(), "a file cut at {cut} has no section headers");
+        }
+        // .eh_frame overwritten with noise: gimli stops where it cannot go on.
+        let elf = ElfFile::parse(&data[..]).unwrap();
+        let eh = elf.section(".eh_frame").unwrap().clone();
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        for round in 0..8 {
+            let mut bad = data.clone();
+            for _ in 0..(1 << round) * 16 {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                let at = eh.offset as usize + (seed % eh.size) as usize;
+                bad[at] = (seed >> 40) as u8;
+            }
+            if let Ok(t) = UnwindTable::from_elf(&bad) {
+                assert!(t.stats.fdes <= full.stats.fdes + 64);
+            }
+        }
+    }
+
+    #[test]
+    fn fde_and_row_limits_refuse_the_file() {
+        let data = std::fs::read(LIBC).unwrap();
+        let elf = ElfFile::parse(&data[..]).unwrap();
+        let err = from_elf_within(&elf, Budget { fdes: 100, rows: usize::MAX }).unwrap_err();
+        assert!(err.is_limit() && err.to_string().contains("FDEs"), "{err}");
+        let err = from_elf_within(&elf, Budget { fdes: usize::MAX, rows: 1000 }).unwrap_err();
+        assert!(err.is_limit() && err.to_string().contains("rows"), "{err}");
+    }
+
     #[test]
     fn corrupt_elf_is_an_error() {
-        assert!(from_elf(b"\x7fELF garbage").is_err());
-        assert!(from_elf(b"").is_err());
+        assert!(UnwindTable::from_elf(b"\x7fELF garbage").is_err());
+        assert!(UnwindTable::from_elf(b"").is_err());
     }
 }

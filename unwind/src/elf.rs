@@ -1,9 +1,9 @@
 //! Identity of executable files, so that one table serves every process that maps the file.
 
-use std::os::unix::fs::MetadataExt;
+use std::fs::File;
 use std::path::Path;
 
-use object::Object;
+use gpuflame_elfread::{open_regular, ElfFile, FileId, OpenError};
 
 /// What a table is cached under: the GNU build-id when the file has one, else the file's identity
 /// on disk (device, inode, size, modification time).
@@ -13,20 +13,24 @@ pub enum ExecutableKey {
     File { dev: u64, ino: u64, size: u64, mtime_ns: i64 },
 }
 
-
 impl ExecutableKey {
-    /// The key of the file at `path` (for a mapped file, /proc/PID/map_files/… works too).
+    /// The key of the file at `path` (for a mapped file, /proc/PID/map_files/… works too). Only
+    /// a regular file is opened, without blocking.
     pub fn of_file(path: &Path) -> std::io::Result<Self> {
-        let meta = std::fs::metadata(path)?;
-        let file = std::fs::File::open(path)?;
-        // SAFETY: read-only mapping, used only to read the build-id note.
-        if let Ok(map) = unsafe { memmap2::Mmap::map(&file) } {
-            if let Ok(Some(id)) = object::File::parse(&*map).and_then(|f| f.build_id()) {
-                if !id.is_empty() {
-                    return Ok(ExecutableKey::BuildId(id.to_vec()));
-                }
-            }
+        let file = open_regular(path).map_err(|e| match e {
+            OpenError::Io(e) => e,
+            e => std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
+        })?;
+        Self::of_open(&file)
+    }
+
+    /// The key of an open file: its build-id read with pread (no mapping that a truncation could
+    /// fault), else its identity.
+    pub fn of_open(file: &File) -> std::io::Result<Self> {
+        let id = FileId::of(file)?;
+        if let Some(build_id) = ElfFile::parse(file).ok().and_then(|elf| elf.build_id()) {
+            return Ok(ExecutableKey::BuildId(build_id));
         }
-        Ok(ExecutableKey::File { dev: meta.dev(), ino: meta.ino(), size: meta.size(), mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec() })
+        Ok(ExecutableKey::File { dev: id.dev, ino: id.ino, size: id.size, mtime_ns: id.mtime_ns })
     }
 }

@@ -15,10 +15,13 @@ mod rule;
 pub use compact::{CompactTable, RuleTable};
 pub use compact::CompactError;
 pub use elf::ExecutableKey;
-pub use probe::{open_regular, ElfProbe, ProbeError};
+pub use probe::{ElfProbe, ProbeError};
 pub use rule::{CfaRule, RbpRule, UnwindRule};
 
+use std::fs::File;
 use std::path::Path;
+
+use gpuflame_elfread::{open_regular, ElfError, ElfFile};
 
 /// One row: from `pc` up to the next row's `pc`, `rule` applies. `pc` is a virtual address of
 /// the ELF file (as in its program headers and symbol table, before load bias).
@@ -76,28 +79,50 @@ pub struct TableStats {
 pub enum UnwindError {
     #[error("{path}: {source}")]
     Io { path: String, source: std::io::Error },
+    #[error("{path}: {source}")]
+    Read { path: String, source: ElfError },
     #[error("not a usable ELF file: {0}")]
-    Elf(#[from] object::Error),
-    #[error("unsupported ELF architecture {0:?} (x86-64 only)")]
-    Architecture(object::Architecture),
+    Elf(#[from] ElfError),
+    #[error("unsupported ELF machine {0} (x86-64 only)")]
+    Architecture(u16),
     #[error("malformed call frame information: {0}")]
     Cfi(#[from] gimli::Error),
+    #[error("more than {limit} {what}: refused")]
+    Limit { what: &'static str, limit: usize },
+}
+
+impl UnwindError {
+    /// Whether the file broke one of the size limits (hostile or absurd, never a real binary).
+    pub fn is_limit(&self) -> bool {
+        match self {
+            UnwindError::Limit { .. } => true,
+            UnwindError::Read { source, .. } | UnwindError::Elf(source) => source.is_limit(),
+            _ => false,
+        }
+    }
 }
 
 impl UnwindTable {
-    /// Reads and builds the table of the ELF file at `path`.
+    /// Reads and builds the table of the ELF file at `path` (a /proc/PID/map_files/… path for
+    /// a mapped file: it reaches the mapped file itself). Only a regular file is opened, without
+    /// blocking, and it is read with pread: a file truncated meanwhile gives an error.
     pub fn from_path(path: &Path) -> Result<Self, UnwindError> {
-        let io = |source| UnwindError::Io { path: path.display().to_string(), source };
-        let file = std::fs::File::open(path).map_err(io)?;
-        // SAFETY: the file is mapped read-only and only read through this mapping; a concurrent
-        // truncation could fault, which is why only files of mapped executables are read.
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-        Self::from_elf(&map)
+        let read = |source: ElfError| UnwindError::Read { path: path.display().to_string(), source };
+        let file = open_regular(path).map_err(|e| read(e.into()))?;
+        Self::from_file(&file).map_err(|e| match e {
+            UnwindError::Elf(source) => read(source),
+            e => e,
+        })
+    }
+
+    /// Builds the table of an open ELF file.
+    pub fn from_file(file: &File) -> Result<Self, UnwindError> {
+        build::from_elf(&ElfFile::parse(file)?)
     }
 
     /// Builds the table from the bytes of an ELF file.
     pub fn from_elf(data: &[u8]) -> Result<Self, UnwindError> {
-        build::from_elf(data)
+        build::from_elf(&ElfFile::parse(data)?)
     }
 
     /// The rule for `pc`, if a row covers it.

@@ -4,7 +4,7 @@
 //! an error here, never a fault.
 
 use std::fs::File;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
 
 use crate::{ExecutableKey, LoadSegment};
@@ -29,8 +29,8 @@ pub struct ElfProbe {
 pub enum ProbeError {
     #[error("{0}")]
     Io(#[from] std::io::Error),
-    #[error("not a regular file")]
-    NotRegular,
+    #[error("{0}")]
+    Open(#[from] gpuflame_elfread::OpenError),
     #[error("not a 64-bit little-endian ELF file")]
     NotElf,
     #[error("malformed ELF headers: {0}")]
@@ -53,19 +53,9 @@ fn read_at(file: &File, offset: u64, len: u64) -> Result<Vec<u8>, ProbeError> {
     Ok(buf)
 }
 
-/// Opens a file for reading without blocking on a FIFO or device someone put at its path, and
-/// refuses anything but a regular file.
-pub fn open_regular(path: &Path) -> Result<File, ProbeError> {
-    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY).open(path)?;
-    if !file.metadata()?.file_type().is_file() {
-        return Err(ProbeError::NotRegular);
-    }
-    Ok(file)
-}
-
 impl ElfProbe {
     pub fn of_file(path: &Path) -> Result<Self, ProbeError> {
-        let file = open_regular(path)?;
+        let file = gpuflame_elfread::open_regular(path)?;
         let meta = file.metadata()?;
         let header = read_at(&file, 0, 64)?;
         if header.get(..4) != Some(b"\x7fELF") || header[4] != 2 || header[5] != 1 {
@@ -188,7 +178,7 @@ mod tests {
         let text = dir.path().join("text");
         std::fs::write(&text, b"#!/bin/sh\n").unwrap();
         assert!(matches!(ElfProbe::of_file(&text), Err(ProbeError::NotElf) | Err(ProbeError::Io(_))));
-        assert!(matches!(ElfProbe::of_file(dir.path()), Err(ProbeError::NotRegular) | Err(ProbeError::Io(_))));
+        assert!(matches!(ElfProbe::of_file(dir.path()), Err(ProbeError::Open(_)) | Err(ProbeError::Io(_))));
     }
 
     #[test]

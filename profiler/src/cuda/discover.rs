@@ -2,53 +2,49 @@
 //! static symbols, so that copies linked into other libraries are found as well as libcudart and
 //! libcuda themselves.
 
-use std::fs::File;
 use std::path::Path;
 
 use gpuflame_bpf::CudaApi;
-use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
+use gpuflame_elfread::{consts, open_regular, ElfError, ElfFile, ReadAt};
 
 #[derive(Debug, thiserror::Error)]
-pub enum DiscoverError {
-    #[error("cannot read {path}: {source}")]
-    Io { path: String, source: std::io::Error },
-    #[error("{path} is not a readable ELF file: {source}")]
-    Elf { path: String, source: object::Error },
+#[error("cannot search {path} for CUDA: {source}")]
+pub struct DiscoverError {
+    path: String,
+    source: ElfError,
 }
 
 /// The hookable CUDA functions a file defines, with the file offsets the uprobes take; empty for
-/// a file without CUDA.
+/// a file without CUDA. `path` is best /proc/PID/map_files/…: the mapped file itself. The file
+/// is read with pread (a file truncated meanwhile is an error, not a SIGBUS), and only if it is
+/// a regular file (a FIFO at the path cannot block the search).
 pub fn cuda_functions(path: &Path) -> Result<Vec<(CudaApi, u64)>, DiscoverError> {
-    let file = File::open(path).map_err(|source| DiscoverError::Io { path: path.display().to_string(), source })?;
-    // SAFETY: the mapping is read-only; a file truncated under us would fault, as for any mmap
-    // reader; library files are not rewritten in place.
-    let data = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| DiscoverError::Io { path: path.display().to_string(), source })?;
-    functions_in(&data).map_err(|source| DiscoverError::Elf { path: path.display().to_string(), source })
+    let err = |source: ElfError| DiscoverError { path: path.display().to_string(), source };
+    let file = open_regular(path).map_err(|e| err(e.into()))?;
+    functions_in(&file).map_err(err)
 }
 
-fn functions_in(data: &[u8]) -> Result<Vec<(CudaApi, u64)>, object::Error> {
-    let elf = object::File::parse(data)?;
-    let segments: Vec<(u64, u64, u64)> = elf
-        .segments()
-        .filter_map(|s| {
-            let (offset, size) = s.file_range();
-            (size > 0).then_some((s.address(), s.address() + size, offset))
-        })
-        .collect();
+fn functions_in(src: impl ReadAt) -> Result<Vec<(CudaApi, u64)>, ElfError> {
+    let elf = ElfFile::parse(src)?;
+    let segments: Vec<(u64, u64, u64)> =
+        elf.load_segments().filter(|s| s.file_size > 0).map(|s| (s.vaddr, s.vaddr.saturating_add(s.file_size), s.offset)).collect();
     let mut found: Vec<(CudaApi, u64)> = Vec::new();
-    for sym in elf.dynamic_symbols().chain(elf.symbols()) {
-        if sym.kind() != SymbolKind::Text || sym.is_undefined() || sym.address() == 0 {
-            continue;
-        }
-        let Ok(name) = sym.name() else { continue };
-        // Versioned names in .symtab read `name@@VERSION`.
-        let name = name.split('@').next().unwrap_or(name);
-        let Some(api) = CudaApi::from_symbol(name) else { continue };
-        let addr = sym.address();
-        let Some(&(start, _, offset)) = segments.iter().find(|&&(s, e, _)| addr >= s && addr < e) else { continue };
-        let file_offset = addr - start + offset;
-        if !found.iter().any(|&(a, o)| a == api || o == file_offset) {
-            found.push((api, file_offset));
+    for kind in [consts::SHT_DYNSYM, consts::SHT_SYMTAB] {
+        let Some(symbols) = elf.symbols(kind)? else { continue };
+        for sym in symbols.iter() {
+            if !sym.is_function() || !sym.is_defined() || sym.value == 0 {
+                continue;
+            }
+            let Some(name) = sym.name_str() else { continue };
+            // Versioned names in .symtab read `name@@VERSION`.
+            let name = name.split('@').next().unwrap_or(name);
+            let Some(api) = CudaApi::from_symbol(name) else { continue };
+            let addr = sym.value;
+            let Some(&(start, _, offset)) = segments.iter().find(|&&(s, e, _)| addr >= s && addr < e) else { continue };
+            let file_offset = (addr - start).saturating_add(offset);
+            if !found.iter().any(|&(a, o)| a == api || o == file_offset) {
+                found.push((api, file_offset));
+            }
         }
     }
     found.sort();
@@ -67,7 +63,16 @@ mod tests {
 
     #[test]
     fn garbage_is_an_error_not_a_panic() {
-        assert!(functions_in(b"\x7fELF garbage that is not an ELF file").is_err());
+        assert!(functions_in(&b"\x7fELF garbage that is not an ELF file"[..]).is_err());
         assert!(cuda_functions(Path::new("/nonexistent/libcuda.so.1")).is_err());
+        assert!(cuda_functions(Path::new("/dev/zero")).is_err_and(|e| e.to_string().contains("not a regular file")));
+    }
+
+    #[test]
+    fn a_truncated_library_is_an_error_not_a_crash() {
+        let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        for cut in [0, 64, exe.len() / 3, exe.len() - 1] {
+            assert!(functions_in(&exe[..cut]).is_err(), "cut at {cut}");
+        }
     }
 }

@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use gpuflame_bpf::{BpfError, CpuSampler, ExecMapping, MappingTable, ProcessEvent, ProcessEventKind, PythonProcess, TableId};
-use gpuflame_pyframes::{find_interpreter, Interpreter, Mapping};
-use gpuflame_symbolizer::MappedFile;
+use gpuflame_pyframes::{find_interpreter_with, Interpreter, Mapping};
+use gpuflame_symbolizer::{MappedFile, ModuleFile};
 use gpuflame_unwind::{load_bias, CompactTable, ElfProbe, ExecutableKey, LoadSegment};
 
 use super::builder::{BuildJob, Built, TableBuilder};
@@ -118,7 +118,13 @@ impl ProcessTracker {
 
     pub fn handle(&mut self, sampler: &mut CpuSampler, event: ProcessEvent) {
         match event.kind {
-            ProcessEventKind::Exec | ProcessEventKind::Unknown | ProcessEventKind::MmapExec => self.refresh(sampler, event.pid),
+            ProcessEventKind::Exec => {
+                // A new program: whatever interpreter ran before is gone.
+                self.pythons.remove(&event.pid);
+                self.python_warned.remove(&event.pid);
+                self.refresh(sampler, event.pid)
+            }
+            ProcessEventKind::Unknown | ProcessEventKind::MmapExec => self.refresh(sampler, event.pid),
             ProcessEventKind::NeedTable { addr } => self.need_table(sampler, event.pid, addr),
             ProcessEventKind::Exit => self.exited(sampler, event.pid),
         }
@@ -149,7 +155,8 @@ impl ProcessTracker {
                         ExecutableKey::File { .. } => None,
                     };
                     let path = PathBuf::from(entry.path.strip_suffix(" (deleted)").unwrap_or(&entry.path));
-                    files.push(MappedFile { start: entry.start, end: entry.end, offset: entry.offset, path, build_id });
+                    let file = open_mapped_file(pid, entry);
+                    files.push(MappedFile { start: entry.start, end: entry.end, offset: entry.offset, path, build_id, file });
                 }
                 keys.push(key.clone());
             }
@@ -497,8 +504,16 @@ impl ProcessTracker {
     /// Finds CPython in the process and tells the walker; a Python it cannot support is profiled
     /// natively, with one warning.
     fn find_python(&mut self, sampler: &mut CpuSampler, pid: u32, entries: &[MapsEntry]) {
+        // Found once per program: an import maps hundreds of extensions, each a refresh, and
+        // finding the interpreter reads megabytes of symbols.
+        if self.pythons.contains_key(&pid) || self.python_warned.contains(&pid) {
+            return;
+        }
         let maps: Vec<Mapping<'_>> = entries.iter().filter(|e| e.path.starts_with('/')).map(|e| Mapping { start: e.start, offset: e.offset, path: &e.path }).collect();
-        let found = find_interpreter(&maps, |addr, len| read_process_memory(pid, addr, len as u64));
+        // The files are read through map_files: the paths are the process's, which in a container
+        // name other files (or none) here.
+        let open = |m: &Mapping<'_>| open_map_file(pid, entries, m.start);
+        let found = find_interpreter_with(&maps, open, |addr, len| read_process_memory(pid, addr, len as u64));
         match found {
             Ok(Some(interp)) => {
                 if self.pythons.get(&pid) == Some(&interp) {
@@ -564,4 +579,21 @@ fn read_process_memory(pid: u32, addr: u64, len: u64) -> Option<Vec<u8>> {
     let mut buf = vec![0; usize::try_from(len).ok()?];
     f.read_exact(&mut buf).ok()?;
     Some(buf)
+}
+
+/// The file behind a mapping, opened now while the process lives, for symbolization later.
+fn open_mapped_file(pid: u32, entry: &MapsEntry) -> Option<std::sync::Arc<ModuleFile>> {
+    match ModuleFile::open_mapping(pid, entry.start, entry.end) {
+        Ok(f) => Some(f),
+        Err(e) => {
+            tracing::debug!(pid, path = %entry.path, error = %e, "cannot open a mapped file");
+            None
+        }
+    }
+}
+
+/// The mapped file that starts at `start`, through /proc/PID/map_files.
+fn open_map_file(pid: u32, entries: &[MapsEntry], start: u64) -> Result<fs::File, gpuflame_elfread::OpenError> {
+    let entry = entries.iter().find(|e| e.start == start).ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))?;
+    gpuflame_elfread::open_regular(std::path::Path::new(&format!("/proc/{pid}/map_files/{:x}-{:x}", entry.start, entry.end)))
 }
