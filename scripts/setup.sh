@@ -1,31 +1,25 @@
 #!/usr/bin/env bash
-# Installs what gpuflame needs to build and test on Debian/Ubuntu, as root; does nothing that is
-# already there, so it is cheap to run before every build.
+# Installs what the tests need on top of what building needs (scripts/setup-build.sh): go (for
+# `go tool pprof`), Debian's CPython 3.13 and 3.14 (from ../shared/tools), py-spy, and numpy for
+# pyenv's Python 3.11. As root; does nothing that is already there.
 set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+"$here/setup-build.sh"
 
 need=()
-for pkg in clang llvm libelf-dev zlib1g-dev pkg-config build-essential golang-go util-linux curl ca-certificates openssl python3 python3-pip binutils; do
+for pkg in golang-go util-linux openssl python3 python3-pip binutils; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
-    if [ "$(id -u)" -ne 0 ]; then
-        echo "setup: missing packages ${need[*]}; run as root to install them" >&2
-        exit 1
-    fi
-    echo "setup: installing ${need[*]}" >&2
+    echo "setup: installing ${need[*]} for the tests" >&2
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
-if ! command -v cargo >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/cargo" ]; then
-    echo "setup: installing the Rust toolchain with rustup" >&2
-    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal >&2
-fi
-
 # Debian's CPython 3.13 and 3.14 builds, which the Python tests profile (bookworm has neither).
 pythons=${GPUFLAME_TEST_PYTHONS:-/opt/gpuflame-pythons}
-get_python="$(cd "$(dirname "$0")/../.." && pwd)/shared/tools/get-python.sh"
+get_python="$(cd "$here/../.." && pwd)/shared/tools/get-python.sh"
 for v in 3.13 3.14; do
     if [ ! -x "$pythons/$v/usr/bin/python$v" ]; then
         if [ ! -f "$get_python" ]; then
@@ -41,4 +35,11 @@ done
 if ! command -v py-spy >/dev/null 2>&1 && [ ! -x /root/.pyenv/shims/py-spy ]; then
     echo "setup: installing py-spy from PyPI" >&2
     python3 -m pip install --quiet py-spy >&2
+fi
+
+# numpy (OpenBLAS kernels without CFI) for pyenv's 3.11, which the stack tests run.
+py311=$(ls -d /root/.pyenv/versions/3.11.*/bin/python3.11 2>/dev/null | sort -V | tail -n 1 || true)
+if [ -n "$py311" ] && ! "$py311" -c "import numpy" >/dev/null 2>&1; then
+    echo "setup: installing numpy for $py311" >&2
+    "$py311" -m pip install --quiet numpy >&2
 fi
