@@ -225,3 +225,37 @@ fn freed_and_reused_code_objects_are_never_misnamed() {
     assert!(wrong.is_empty(), "frames named after another function:\n{}\n{log}", describe(&wrong));
     assert!(distinct.len() >= 20 && named >= 300, "too few generated functions seen ({} functions, {named} samples):\n{}", distinct.len(), describe(&stacks));
 }
+
+#[test]
+fn deep_python_recursion_in_one_eval_call_keeps_its_frames() {
+    require_bpf();
+    let dir = tempfile::tempdir().unwrap();
+    let debian = std::env::var("GPUFLAME_TEST_PYTHONS").unwrap_or_else(|_| "/opt/gpuflame-pythons".into());
+    let mut pythons: Vec<PathBuf> = ["3.12", "3.13"]
+        .iter()
+        .filter_map(|v| {
+            let d = std::fs::read_dir("/root/.pyenv/versions").ok()?;
+            d.flatten().map(|e| e.path()).filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&format!("{v}.")))).max().map(|p| p.join(format!("bin/python{v}")))
+        })
+        .collect();
+    pythons.push(Path::new(&debian).join("3.14/usr/bin/python3.14"));
+    assert_eq!(pythons.len(), 3, "pyenv's 3.12 and 3.13 and Debian's 3.14 are needed: {pythons:?}");
+    let mut failures = Vec::new();
+    for python in &pythons {
+        assert!(python.exists(), "{} is needed (scripts/setup.sh)", python.display());
+        let out = dir.path().join("deep.folded");
+        let script = program("deep_recursion.py");
+        gpuflame_ok(&["record", "-F", "199", "-o", out.to_str().unwrap(), "--", python.to_str().unwrap(), script.to_str().unwrap(), "80", "2"], 0);
+        let stacks = read_folded(&out);
+        let spinning: Vec<&Stack> = stacks.iter().filter(|s| s.user().iter().any(|f| f.starts_with("spin ("))).collect();
+        let all: u64 = spinning.iter().map(|s| s.count).sum();
+        let deep: u64 = spinning.iter().filter(|s| s.user().iter().filter(|f| f.starts_with("recurse (")).count() >= 81).map(|s| s.count).sum();
+        // Before, a stack without any Python frame still counted as complete: none may be.
+        let lost: u64 = stacks.iter().filter(|s| s.user().first() == Some(&"_start") && !s.user().iter().any(|f| f.contains(".py:"))).map(|s| s.count).sum();
+        eprintln!("{}: {deep} of {all} spinning samples with all 81 recurse frames, {lost} complete without Python", python.display());
+        if all < 200 || deep * 100 < all * 95 || lost * 100 > total(&stacks) {
+            failures.push(format!("{}: {deep} of {all} deep, {lost} without Python:\n{}", python.display(), describe(&stacks)));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}

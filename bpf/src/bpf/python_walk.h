@@ -215,26 +215,45 @@ __noinline long py_emit_rest(struct py_walk *w, __u32 pid, __u32 tid, __u32 *fra
 	return 0;
 }
 
-/* The next shim frame from f on, or 0 (none within 64 frames). */
+struct shim_search {
+	__u64 f;
+	__u64 found;
+	__u16 frame_entry;
+	__u16 frame_previous;
+	__u8 owner_cstack;
+};
+
+static long shim_step(__u32 i, void *arg)
+{
+	struct shim_search *s = arg;
+	__u8 owner = 0;
+
+	if (!s->f || bpf_probe_read_user(&owner, sizeof(owner), (void *)(s->f + s->frame_entry)))
+		return 1;
+	if (owner == s->owner_cstack) {
+		s->found = s->f;
+		return 1;
+	}
+	if (bpf_probe_read_user(&s->f, sizeof(s->f), (void *)(s->f + s->frame_previous)))
+		return 1;
+	return 0;
+}
+
+/* The next shim frame from f on, or 0 (none within PY_SHIM_SEARCH frames: one eval-loop call
+ * rarely runs more than a few, but recursion in pure Python runs hundreds in one). */
+#define PY_SHIM_SEARCH 1024
 __noinline __u64 py_find_shim(__u32 pid, __u64 f)
 {
 	struct py_process *p = bpf_map_lookup_elem(&python_processes, &pid);
-	struct py_offsets *o;
-	__u8 owner = 0;
+	struct shim_search s = { .f = f };
 
 	if (!p)
 		return 0;
-	o = &p->o;
-
-	for (int i = 0; i < 64 && f; i++) {
-		if (bpf_probe_read_user(&owner, sizeof(owner), (void *)(f + o->frame_entry)))
-			return 0;
-		if (owner == o->owner_cstack)
-			return f;
-		if (bpf_probe_read_user(&f, sizeof(f), (void *)(f + o->frame_previous)))
-			return 0;
-	}
-	return 0;
+	s.frame_entry = p->o.frame_entry;
+	s.frame_previous = p->o.frame_previous;
+	s.owner_cstack = p->o.owner_cstack;
+	bpf_loop(PY_SHIM_SEARCH, shim_step, &s, 0);
+	return s.found;
 }
 
 /* 3.12+: whether the native frame spanning [sp, cfa) is an eval-loop

@@ -1,0 +1,20 @@
+# Recursion in pure Python: one eval-loop call runs all of these frames (3.11+), far more than
+# a walker that looks only a few dozen frames ahead for the call's end would see.
+import sys
+import time
+
+
+def spin(until):
+    x = 0
+    while time.time() < until:
+        x += 1
+    return x
+
+
+def recurse(n, until):
+    if n == 0:
+        return spin(until)
+    return recurse(n - 1, until) + 1
+
+
+recurse(int(sys.argv[1]), time.time() + float(sys.argv[2]))
