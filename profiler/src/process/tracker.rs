@@ -16,9 +16,11 @@ use gpuflame_unwind::{load_bias, CompactTable, ElfProbe, ExecutableKey, LoadSegm
 use super::builder::{BuildJob, Built, TableBuilder};
 use super::maps::{parse_maps, MapsEntry};
 
-/// Files with at most this much CFI are built as soon as they are seen (~300k rows, tens of ms);
-/// bigger ones (libtorch_cpu.so has ~100 MB) only when a sample needs them.
-const EAGER_CFI_BYTES: u64 = 2 << 20;
+/// Files with at most this much CFI are built as soon as they are seen (~150k rows, ~10 ms: libc,
+/// libstdc++, libpython, a distribution's python executable); bigger ones (OpenBLAS 1.5 MiB,
+/// libtorch_cpu.so 17 MiB) only when a sample needs them, which keeps the builder's CPU off a
+/// `torch` import that maps 71 files.
+const EAGER_CFI_BYTES: u64 = 1 << 20;
 /// A table that found no room is not asked for again before this.
 const NO_ROOM_RETRY: Duration = Duration::from_secs(10);
 /// Tables used this recently are not evicted: they are the working set.
@@ -226,7 +228,7 @@ impl ProcessTracker {
         match exe.state {
             TableState::Unbuilt | TableState::Queued { urgent: false } => {
                 exe.state = TableState::Queued { urgent: true };
-                self.builder.urgent(BuildJob { key, paths: exe.paths.clone(), cfi_bytes: exe.cfi_bytes, image: None });
+                self.builder.urgent(BuildJob { key, paths: exe.paths.clone(), cfi_bytes: exe.cfi_bytes, image: None, urgent: true });
             }
             TableState::Queued { urgent: true } => {}
             // BPF's copy of the process is older than the table: tell it again.
@@ -450,7 +452,7 @@ impl ProcessTracker {
             self.stats.files_without_cfi += 1;
             TableState::NoTable
         } else if probe.cfi_bytes <= EAGER_CFI_BYTES {
-            self.builder.background(BuildJob { key: key.clone(), paths: vec![path.clone()], cfi_bytes: probe.cfi_bytes, image: None });
+            self.builder.background(BuildJob { key: key.clone(), paths: vec![path.clone()], cfi_bytes: probe.cfi_bytes, image: None, urgent: false });
             TableState::Queued { urgent: false }
         } else {
             TableState::Unbuilt
@@ -477,7 +479,7 @@ impl ProcessTracker {
             return Some(key);
         }
         let segments = ElfProbe::segments_of(&data).unwrap_or_default();
-        self.builder.background(BuildJob { key: key.clone(), paths: Vec::new(), cfi_bytes: 0, image: Some(data) });
+        self.builder.background(BuildJob { key: key.clone(), paths: Vec::new(), cfi_bytes: 0, image: Some(data), urgent: false });
         let exe = Executable {
             state: TableState::Queued { urgent: false },
             segments,
