@@ -197,6 +197,11 @@ impl CpuAggregator {
         self.samples
     }
 
+    /// Python frames shown as `[unknown python]`: unreadable, or no longer the code sampled.
+    pub fn unknown_python_frames(&self) -> u64 {
+        self.python.unknown_frames
+    }
+
     /// Forgets processes that are gone (their samples of this window are in `counts` already),
     /// and keeps the symbol caches bounded.
     pub fn forget_exited(&mut self) {

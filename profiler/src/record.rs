@@ -196,6 +196,7 @@ fn record(opts: &RecordOptions, format: Format, outputs: Vec<(ProfileKind, PathB
     let Session { sampler, tracker, mut aggregator, mut cuda, .. } = session;
     drop(sampler);
     let complete = aggregator.complete_fraction();
+    let unknown_python = aggregator.unknown_python_frames();
     let processes = aggregator.processes();
     let samples = aggregator.samples();
     let mut profiles = Vec::new();
@@ -227,7 +228,7 @@ fn record(opts: &RecordOptions, format: Format, outputs: Vec<(ProfileKind, PathB
         if malformed > 0 { format!(", {malformed} malformed records") } else { String::new() },
         written.join(", "),
     );
-    report_unwinding(&counters, &tracker, sampler_capacity);
+    report_unwinding(&counters, &tracker, sampler_capacity, unknown_python);
     if counters.targets_full > 0 {
         tracing::warn!(count = counters.targets_full, "new processes could not be followed: the target map was full");
     }
@@ -240,7 +241,7 @@ fn record(opts: &RecordOptions, format: Format, outputs: Vec<(ProfileKind, PathB
 }
 
 /// Unwind failures by reason, on request (-v), or as a warning when tables could not be loaded.
-fn report_unwinding(counters: &Counters, tracker: &ProcessTracker, capacity: UnwindCapacity) {
+fn report_unwinding(counters: &Counters, tracker: &ProcessTracker, capacity: UnwindCapacity, unknown_python: u64) {
     let u = &counters.unwind;
     tracing::info!(
         no_process = u.no_process,
@@ -256,6 +257,7 @@ fn report_unwinding(counters: &Counters, tracker: &ProcessTracker, capacity: Unw
         scanned_frames = u.scanned_frames,
         python_after_gap = counters.python.after_gap,
         python_truncated = counters.python.truncated,
+        python_unknown_frames = unknown_python,
         kernel_stack_failed = counters.kernel_stack_failed,
         "unwinding"
     );
