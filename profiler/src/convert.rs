@@ -15,8 +15,7 @@ pub fn run(input: &Path, output_path: &Path, format: Option<&str>, frequency_hz:
     }
     let bytes = read_bounded(input).map_err(|e| UserError(format!("cannot read {}: {e}", input.display())))?;
     let period = 1_000_000_000 / frequency_hz as i64;
-    let profile = output::read(&bytes, period).map_err(|e| UserError(format!("{}: {e}", input.display())))?;
-    drop(bytes);
+    let profile = output::read(bytes, period).map_err(|e| UserError(format!("{}: {e}", input.display())))?;
     let out = Output::open(output_path).map_err(|e| UserError(e.to_string()))?;
     let title = format!("gpuflame: {}", input.display());
     if let Err(e) = out.write_with(|w| output::write(&profile, format, &title, w)) {

@@ -101,13 +101,13 @@ pub enum ReadError {
 
 /// Reads pprof (gzipped or not) or folded stacks, telling them apart by content. Folded samples
 /// count `period` nanoseconds each.
-pub fn read(bytes: &[u8], period: i64) -> Result<Profile, ReadError> {
+pub fn read(bytes: Vec<u8>, period: i64) -> Result<Profile, ReadError> {
     if bytes.starts_with(&[0x1f, 0x8b]) {
-        return Ok(pprof::read(bytes)?);
+        return Ok(pprof::read(&bytes)?);
     }
-    match std::str::from_utf8(bytes) {
+    match std::str::from_utf8(&bytes) {
         Ok(text) => Ok(folded::read(text, period)?),
-        Err(_) => Ok(pprof::read(bytes).map_err(|_| ReadError::Unrecognised)?),
+        Err(_) => Ok(pprof::read_owned(bytes).map_err(|_| ReadError::Unrecognised)?),
     }
 }
 

@@ -168,16 +168,22 @@ pub fn read(bytes: &[u8]) -> Result<Profile, PprofError> {
         if raw.len() > MAX_PROFILE_BYTES {
             return Err(PprofError::TooLarge(MAX_PROFILE_BYTES >> 20));
         }
-        pb::Profile::decode(&raw[..])?
+        pb::LazyProfile::decode(bytes::Bytes::from(raw))?
     } else {
-        pb::Profile::decode(bytes)?
+        pb::LazyProfile::decode(bytes::Bytes::copy_from_slice(bytes))?
     };
     decode(message)
 }
 
-/// Takes the message by value so that each sample's vectors are freed as it is converted: a
-/// profile of a million samples is not held twice.
-fn decode(mut p: pb::Profile) -> Result<Profile, PprofError> {
+/// [`read`] of an uncompressed profile that is not copied.
+pub fn read_owned(bytes: Vec<u8>) -> Result<Profile, PprofError> {
+    if bytes.starts_with(&[0x1f, 0x8b]) {
+        return read(&bytes);
+    }
+    decode(pb::LazyProfile::decode(bytes::Bytes::from(bytes))?)
+}
+
+fn decode(mut p: pb::LazyProfile) -> Result<Profile, PprofError> {
     let pb_samples = std::mem::take(&mut p.sample);
     let p = &p;
     let invalid = |what: String| PprofError::Invalid(what);
@@ -231,7 +237,8 @@ fn decode(mut p: pb::Profile) -> Result<Profile, PprofError> {
         locations.insert(l.id, builder.location(&mut profile, location));
     }
     let (pid_key, tid_key, comm_key, device_key) = ("pid", "tid", "comm", "device");
-    for s in pb_samples {
+    for encoded in pb_samples {
+        let s = pb::Sample::decode(encoded)?;
         let stack = s
             .location_id
             .iter()
