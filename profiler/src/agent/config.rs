@@ -255,8 +255,8 @@ impl AgentConfig {
             max_backoff: seconds(args.max_backoff.or(file.max_backoff).unwrap_or(30.0), "max backoff", TIMEOUT_S)?,
             metrics_addr,
             unwind_memory: match args.unwind_memory.or(file.unwind_memory).unwrap_or(gpuflame_bpf::SamplerConfig::DEFAULT_UNWIND_MEMORY >> 20) {
-                m @ 1..=1048576 => m,
-                m => return Err(crate::UserError(format!("unwind_memory {m} MiB is out of range (1 to 1048576)")).into()),
+                m if (1..=crate::cli::MAX_UNWIND_MIB).contains(&m) => m,
+                m => return Err(err(format!("unwind_memory {m} MiB is out of range (1 to {})", crate::cli::MAX_UNWIND_MIB))),
             },
             hostname: match args.hostname.clone().or(file.hostname) {
                 Some(h) => h,
