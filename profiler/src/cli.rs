@@ -7,6 +7,11 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::record::{RecordOptions, DEFAULT_FREQUENCY_HZ};
 
+/// The longest `record -d`: a year. Without -d a recording runs until Ctrl-C.
+pub const MAX_DURATION_S: f64 = 365.0 * 86400.0;
+/// The most kernel memory for unwind tables, in MiB (1 TiB).
+pub const MAX_UNWIND_MIB: u64 = 1 << 20;
+
 #[derive(Parser, Debug)]
 #[command(name = "gpuflame", version, about = "Continuous profiler for AI infrastructure (eBPF): CPU flame graphs of whole machines, processes and commands")]
 pub struct Cli {
@@ -79,7 +84,7 @@ pub struct RecordArgs {
     /// Kernel memory for unwind tables, in MiB (6 bytes per row). Tables load as samples need
     /// them; when the budget is full the least recently used are evicted, and files that still
     /// do not fit are named at the end.
-    #[arg(long, value_name = "MIB", default_value_t = gpuflame_bpf::SamplerConfig::DEFAULT_UNWIND_MEMORY >> 20, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    #[arg(long, value_name = "MIB", default_value_t = gpuflame_bpf::SamplerConfig::DEFAULT_UNWIND_MEMORY >> 20, value_parser = clap::value_parser!(u64).range(1..=MAX_UNWIND_MIB))]
     pub unwind_memory: u64,
     /// The same budget in rows, for tests of a full budget.
     #[arg(long, value_name = "ROWS", hide = true, conflicts_with = "unwind_memory")]
@@ -103,10 +108,16 @@ pub struct RecordArgs {
 impl RecordArgs {
     pub fn options(&self) -> Result<RecordOptions, crate::UserError> {
         let duration = match self.duration {
-            Some(d) if !(d > 0.0 && d.is_finite()) => return Err(crate::UserError(format!("duration {d} is not a positive number of seconds"))),
-            Some(d) => Some(Duration::from_secs_f64(d)),
+            Some(d) => Some(crate::seconds_in(d, "duration", 0.001, MAX_DURATION_S)?),
             None => None,
         };
+        if !(1..=1000).contains(&self.cuda_window_ms) {
+            return Err(crate::UserError(format!("--cuda-window-ms {} is out of range (1 to 1000)", self.cuda_window_ms)));
+        }
+        let max_rows = (MAX_UNWIND_MIB << 20) / gpuflame_bpf::SamplerConfig::BYTES_PER_ROW;
+        if let Some(rows) = self.unwind_rows.filter(|r| !(1..=max_rows).contains(r)) {
+            return Err(crate::UserError(format!("--unwind-rows {rows} is out of range (1 to {max_rows})")));
+        }
         Ok(RecordOptions {
             pids: self.pids.clone(),
             frequency_hz: self.frequency,
@@ -115,12 +126,12 @@ impl RecordArgs {
             format: self.format.clone(),
             command: self.command.clone(),
             unwind_memory: match self.unwind_rows {
-                Some(rows) => rows.saturating_mul(gpuflame_bpf::SamplerConfig::BYTES_PER_ROW),
+                Some(rows) => rows * gpuflame_bpf::SamplerConfig::BYTES_PER_ROW,
                 None => self.unwind_memory << 20,
             },
             profiles: crate::profile_kind::ProfileKind::parse_list(&self.profiles).map_err(crate::UserError)?,
             cuda_exact: self.cuda_exact,
-            cuda_window: Duration::from_millis(self.cuda_window_ms.min(1000)),
+            cuda_window: Duration::from_millis(self.cuda_window_ms),
         })
     }
 }

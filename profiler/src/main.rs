@@ -32,7 +32,7 @@ fn main() -> ExitCode {
                 println!("start the service with {}={}", gpuflame::cuda::injection::INJECTION_VAR, path.display());
                 0
             })
-            .map_err(|e| UserError(format!("cannot write {}: {e}", path.display())).into()),
+            .map_err(|e| UserError(format!("cannot write the CUPTI library: {e}")).into()),
         Command::Convert(args) => {
             convert::run(&args.input, &args.output, args.format.as_deref(), args.frequency).map(|()| 0)
         }

@@ -1,6 +1,5 @@
 //! `gpuflame record`: sample, aggregate, symbolize, write.
 
-use std::fs::{self, File};
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,6 +10,7 @@ use anyhow::Context;
 use gpuflame_bpf::{Counters, Targets, UnwindCapacity};
 
 use crate::output::{self, Format};
+use crate::outfile::{self, Output};
 use crate::process::ProcessTracker;
 use crate::cuda::{human_bytes, injection, Coverage, CudaProfiles, DutyCycle};
 use crate::profile_kind::ProfileKind;
@@ -87,23 +87,25 @@ pub fn run(opts: &RecordOptions) -> anyhow::Result<i32> {
         }
     }
     let opts = &opts;
-    let paths = output_paths(&opts.output, &opts.profiles);
     let mut outputs = Vec::new();
-    for (kind, path) in &paths {
-        let file = File::create(path).map_err(|e| UserError(format!("cannot write the output {}: {e}", path.display())))?;
-        outputs.push((*kind, path.clone(), file));
+    for (kind, path) in output_paths(&opts.output, &opts.profiles) {
+        match Output::open(&path) {
+            Ok(out) => outputs.push((kind, out)),
+            Err(e) => {
+                outputs.into_iter().for_each(|(_, o): (ProfileKind, Output)| o.discard());
+                return Err(UserError(e.to_string()).into());
+            }
+        }
     }
 
-    let result = record(opts, format, outputs);
+    let result = record(opts, format, &outputs);
     if result.is_err() {
-        for (_, path) in &paths {
-            let _ = fs::remove_file(path);
-        }
+        outputs.into_iter().for_each(|(_, o)| o.discard());
     }
     result
 }
 
-fn record(opts: &RecordOptions, format: Format, outputs: Vec<(ProfileKind, PathBuf, File)>) -> anyhow::Result<i32> {
+fn record(opts: &RecordOptions, format: Format, outputs: &[(ProfileKind, Output)]) -> anyhow::Result<i32> {
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = Arc::clone(&stop);
@@ -140,7 +142,7 @@ fn record(opts: &RecordOptions, format: Format, outputs: Vec<(ProfileKind, PathB
                     existing.to_string_lossy()
                 );
             } else {
-                let lib = injection::install_default().context("writing the CUPTI injection library")?;
+                let lib = injection::install_default().map_err(|e| UserError(format!("cannot write the CUPTI injection library: {e}")))?;
                 // Hooked before the command runs: the driver loads it during cuInit and calls it
                 // at once.
                 if let Some(c) = session.cuda.as_mut() {
@@ -209,14 +211,11 @@ fn record(opts: &RecordOptions, format: Format, outputs: Vec<(ProfileKind, PathB
         profiles.push((ProfileKind::Cpu, aggregator.take_profile(opts.frequency_hz, start_wall, duration)));
     }
     let mut written = Vec::new();
-    for (kind, path, out) in outputs {
-        let Some((_, profile)) = profiles.iter().find(|(k, _)| *k == kind) else { continue };
+    for (kind, out) in outputs {
+        let Some((_, profile)) = profiles.iter().find(|(k, _)| k == kind) else { continue };
         let title = format!("gpuflame {kind} profile: {}", describe_targets(opts));
-        let mut writer = BufWriter::new(out);
-        output::write(profile, format, &title, &mut writer)
-            .and_then(|()| std::io::Write::flush(&mut writer))
-            .with_context(|| format!("writing {}", path.display()))?;
-        written.push(path.display().to_string());
+        out.write_with(|w| output::write(profile, format, &title, w)).with_context(|| format!("writing {}", out.path().display()))?;
+        written.push(out.path().display().to_string());
     }
 
     let failed = counters.kernel_stack_failed + counters.user_stack_failed;
@@ -307,11 +306,15 @@ struct OomWriter {
 impl OomWriter {
     fn write_all(&mut self, session: &mut Session, start: SystemTime) {
         for report in std::mem::take(&mut session.ooms) {
-            self.count += 1;
-            let path = with_infix(&self.output, &format!("oom-{}-{}", report.pid, self.count));
             let profile = CudaProfiles::oom_snapshot(&mut session.aggregator, &report, start);
             let title = format!("gpuflame: HBM in use when {} of {} failed in pid {}", report.api.symbol(), human_bytes(report.requested), report.pid);
-            let written = File::create(&path).and_then(|f| {
+            // The process that ran out of memory may have planted a link at its snapshot's
+            // path: never written through, the next number is taken instead.
+            let path_for = |n: u32| with_infix(&self.output, &format!("oom-{}-{n}", report.pid));
+            let mut path = path_for(self.count + 1);
+            let written = outfile::create_next(path_for, self.count + 1).and_then(|(f, p, n)| {
+                self.count = n;
+                path = p;
                 let mut w = BufWriter::new(f);
                 output::write(&profile, self.format, &title, &mut w)?;
                 std::io::Write::flush(&mut w)

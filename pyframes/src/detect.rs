@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use gpuflame_elfread::{consts, open_regular, ElfError, ElfFile, OpenError};
 
-use crate::offsets::PyOffsets;
+use crate::offsets::{DebugOffsetsError, PyOffsets};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PyError {
@@ -18,6 +18,8 @@ pub enum PyError {
     Unsupported(u8, u8),
     #[error("{0} has no _PyRuntime symbol")]
     NoRuntime(String),
+    #[error(transparent)]
+    DebugOffsets(#[from] DebugOffsetsError),
 }
 
 /// The interpreter of one process, with addresses in that process.
@@ -126,9 +128,12 @@ pub fn find_interpreter_with(
     };
     let runtime_addr = runtime.wrapping_add(bias);
     let offsets = if version >= (3, 13) {
-        read_memory(runtime_addr, 0x300)
-            .and_then(|b| PyOffsets::from_debug_offsets(&b))
-            .ok_or(PyError::Unsupported(version.0, version.1))?
+        let header = read_memory(runtime_addr, 0x300).ok_or(PyError::Unsupported(version.0, version.1))?;
+        match PyOffsets::from_debug_offsets(&header) {
+            Ok(o) => o,
+            Err(e @ DebugOffsetsError::Implausible { .. }) => return Err(PyError::DebugOffsets(e)),
+            Err(_) => return Err(PyError::Unsupported(version.0, version.1)),
+        }
     } else {
         *PyOffsets::for_version(version.0, version.1).ok_or(PyError::Unsupported(version.0, version.1))?
     };

@@ -14,5 +14,5 @@ mod unicode;
 
 pub use detect::{find_interpreter, find_interpreter_with, Interpreter, Mapping, PyError};
 pub use linetable::line_for;
-pub use offsets::{FrameEntry, PyOffsets};
+pub use offsets::{DebugOffsetsError, FrameEntry, PyOffsets, MAX_OBJECT_OFFSET, MAX_STRUCT_OFFSET};
 pub use unicode::{decode as decode_str, str_layout, StrLayout};

@@ -51,51 +51,82 @@ impl PyOffsets {
 
     /// Offsets from the `_Py_DebugOffsets` header that 3.13+ put at the start of `_PyRuntime`
     /// (`bytes` from there, at least 0x300 long), for the versions whose header layout is known
-    /// (3.13, 3.14).
-    pub fn from_debug_offsets(bytes: &[u8]) -> Option<PyOffsets> {
-        if bytes.get(..8)? != b"xdebugpy" {
-            return None;
+    /// (3.13, 3.14). The header is in the process's own memory, which the process can write:
+    /// every offset is bounded here, before anything is read or allocated by it.
+    pub fn from_debug_offsets(bytes: &[u8]) -> Result<PyOffsets, DebugOffsetsError> {
+        if bytes.get(..8) != Some(b"xdebugpy".as_slice()) {
+            return Err(DebugOffsetsError::NoCookie);
         }
-        let field = |i: usize| -> Option<usize> {
-            let b = bytes.get(i * 8..i * 8 + 8)?;
-            usize::try_from(u64::from_le_bytes(b.try_into().ok()?)).ok()
+        let field = |i: usize| -> Result<u64, DebugOffsetsError> {
+            let b = bytes.get(i * 8..i * 8 + 8).ok_or(DebugOffsetsError::Short(bytes.len()))?;
+            Ok(u64::from_le_bytes(b.try_into().map_err(|_| DebugOffsetsError::Short(bytes.len()))?))
         };
-        let version = field(1)? as u64;
+        let version = field(1)?;
         let (major, minor) = (((version >> 24) & 0xff) as u8, ((version >> 16) & 0xff) as u8);
-        if (major, minor) < (3, 13) || field(2)? != 0 {
+        if (major, minor) < (3, 13) {
+            return Err(DebugOffsetsError::Version(major, minor));
+        }
+        if field(2)? != 0 {
             // Free-threaded builds lay frames out differently: not supported.
-            return None;
+            return Err(DebugOffsetsError::FreeThreaded);
         }
         // Where each section starts (its `size` field), in u64 words: 3.14 added fields to the
         // interpreter and thread sections, so the later ones moved.
         let (rt, interp, ts, frame, code, ascii_size, cstack) = match minor {
             13 => (3, 6, 19, 28, 34, 70, 3),
             14 => (3, 6, 22, 31, 39, 80, 3),
-            _ => return None,
+            _ => return Err(DebugOffsetsError::Version(major, minor)),
         };
-        let unicode_ascii_size = field(ascii_size)?;
-        Some(PyOffsets {
+        let bounded = |i: usize, name: &'static str, max: usize| -> Result<usize, DebugOffsetsError> {
+            let value = field(i)?;
+            usize::try_from(value).ok().filter(|&v| v <= max).ok_or(DebugOffsetsError::Implausible { name, value, max })
+        };
+        let walked = |i: usize, name| bounded(i, name, MAX_STRUCT_OFFSET);
+        let object = |i: usize, name| bounded(i, name, MAX_OBJECT_OFFSET);
+        let unicode_ascii_size = object(ascii_size, "unicode_object.asciiobject_size")?;
+        Ok(PyOffsets {
             version: (major, minor),
-            runtime_interpreters_head: field(rt + 2)?,
-            interp_threads_head: field(interp + 3)?,
-            tstate_next: field(ts + 2)?,
-            tstate_thread_id: field(ts + 5)?,
-            tstate_frame: field(ts + 4)?,
+            runtime_interpreters_head: walked(rt + 2, "runtime_state.interpreters_head")?,
+            interp_threads_head: walked(interp + 3, "interpreter_state.threads_head")?,
+            tstate_next: walked(ts + 2, "thread_state.next")?,
+            tstate_thread_id: walked(ts + 5, "thread_state.thread_id")?,
+            tstate_frame: walked(ts + 4, "thread_state.current_frame")?,
             cframe_current_frame: None,
-            frame_previous: field(frame + 1)?,
-            frame_code: field(frame + 2)?,
-            frame_instr: field(frame + 3)?,
-            frame_entry: FrameEntry::Owner { offset: field(frame + 5)?, cstack },
-            code_adaptive: Some(field(code + 9)?),
-            code_qualname: Some(field(code + 3)?),
-            code_linetable: field(code + 4)?,
-            code_filename: field(code + 1)?,
-            code_name: field(code + 2)?,
-            code_firstlineno: field(code + 5)?,
+            frame_previous: walked(frame + 1, "interpreter_frame.previous")?,
+            frame_code: walked(frame + 2, "interpreter_frame.executable")?,
+            frame_instr: walked(frame + 3, "interpreter_frame.instr_ptr")?,
+            frame_entry: FrameEntry::Owner { offset: walked(frame + 5, "interpreter_frame.owner")?, cstack },
+            code_adaptive: Some(object(code + 9, "code_object.co_code_adaptive")?),
+            code_qualname: Some(object(code + 3, "code_object.qualname")?),
+            code_linetable: object(code + 4, "code_object.linetable")?,
+            code_filename: object(code + 1, "code_object.filename")?,
+            code_name: object(code + 2, "code_object.name")?,
+            code_firstlineno: object(code + 5, "code_object.firstlineno")?,
             ascii_object_size: unicode_ascii_size,
             compact_object_size: unicode_ascii_size + 16,
         })
     }
+}
+
+/// The most an offset into the structures the BPF walker follows may be: it holds them in 16
+/// bits, u16::MAX meaning none. (3.13's largest is the thread list in PyInterpreterState, 0x1cb0.)
+pub const MAX_STRUCT_OFFSET: usize = u16::MAX as usize - 1;
+/// The most an offset into a code or str object may be: gpuflame reads that much of each code
+/// object it names, and the real ones are under 0x100.
+pub const MAX_OBJECT_OFFSET: usize = 4096;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DebugOffsetsError {
+    #[error("no _Py_DebugOffsets cookie")]
+    NoCookie,
+    #[error("_Py_DebugOffsets cut short at {0} bytes")]
+    Short(usize),
+    #[error("_Py_DebugOffsets of an unknown layout (Python {0}.{1})")]
+    Version(u8, u8),
+    #[error("a free-threaded build")]
+    FreeThreaded,
+    #[error("_Py_DebugOffsets says {name} is at {value:#x}, beyond {max:#x}: corrupt or forged")]
+    Implausible { name: &'static str, value: u64, max: usize },
 }
 
 #[cfg(test)]
@@ -114,6 +145,33 @@ mod tests {
 
     #[test]
     fn debug_offsets_need_the_cookie() {
-        assert!(PyOffsets::from_debug_offsets(&[0; 0x300]).is_none());
+        assert_eq!(PyOffsets::from_debug_offsets(&[0; 0x300]), Err(DebugOffsetsError::NoCookie));
+    }
+
+    /// The layout of a 3.13 header with the offsets CPython 3.13.0 puts there.
+    fn header_3_13() -> Vec<u8> {
+        let mut words = vec![0u64; 0x60];
+        words[0] = u64::from_le_bytes(*b"xdebugpy");
+        words[1] = 0x030d_00f0;
+        for (i, w) in words.iter_mut().enumerate().skip(3).take(70) {
+            *w = 8 * (i as u64 % 30);
+        }
+        words[70] = 0x28;
+        words.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn huge_or_truncated_debug_offsets_are_errors() {
+        let good = header_3_13();
+        let o = PyOffsets::from_debug_offsets(&good).unwrap();
+        assert_eq!((o.version, o.ascii_object_size), ((3, 13), 0x28));
+        // What a process can write into its own header: sizes that would make gpuflame read
+        // (and allocate) a TiB per code object.
+        for (word, value) in [(34 + 1, 1u64 << 40), (70, u64::MAX), (6 + 3, 0x1_0000), (34 + 4, 4097)] {
+            let mut bad = good.clone();
+            bad[word * 8..word * 8 + 8].copy_from_slice(&value.to_le_bytes());
+            assert!(matches!(PyOffsets::from_debug_offsets(&bad), Err(DebugOffsetsError::Implausible { .. })), "word {word} = {value:#x}");
+        }
+        assert_eq!(PyOffsets::from_debug_offsets(&good[..0x100]), Err(DebugOffsetsError::Short(0x100)));
     }
 }

@@ -19,7 +19,8 @@ pub fn str_layout(header: &[u8], o: &PyOffsets) -> Option<StrLayout> {
     let kind = ((state >> 2) & 7) as usize;
     let compact = (state >> 5) & 1 == 1;
     let ascii = (state >> 6) & 1 == 1;
-    if !matches!(kind, 1 | 2 | 4) || length > 1 << 20 {
+    // CPython's bound (PY_SSIZE_T_MAX bytes); readers take only what they need of a long str.
+    if !matches!(kind, 1 | 2 | 4) || length > isize::MAX as usize / kind {
         return None;
     }
     let data_offset = compact.then_some(if ascii { o.ascii_object_size } else { o.compact_object_size });

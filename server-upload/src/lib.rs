@@ -5,8 +5,10 @@
 
 mod proto;
 mod queue;
+mod spool;
 mod uploader;
 
 pub use proto::{LabelPair, PushRequest, RawProfileSeries, RawSample};
 pub use queue::{PushItem, Queue, QueueStats};
+pub use spool::{prepare_spool_dir, SpoolError};
 pub use uploader::{redact_url, Auth, PushConfig, Secret, Uploader, UploadError};

@@ -9,6 +9,8 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
+use crate::spool;
+
 /// One window's push request, encoded.
 #[derive(Debug, Clone)]
 pub struct PushItem {
@@ -115,8 +117,9 @@ impl Queue {
     }
 
     /// Writes every queued item to `dir` (for the next run), returning how many were written.
+    /// `dir` is one that [`crate::prepare_spool_dir`] checked.
     pub fn spool_to(&self, dir: &Path) -> std::io::Result<usize> {
-        fs::create_dir_all(dir)?;
+        spool::create_dir(dir)?;
         let q = self.lock();
         let mut n = 0;
         for item in &q.items {
@@ -125,26 +128,32 @@ impl Queue {
                 continue;
             }
             let path = dir.join(format!("{}-{:08}.pushreq", std::process::id(), item.seq));
-            let tmp = path.with_extension("tmp");
-            fs::write(&tmp, &item.body)?;
-            fs::rename(&tmp, &path)?;
+            spool::write_spooled(&path, &item.body)?;
             n += 1;
         }
         Ok(n)
     }
 
-    /// Queues the items a previous run spooled to `dir`, oldest first. Their files are removed
-    /// once they are delivered.
+    /// Queues the items a previous run spooled to `dir`, oldest first, returning how many. Their
+    /// files are removed once they are delivered. Anything that is not a regular file of this
+    /// user, or is larger than the queue, is skipped with a warning and left where it is.
     pub fn load_spool(&self, dir: &Path, first_seq: &mut u64) -> std::io::Result<usize> {
         let Ok(entries) = fs::read_dir(dir) else { return Ok(0) };
         let mut files: Vec<PathBuf> =
             entries.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|e| e == "pushreq")).collect();
         files.sort();
-        let n = files.len();
+        let mut n = 0;
         for path in files {
-            let body = fs::read(&path)?;
+            let body = match spool::read_spooled(&path, self.capacity) {
+                Ok(body) => body,
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "spool file skipped");
+                    continue;
+                }
+            };
             self.push(PushItem { seq: *first_seq, body, spool_file: Some(path) });
             *first_seq += 1;
+            n += 1;
         }
         Ok(n)
     }

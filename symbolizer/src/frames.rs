@@ -2,7 +2,7 @@ use std::sync::Arc;
 
 use blazesym::symbolize::{CodeInfo, Symbolized};
 
-use crate::demangle::demangle;
+use crate::demangle::{demangle, keep_end};
 
 /// One function in the inline chain of an address.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -31,7 +31,7 @@ impl Symbol {
 
 fn file_of(info: &Option<CodeInfo<'_>>) -> (Option<String>, Option<u32>) {
     match info {
-        Some(ci) => (Some(ci.to_path().display().to_string()), ci.line),
+        Some(ci) => (Some(keep_end(&ci.to_path().to_string_lossy())), ci.line),
         None => (None, None),
     }
 }

@@ -41,9 +41,22 @@ pub struct PythonSymbolizer {
     code_types: HashMap<u32, u64>,
     /// Frames that could not be named (unreadable, or no longer the code object sampled).
     pub unknown_frames: u64,
+    line_table_bytes: usize,
+    /// Code objects whose line table did not fit in [`LINE_TABLES_BUDGET`].
+    pub line_tables_dropped: u64,
 }
 
 const UNREADABLE: &str = "[unknown python]";
+/// The most characters of a name or file name that are read. Profiles keep at most 4096 bytes of
+/// a name, its end (gpuflame's names.rs), so more would only cost memory; and a process can make
+/// names of millions of characters, in as many code objects as it likes.
+pub const MAX_STR_CHARS: usize = 4096;
+/// The most bytes of one line table that are read (real ones are a few KiB).
+const MAX_LINE_TABLE: usize = 1 << 20;
+/// The most bytes of line tables held for all code objects together; past it, frames of new
+/// code objects have no line numbers. Real programs stay far below: a PyTorch training loop
+/// samples a few thousand code objects of a few hundred bytes each.
+const LINE_TABLES_BUDGET: usize = 64 << 20;
 /// Bytes of a PyObject header before ob_type, and of a type object before tp_name.
 const OB_TYPE: u64 = 8;
 const TP_NAME: u64 = 24;
@@ -77,7 +90,14 @@ impl PythonSymbolizer {
     pub fn forget_process(&mut self, pid: u32) {
         self.memory.remove(&pid);
         self.code_types.remove(&pid);
-        self.code.retain(|(p, _, _, _), _| *p != pid);
+        let mut freed = 0;
+        self.code.retain(|(p, _, _, _), code| {
+            if *p == pid {
+                freed += code.as_ref().map_or(0, |c| c.line_table.len());
+            }
+            *p != pid
+        });
+        self.line_table_bytes = self.line_table_bytes.saturating_sub(freed);
     }
 
     fn read(&mut self, pid: u32, addr: u64, len: usize) -> Option<Vec<u8>> {
@@ -94,16 +114,20 @@ impl PythonSymbolizer {
         Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?))
     }
 
+    /// The str at `obj`, at most its last [`MAX_STR_CHARS`] characters, after `…` when cut.
     fn read_str(&mut self, pid: u32, o: &PyOffsets, obj: u64) -> Option<String> {
         let header = self.read(pid, obj, o.compact_object_size + 8)?;
         let layout = str_layout(&header, o)?;
         let data_addr = match layout.data_offset {
-            Some(off) => obj + off as u64,
+            Some(off) => obj.checked_add(off as u64)?,
             // A legacy (non-compact) string keeps its characters behind a pointer.
             None => Self::read_ptr(&header, o.compact_object_size)?,
         };
-        let data = self.read(pid, data_addr, layout.length * layout.kind)?;
-        Some(decode_str(&data, layout.kind))
+        let keep = layout.length.min(MAX_STR_CHARS);
+        let skip = u64::try_from((layout.length - keep).checked_mul(layout.kind)?).ok()?;
+        let data = self.read(pid, data_addr.checked_add(skip)?, keep * layout.kind)?;
+        let text = decode_str(&data, layout.kind);
+        Some(if keep < layout.length { format!("…{text}") } else { text })
     }
 
     /// Whether the object at `addr` is a code object: its type's tp_name is "code".
@@ -139,8 +163,15 @@ impl PythonSymbolizer {
         // The line table is a bytes object: its size at +16, its bytes at +32 in every version.
         let table_ptr = Self::read_ptr(&bytes, o.code_linetable)?;
         let header = self.read(pid, table_ptr, 32)?;
-        let len = usize::try_from(u64::from_le_bytes(header[16..24].try_into().ok()?)).ok()?.min(1 << 20);
-        let line_table = self.read(pid, table_ptr + 32, len)?;
+        let len = usize::try_from(u64::from_le_bytes(header.get(16..24)?.try_into().ok()?)).ok()?.min(MAX_LINE_TABLE);
+        let line_table = if self.line_table_bytes + len <= LINE_TABLES_BUDGET {
+            let table = self.read(pid, table_ptr.checked_add(32)?, len)?;
+            self.line_table_bytes += table.len();
+            table
+        } else {
+            self.line_tables_dropped += 1;
+            Vec::new()
+        };
         Some(Code { function: Arc::from(function), file: Arc::from(file), line_table })
     }
 }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Args;
-use gpuflame_server_upload::{Auth, Secret};
+use gpuflame_server_upload::{prepare_spool_dir, Auth, Secret};
 use regex::Regex;
 use serde::Deserialize;
 
@@ -157,12 +157,15 @@ fn read_secret(path: &Path, what: &str) -> Result<Secret, UserError> {
     Ok(Secret::new(text.trim_end_matches(['\n', '\r'])))
 }
 
-fn seconds(v: f64, what: &str) -> Result<Duration, UserError> {
-    if v > 0.0 && v.is_finite() {
-        Ok(Duration::from_secs_f64(v))
-    } else {
-        Err(err(format!("{what} must be a positive number of seconds, not {v}")))
-    }
+/// Bounds of the time settings, in seconds: a window shorter than 0.1 s pushes more requests
+/// than profiles; an hour is the longest any of them is useful.
+const WINDOW_S: (f64, f64) = (0.1, 3600.0);
+const TIMEOUT_S: (f64, f64) = (0.001, 3600.0);
+/// The queue holds encoded windows in memory: at least one small window, at most 16 GiB.
+const QUEUE_BYTES: (u64, u64) = (1024, 16 << 30);
+
+fn seconds(v: f64, what: &str, (min, max): (f64, f64)) -> Result<Duration, UserError> {
+    crate::seconds_in(v, what, min, max)
 }
 
 impl AgentConfig {
@@ -230,7 +233,7 @@ impl AgentConfig {
         let metrics_addr = args.metrics_addr.clone().or(file.metrics_addr).map(|a| if a.contains(':') { a } else { format!("127.0.0.1:{a}") });
         Ok(AgentConfig {
             server,
-            window: seconds(args.window.or(file.window).unwrap_or(15.0), "window")?,
+            window: seconds(args.window.or(file.window).unwrap_or(15.0), "window", WINDOW_S)?,
             frequency_hz,
             labels,
             service_name_from: args.service_name_from.or(file.service_name_from).unwrap_or(NameFrom::Comm),
@@ -238,14 +241,22 @@ impl AgentConfig {
             tenant_id: args.tenant_id.clone().or(file.tenant_id),
             auth,
             ca_cert: args.ca_cert.clone().or(file.ca_cert),
-            queue_bytes: args.queue_bytes.or(file.queue_bytes).unwrap_or(64 << 20),
-            spool_dir: args.spool_dir.clone().or(file.spool_dir),
-            shutdown_timeout: seconds(args.shutdown_timeout.or(file.shutdown_timeout).unwrap_or(10.0), "shutdown timeout")?,
-            max_backoff: seconds(args.max_backoff.or(file.max_backoff).unwrap_or(30.0), "max backoff")?,
+            queue_bytes: match args.queue_bytes.or(file.queue_bytes).unwrap_or(64 << 20) {
+                b if (QUEUE_BYTES.0..=QUEUE_BYTES.1).contains(&b) => b,
+                b => return Err(err(format!("queue_bytes {b} is out of range ({} to {})", QUEUE_BYTES.0, QUEUE_BYTES.1))),
+            },
+            // Checked (and created) now, so that an unsafe directory is an error at start; from
+            // here on the resolved path is used, not a link that could be re-pointed.
+            spool_dir: match args.spool_dir.clone().or(file.spool_dir) {
+                Some(dir) if !args.print_config => Some(prepare_spool_dir(&dir).map_err(|e| err(e.to_string()))?),
+                other => other,
+            },
+            shutdown_timeout: seconds(args.shutdown_timeout.or(file.shutdown_timeout).unwrap_or(10.0), "shutdown timeout", TIMEOUT_S)?,
+            max_backoff: seconds(args.max_backoff.or(file.max_backoff).unwrap_or(30.0), "max backoff", TIMEOUT_S)?,
             metrics_addr,
             unwind_memory: match args.unwind_memory.or(file.unwind_memory).unwrap_or(gpuflame_bpf::SamplerConfig::DEFAULT_UNWIND_MEMORY >> 20) {
-                m @ 1..=1048576 => m,
-                m => return Err(crate::UserError(format!("unwind_memory {m} MiB is out of range (1 to 1048576)")).into()),
+                m if (1..=crate::cli::MAX_UNWIND_MIB).contains(&m) => m,
+                m => return Err(err(format!("unwind_memory {m} MiB is out of range (1 to {})", crate::cli::MAX_UNWIND_MIB))),
             },
             hostname: match args.hostname.clone().or(file.hostname) {
                 Some(h) => h,
@@ -342,5 +353,14 @@ mod tests {
         assert!(AgentConfig::resolve(&bad).is_err());
         let bad = AgentArgs { window: Some(-1.0), ..Default::default() };
         assert!(AgentConfig::resolve(&bad).is_err());
+        for (args, needle) in [
+            (AgentArgs { window: Some(1e300), ..Default::default() }, "window 1e300 is out of range"),
+            (AgentArgs { shutdown_timeout: Some(f64::INFINITY), ..Default::default() }, "shutdown timeout inf"),
+            (AgentArgs { max_backoff: Some(1e20), ..Default::default() }, "max backoff"),
+            (AgentArgs { queue_bytes: Some(u64::MAX), ..Default::default() }, "queue_bytes"),
+        ] {
+            let e = AgentConfig::resolve(&args).unwrap_err().0;
+            assert!(e.contains(needle), "{e}");
+        }
     }
 }

@@ -83,6 +83,12 @@ pub fn write(profile: &Profile, format: Format, title: &str, out: impl Write) ->
     }
 }
 
+/// The most bytes of a profile that are read, and the most a gzipped pprof may decompress to:
+/// a gzip bomb stops here. 256 MiB is 2.5 times a pprof of a million distinct stacks (100 MiB),
+/// far more than a recording makes; decoding costs up to ~18 times the protobuf's size in memory
+/// (measured with a stack and a leaf location per sample), so this bounds `convert` to a few GiB.
+pub const MAX_PROFILE_BYTES: usize = 256 << 20;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
     #[error(transparent)]
@@ -95,13 +101,13 @@ pub enum ReadError {
 
 /// Reads pprof (gzipped or not) or folded stacks, telling them apart by content. Folded samples
 /// count `period` nanoseconds each.
-pub fn read(bytes: &[u8], period: i64) -> Result<Profile, ReadError> {
+pub fn read(bytes: Vec<u8>, period: i64) -> Result<Profile, ReadError> {
     if bytes.starts_with(&[0x1f, 0x8b]) {
-        return Ok(pprof::read(bytes)?);
+        return Ok(pprof::read(&bytes)?);
     }
-    match std::str::from_utf8(bytes) {
+    match std::str::from_utf8(&bytes) {
         Ok(text) => Ok(folded::read(text, period)?),
-        Err(_) => Ok(pprof::read(bytes).map_err(|_| ReadError::Unrecognised)?),
+        Err(_) => Ok(pprof::read_owned(bytes).map_err(|_| ReadError::Unrecognised)?),
     }
 }
 

@@ -9,6 +9,7 @@ use flate2::Compression;
 use prost::Message;
 
 use super::pprof_proto as pb;
+use super::MAX_PROFILE_BYTES;
 use crate::profile::{Labels, Line, Location, Mapping, Profile, ProfileBuilder, ValueType, KERNEL_MAPPING};
 
 /// Interns strings into a pprof string table, whose entry 0 must be "".
@@ -155,23 +156,36 @@ pub enum PprofError {
     Gzip(#[from] io::Error),
     #[error("invalid pprof profile: {0}")]
     Invalid(String),
+    #[error("decompresses to more than {0} MiB, the most gpuflame reads")]
+    TooLarge(usize),
 }
 
 /// Reads a pprof profile, gzipped or not, with all its sample types.
 pub fn read(bytes: &[u8]) -> Result<Profile, PprofError> {
-    let raw;
-    let bytes = if bytes.starts_with(&[0x1f, 0x8b]) {
-        let mut out = Vec::new();
-        GzDecoder::new(bytes).read_to_end(&mut out)?;
-        raw = out;
-        &raw[..]
+    let message = if bytes.starts_with(&[0x1f, 0x8b]) {
+        let mut raw = Vec::new();
+        GzDecoder::new(bytes).take(MAX_PROFILE_BYTES as u64 + 1).read_to_end(&mut raw)?;
+        if raw.len() > MAX_PROFILE_BYTES {
+            return Err(PprofError::TooLarge(MAX_PROFILE_BYTES >> 20));
+        }
+        pb::LazyProfile::decode(bytes::Bytes::from(raw))?
     } else {
-        bytes
+        pb::LazyProfile::decode(bytes::Bytes::copy_from_slice(bytes))?
     };
-    decode(&pb::Profile::decode(bytes)?)
+    decode(message)
 }
 
-fn decode(p: &pb::Profile) -> Result<Profile, PprofError> {
+/// [`read`] of an uncompressed profile that is not copied.
+pub fn read_owned(bytes: Vec<u8>) -> Result<Profile, PprofError> {
+    if bytes.starts_with(&[0x1f, 0x8b]) {
+        return read(&bytes);
+    }
+    decode(pb::LazyProfile::decode(bytes::Bytes::from(bytes))?)
+}
+
+fn decode(mut p: pb::LazyProfile) -> Result<Profile, PprofError> {
+    let pb_samples = std::mem::take(&mut p.sample);
+    let p = &p;
     let invalid = |what: String| PprofError::Invalid(what);
     let string = |i: i64| -> Result<&str, PprofError> {
         p.string_table.get(usize::try_from(i).unwrap_or(usize::MAX)).map(String::as_str).ok_or_else(|| invalid(format!("string index {i} out of range")))
@@ -223,7 +237,8 @@ fn decode(p: &pb::Profile) -> Result<Profile, PprofError> {
         locations.insert(l.id, builder.location(&mut profile, location));
     }
     let (pid_key, tid_key, comm_key, device_key) = ("pid", "tid", "comm", "device");
-    for s in &p.sample {
+    for encoded in pb_samples {
+        let s = pb::Sample::decode(encoded)?;
         let stack = s
             .location_id
             .iter()
@@ -240,7 +255,7 @@ fn decode(p: &pb::Profile) -> Result<Profile, PprofError> {
                 _ => {}
             }
         }
-        let mut values = s.value.clone();
+        let mut values = s.value;
         values.resize(profile.sample_types.len(), 0);
         builder.add_values(stack, labels, &values);
     }

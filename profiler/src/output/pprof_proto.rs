@@ -34,6 +34,35 @@ pub struct Profile {
     pub default_sample_type: i64,
 }
 
+/// [`Profile`] as it is read: the samples left encoded (views into the buffer read, not
+/// copies), each decoded when it is converted, so that a profile of millions of samples is never
+/// held as messages all at once.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct LazyProfile {
+    #[prost(message, repeated, tag = "1")]
+    pub sample_type: Vec<ValueType>,
+    #[prost(bytes = "bytes", repeated, tag = "2")]
+    pub sample: Vec<bytes::Bytes>,
+    #[prost(message, repeated, tag = "3")]
+    pub mapping: Vec<Mapping>,
+    #[prost(message, repeated, tag = "4")]
+    pub location: Vec<Location>,
+    #[prost(message, repeated, tag = "5")]
+    pub function: Vec<Function>,
+    #[prost(string, repeated, tag = "6")]
+    pub string_table: Vec<String>,
+    #[prost(int64, tag = "9")]
+    pub time_nanos: i64,
+    #[prost(int64, tag = "10")]
+    pub duration_nanos: i64,
+    #[prost(message, optional, tag = "11")]
+    pub period_type: Option<ValueType>,
+    #[prost(int64, tag = "12")]
+    pub period: i64,
+    #[prost(int64, repeated, tag = "13")]
+    pub comment: Vec<i64>,
+}
+
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ValueType {
     #[prost(int64, tag = "1")]
