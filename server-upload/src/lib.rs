@@ -8,5 +8,5 @@ mod queue;
 mod uploader;
 
 pub use proto::{LabelPair, PushRequest, RawProfileSeries, RawSample};
-pub use queue::{PushItem, Queue, QueueStats};
+pub use queue::{DropReason, Next, PushItem, Queue, QueueStats};
 pub use uploader::{redact_url, Auth, PushConfig, Secret, Uploader, UploadError};
