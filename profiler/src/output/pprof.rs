@@ -33,8 +33,28 @@ impl Strings {
     }
 }
 
+/// How sample labels are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LabelStyle {
+    /// The key of the thread name label.
+    pub comm_key: &'static str,
+    /// `device` as a string ("0"): Pyroscope drops numeric sample labels.
+    pub device_as_string: bool,
+}
+
+impl Default for LabelStyle {
+    fn default() -> Self {
+        LabelStyle { comm_key: "comm", device_as_string: false }
+    }
+}
+
 /// Encodes a profile into the uncompressed protobuf message.
 pub fn encode(profile: &Profile) -> pb::Profile {
+    encode_with(profile, LabelStyle::default())
+}
+
+/// Encodes a profile with its sample labels written as `style` says.
+pub fn encode_with(profile: &Profile, style: LabelStyle) -> pb::Profile {
     let mut strings = Strings::new();
     let value_type = |vt: &ValueType, s: &mut Strings| pb::ValueType { r#type: s.id(&vt.kind), unit: s.id(&vt.unit) };
     let sample_type = profile.sample_types.iter().map(|vt| value_type(vt, &mut strings)).collect();
@@ -95,7 +115,8 @@ pub fn encode(profile: &Profile) -> pb::Profile {
         })
         .collect();
 
-    let (pid_key, tid_key, comm_key, device_key) = (strings.id("pid"), strings.id("tid"), strings.id("comm"), strings.id("device"));
+    let (pid_key, tid_key, device_key) = (strings.id("pid"), strings.id("tid"), strings.id("device"));
+    let comm_key = strings.id(style.comm_key);
     let sample = profile
         .samples
         .iter()
@@ -111,7 +132,11 @@ pub fn encode(profile: &Profile) -> pb::Profile {
                 label.push(pb::Label { key: comm_key, str: strings.id(comm), ..Default::default() });
             }
             if let Some(device) = s.labels.device {
-                label.push(pb::Label { key: device_key, num: device.into(), ..Default::default() });
+                label.push(if style.device_as_string {
+                    pb::Label { key: device_key, str: strings.id(&device.to_string()), ..Default::default() }
+                } else {
+                    pb::Label { key: device_key, num: device.into(), ..Default::default() }
+                });
             }
             pb::Sample {
                 // pprof lists the leaf first.
@@ -141,8 +166,13 @@ pub fn encode(profile: &Profile) -> pb::Profile {
 
 /// Writes the gzipped profile.
 pub fn write(profile: &Profile, out: impl Write) -> io::Result<()> {
+    gzip(&encode(profile), out)
+}
+
+/// Writes an encoded profile, gzipped.
+pub fn gzip(profile: &pb::Profile, out: impl Write) -> io::Result<()> {
     let mut gz = GzEncoder::new(out, Compression::default());
-    gz.write_all(&encode(profile).encode_to_vec())?;
+    gz.write_all(&profile.encode_to_vec())?;
     gz.finish()?;
     Ok(())
 }
@@ -222,7 +252,7 @@ fn decode(p: &pb::Profile) -> Result<Profile, PprofError> {
         let location = Location { mapping, address: l.address, kernel, lines };
         locations.insert(l.id, builder.location(&mut profile, location));
     }
-    let (pid_key, tid_key, comm_key, device_key) = ("pid", "tid", "comm", "device");
+    let (pid_key, tid_key, device_key) = ("pid", "tid", "device");
     for s in &p.sample {
         let stack = s
             .location_id
@@ -235,7 +265,8 @@ fn decode(p: &pb::Profile) -> Result<Profile, PprofError> {
             match string(label.key)? {
                 k if k == pid_key => labels.pid = u32::try_from(label.num).ok(),
                 k if k == tid_key => labels.tid = u32::try_from(label.num).ok(),
-                k if k == comm_key => labels.comm = Some(string(label.str)?.to_string()),
+                "comm" | "thread_name" => labels.comm = Some(string(label.str)?.to_string()),
+                k if k == device_key && label.str != 0 => labels.device = string(label.str)?.parse().ok(),
                 k if k == device_key => labels.device = u32::try_from(label.num).ok(),
                 _ => {}
             }
