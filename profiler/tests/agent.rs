@@ -192,7 +192,7 @@ fn server_errors_then_recovery_deliver_every_window_exactly_once() {
     let mut seqs: Vec<u64> = receiver.received().iter().filter(|r| r.labels["service_name"] == "steady").map(|r| window_seq(&r.id)).collect();
     seqs.sort();
     let queued = stats["profiles queued"];
-    assert!(stats["windows"] >= 4, "{stats:?}");
+    assert!(stats["windows"] >= 2, "{stats:?}");
     assert_eq!(stats["pushed"], queued, "every series delivered: {stats:?}");
     assert_eq!(stats["dropped"], 0);
     assert!(stats["retries"] >= 5);
