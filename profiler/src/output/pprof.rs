@@ -332,6 +332,23 @@ mod tests {
     }
 
     #[test]
+    fn device_as_a_string_and_thread_names_read_back() {
+        let mut profile = sample_profile();
+        for s in &mut profile.samples {
+            s.labels.device = Some(3);
+        }
+        let style = LabelStyle { comm_key: "thread_name", device_as_string: true };
+        let p = encode_with(&profile, style);
+        let key = |name: &str| p.string_table.iter().position(|s| s == name).unwrap() as i64;
+        let device = p.sample[0].label.iter().find(|l| l.key == key("device")).unwrap();
+        assert_eq!((device.num, p.string_table[device.str as usize].as_str()), (0, "3"), "a string label, which Pyroscope keeps");
+        assert!(p.sample[0].label.iter().any(|l| l.key == key("thread_name")));
+        let mut bytes = Vec::new();
+        gzip(&p, &mut bytes).unwrap();
+        assert_eq!(read(&bytes).unwrap(), profile);
+    }
+
+    #[test]
     fn garbage_is_an_error() {
         assert!(read(b"definitely not a profile").is_err());
         assert!(read(&[0x1f, 0x8b, 0, 1, 2]).is_err());
