@@ -561,7 +561,7 @@ fn series_refused_with_429_are_retried_alone_bounded_and_never_stored_twice() {
         assert!(r.at < doomed_last, "window {}'s steady series waited for the doomed one's retries", r.id);
         steady.push((window_seq(&r.id), (r.at - first).as_secs_f64(), (doomed_last - doomed_first).as_secs_f64()));
     }
-    steady.sort_by(|a, b| a.0.cmp(&b.0));
+    steady.sort_by_key(|s| s.0);
     assert!(steady.len() as u64 + 1 >= windows && !steady.is_empty(), "{steady:?}");
     eprintln!("windows {windows}; steady (window, stored s after the window's first series, doomed retried over s) {steady:?}; doomed offers {doomed:?}; {stats:?}");
 }

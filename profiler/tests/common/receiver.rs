@@ -66,12 +66,15 @@ pub struct Rejection {
     pub reason: String,
 }
 
+/// A series as offered: its pushed labels and its sample id.
+pub type SeriesKey = (BTreeMap<String, String>, String);
+
 #[derive(Default)]
 struct State {
     received: Vec<Received>,
     rejected: Vec<Rejection>,
     /// Per series (pushed labels and id): how many times it was offered, when first and last.
-    offers: HashMap<(BTreeMap<String, String>, String), (usize, Instant, Instant)>,
+    offers: HashMap<SeriesKey, (usize, Instant, Instant)>,
 }
 
 pub struct Receiver {
@@ -126,7 +129,7 @@ impl Receiver {
     }
 
     /// How many times each series (pushed labels and id) was offered.
-    pub fn offers(&self) -> HashMap<(BTreeMap<String, String>, String), usize> {
+    pub fn offers(&self) -> HashMap<SeriesKey, usize> {
         self.state.lock().unwrap().offers.iter().map(|(k, v)| (k.clone(), v.0)).collect()
     }
 
