@@ -283,6 +283,10 @@ impl AgentConfig {
                 m => return Err(crate::UserError(format!("unwind_memory {m} MiB is out of range (1 to 1048576)")).into()),
             },
             hostname: match args.hostname.clone().or(file.hostname) {
+                // Pyroscope refuses every series whose label value is over the limit.
+                Some(h) if h.is_empty() || h.len() > super::labels::MAX_VALUE_BYTES => {
+                    return Err(err(format!("--hostname must be 1 to {} bytes long", super::labels::MAX_VALUE_BYTES)));
+                }
                 Some(h) => h,
                 None => std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "unknown".into()),
             },
@@ -399,6 +403,8 @@ mod tests {
         assert!(AgentConfig::resolve(&bad).is_err());
         let bad = AgentArgs { labels: vec!["hostname=x".into()], ..Default::default() };
         assert!(AgentConfig::resolve(&bad).unwrap_err().0.contains("hostname is set by the agent"));
+        let bad = AgentArgs { hostname: Some(String::new()), ..Default::default() };
+        assert!(AgentConfig::resolve(&bad).unwrap_err().0.contains("--hostname"));
         let bad = AgentArgs { service_names: vec!["train=".into()], ..Default::default() };
         assert!(AgentConfig::resolve(&bad).unwrap_err().0.contains("empty name"));
         let bad = AgentArgs { window: Some(-1.0), ..Default::default() };
