@@ -319,6 +319,11 @@ impl CpuAggregator {
         b.finish(profile);
     }
 
+    /// The processes sampled, and not yet found to have exited.
+    pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.comms.keys().copied()
+    }
+
     /// Drops the leaf frames that lie in files `drop` names (by file name): the frames of a
     /// library that reports from inside the call it watches.
     pub fn trim_leaf_files(&self, key: &mut StackKey, drop: impl Fn(&str) -> bool) {

@@ -167,7 +167,8 @@ impl Profile {
         out
     }
 
-    fn clone_header(&self) -> Profile {
+    /// A profile of the same types, period and time, without samples.
+    pub fn clone_header(&self) -> Profile {
         Profile {
             sample_types: self.sample_types.clone(),
             period_type: self.period_type.clone(),

@@ -9,6 +9,6 @@ mod spool;
 mod uploader;
 
 pub use proto::{LabelPair, PushRequest, RawProfileSeries, RawSample};
-pub use queue::{PushItem, Queue, QueueStats};
+pub use queue::{DropReason, Next, PushItem, Queue, QueueStats};
 pub use spool::{prepare_spool_dir, SpoolError};
 pub use uploader::{redact_url, Auth, PushConfig, Secret, Uploader, UploadError};

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::queue::{PushItem, Queue};
+use crate::queue::{DropReason, Next, PushItem, Queue};
 
 const PUSH_PATH: &str = "/push.v1.PusherService/Push";
 
@@ -51,6 +51,10 @@ pub struct PushConfig {
     pub request_timeout: Duration,
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
+    /// Attempts of one item that may fail with a retryable answer before it is dropped.
+    pub max_attempts: u32,
+    /// Age (since it was queued) after which a failing item is no longer retried.
+    pub max_age: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -65,8 +69,11 @@ pub enum UploadError {
 
 enum Outcome {
     Delivered,
-    /// Worth trying again: the network, 5xx, 429.
+    /// The server answered that it may take the item later: 5xx, 429.
     Retry(String),
+    /// The server could not be reached or did not answer in time: nothing else would get
+    /// through either, so all items wait.
+    Unreachable(String),
     /// The server refused this request for good (4xx).
     Refused(u16, String),
 }
@@ -102,60 +109,95 @@ impl Uploader {
         Ok(Uploader { client, push_url: format!("{url}{PUSH_PATH}"), config, queue, auth_reported: false })
     }
 
-    /// Delivers queued items in order until `shutdown` carries a deadline and the queue is empty
-    /// or the deadline has passed. Returns how many items were left undelivered.
+    /// Delivers queued items, oldest first, until `shutdown` carries a deadline and the queue is
+    /// empty or the deadline has passed. An item that fails waits out its own backoff while the
+    /// ones behind it go on; it is dropped (counted) after `max_attempts` or `max_age`. Returns
+    /// how many items were left undelivered.
     pub async fn run(mut self, mut shutdown: watch::Receiver<Option<Instant>>) -> usize {
         let stats = Arc::clone(&self.queue.stats);
-        let mut backoff = self.config.backoff_initial;
+        // While the server is unreachable, every item waits, not only the one that failed.
+        let mut unreachable_until: Option<Instant> = None;
+        let mut unreachable_backoff = self.config.backoff_initial;
         loop {
+            let now = Instant::now();
             let deadline = *shutdown.borrow();
             if let Some(d) = deadline {
-                if self.queue.is_empty() || Instant::now() >= d {
+                if self.queue.is_empty() || now >= d {
                     break;
                 }
             }
-            let Some(item) = self.queue.front() else {
-                tokio::select! {
-                    _ = self.queue.notify.notified() => {}
-                    _ = shutdown.changed() => {}
+            let next = match unreachable_until {
+                Some(t) if t > now => Next::WaitUntil(t),
+                _ => self.queue.next(now),
+            };
+            let item = match next {
+                Next::Send(item) => item,
+                Next::Empty => {
+                    tokio::select! {
+                        _ = self.queue.notify.notified() => {}
+                        _ = shutdown.changed() => {}
+                    }
+                    continue;
                 }
-                continue;
+                Next::WaitUntil(t) => {
+                    let until = deadline.map_or(t, |d| t.min(d));
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(until.into()) => {}
+                        _ = self.queue.notify.notified() => {}
+                        _ = shutdown.changed() => {}
+                    }
+                    continue;
+                }
             };
             match self.send(&item).await {
                 Outcome::Delivered => {
                     self.queue.complete(item.seq);
                     stats.pushed.fetch_add(1, Ordering::Relaxed);
-                    backoff = self.config.backoff_initial;
+                    unreachable_backoff = self.config.backoff_initial;
                 }
                 Outcome::Refused(status, body) => {
                     self.queue.complete(item.seq);
                     stats.failed.fetch_add(1, Ordering::Relaxed);
                     self.report_refusal(status, &body);
+                    unreachable_backoff = self.config.backoff_initial;
                 }
                 Outcome::Retry(reason) => {
-                    stats.retries.fetch_add(1, Ordering::Relaxed);
-                    // Jitter spreads the retries of many agents after a server restart.
-                    let wait = backoff.mul_f64(0.5 + fastrand::f64());
-                    tracing::debug!(%reason, wait_ms = wait.as_millis() as u64, "push failed, retrying");
-                    backoff = (backoff * 2).min(self.config.backoff_max);
-                    let sleep = tokio::time::sleep(wait);
-                    tokio::pin!(sleep);
-                    loop {
-                        tokio::select! {
-                            _ = &mut sleep => break,
-                            changed = shutdown.changed() => {
-                                if changed.is_err() { break; }
-                                // On shutdown the remaining wait is cut to the deadline.
-                                if let Some(d) = *shutdown.borrow() {
-                                    if Instant::now() >= d { break; }
-                                }
-                            }
-                        }
-                    }
+                    unreachable_backoff = self.config.backoff_initial;
+                    let wait = self.backoff(item.attempts);
+                    self.retry_or_drop(&item, &reason, wait, true);
+                }
+                Outcome::Unreachable(reason) => {
+                    let wait = jitter(unreachable_backoff);
+                    unreachable_backoff = (unreachable_backoff * 2).min(self.config.backoff_max);
+                    unreachable_until = Some(Instant::now() + wait);
+                    // The item itself was not judged: only its age bounds its wait.
+                    self.retry_or_drop(&item, &reason, wait, false);
                 }
             }
         }
         self.queue.len()
+    }
+
+    /// The wait before the next attempt of an item that failed `attempts` times before.
+    fn backoff(&self, attempts: u32) -> Duration {
+        let b = self.config.backoff_initial.saturating_mul(1u32 << attempts.min(20)).min(self.config.backoff_max);
+        jitter(b)
+    }
+
+    fn retry_or_drop(&self, item: &PushItem, reason: &str, wait: Duration, counts: bool) {
+        let stats = &self.queue.stats;
+        let attempts = item.attempts + u32::from(counts);
+        let age = item.queued_at.elapsed();
+        if counts && attempts >= self.config.max_attempts.max(1) {
+            tracing::warn!(%reason, attempts, "push failed as often as allowed (--max-retries): the profile is dropped");
+            self.queue.give_up(item.seq, DropReason::RetriesExhausted);
+        } else if age + wait >= self.config.max_age {
+            tracing::warn!(%reason, age_s = age.as_secs_f64(), "push failed and the profile is too old to retry (--max-age): dropped");
+            self.queue.give_up(item.seq, DropReason::TooOld);
+        } else if self.queue.retry_later(item.seq, Instant::now() + wait, counts) {
+            stats.retries.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(%reason, attempts, wait_ms = wait.as_millis() as u64, "push failed, will retry");
+        }
     }
 
     fn report_refusal(&mut self, status: u16, body: &str) {
@@ -189,7 +231,7 @@ impl Uploader {
             req = req.header("X-Scope-OrgID", tenant);
         }
         match req.send().await {
-            Err(e) => Outcome::Retry(e.without_url().to_string()),
+            Err(e) => Outcome::Unreachable(e.without_url().to_string()),
             Ok(resp) => {
                 let status = resp.status().as_u16();
                 if resp.status().is_success() {
@@ -202,6 +244,12 @@ impl Uploader {
             }
         }
     }
+}
+
+/// `d` spread over [d/2, 3d/2), so that the retries of many agents after a server restart do not
+/// arrive together.
+fn jitter(d: Duration) -> Duration {
+    d.mul_f64(0.5 + fastrand::f64())
 }
 
 /// The URL without any user:password part, for messages.
@@ -239,6 +287,8 @@ mod tests {
             request_timeout: Duration::from_secs(1),
             backoff_initial: Duration::from_millis(10),
             backoff_max: Duration::from_secs(1),
+            max_attempts: 10,
+            max_age: Duration::from_secs(300),
         };
         let q = Arc::new(Queue::new(10));
         let err = Uploader::new(cfg("http://user:hunter2@host:4040"), Arc::clone(&q)).err().unwrap().to_string();

@@ -10,6 +10,7 @@ use gpuflame_server_upload::{prepare_spool_dir, Auth, Secret};
 use regex::Regex;
 use serde::Deserialize;
 
+use super::series::{DeviceLabel, ThreadNames};
 use super::service::{NameFrom, NameRule};
 use crate::UserError;
 
@@ -85,6 +86,29 @@ pub struct AgentArgs {
     /// Print the effective configuration (secrets redacted) and exit.
     #[arg(long)]
     pub print_config: bool,
+    /// Leave kernel threads out instead of pushing them under the service `kernel`.
+    #[arg(long)]
+    pub no_kernel_threads: bool,
+    /// Where thread names go: a `thread:NAME` root frame, a `thread_name` sample label (which
+    /// Pyroscope turns into a series label), or nowhere [default: frame].
+    #[arg(long, value_enum, env = "GPUFLAME_THREAD_NAMES")]
+    pub thread_names: Option<ThreadNames>,
+    /// Where the GPU of CUDA profiles goes: a `device` series label, or a string sample label
+    /// [default: series].
+    #[arg(long, value_enum, env = "GPUFLAME_DEVICE_LABEL")]
+    pub device_label: Option<DeviceLabel>,
+    /// Keep pid and tid as numeric sample labels (Pyroscope drops them; by default samples that
+    /// differ only by them are merged).
+    #[arg(long)]
+    pub pid_labels: bool,
+    /// Attempts of a push that the server answers with 429 or 5xx before it is dropped (while the
+    /// server cannot be reached, only --max-age bounds the wait)
+    /// [default: 10].
+    #[arg(long, value_name = "N", env = "GPUFLAME_MAX_RETRIES")]
+    pub max_retries: Option<u32>,
+    /// Seconds after which a failing push is no longer retried [default: 300].
+    #[arg(long, value_name = "SECONDS", env = "GPUFLAME_MAX_AGE")]
+    pub max_age: Option<f64>,
 }
 
 #[derive(Deserialize, Default, Debug)]
@@ -113,6 +137,12 @@ struct FileConfig {
     unwind_memory: Option<u64>,
     hostname: Option<String>,
     profiles: Option<String>,
+    kernel_threads: Option<bool>,
+    thread_names: Option<ThreadNames>,
+    device_label: Option<DeviceLabel>,
+    pid_labels: Option<bool>,
+    max_retries: Option<u32>,
+    max_age: Option<f64>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -144,6 +174,12 @@ pub struct AgentConfig {
     pub hostname: String,
     pub profiles: Vec<crate::profile_kind::ProfileKind>,
     pub once: bool,
+    pub kernel_threads: bool,
+    pub thread_names: ThreadNames,
+    pub device_label: DeviceLabel,
+    pub pid_labels: bool,
+    pub max_retries: u32,
+    pub max_age: Duration,
 }
 
 pub const DEFAULT_FREQUENCY_HZ: u64 = 19;
@@ -183,11 +219,7 @@ impl AgentConfig {
             let (k, v) = kv.split_once('=').ok_or_else(|| err(format!("--label {kv:?} is not KEY=VALUE")))?;
             labels.insert(k.to_string(), v.to_string());
         }
-        for reserved in ["service_name", "__name__"] {
-            if labels.contains_key(reserved) {
-                return Err(err(format!("the label {reserved} is set by the agent; use --service-name rules for service names")));
-            }
-        }
+        super::labels::check_user_labels(&labels).map_err(err)?;
         let mut service_names = Vec::new();
         let rules = args
             .service_names
@@ -196,6 +228,9 @@ impl AgentConfig {
             .chain(file.service_names.into_iter().map(|r| Ok((r.pattern, r.name))));
         for rule in rules {
             let (pattern, name) = rule?;
+            if name.trim().is_empty() {
+                return Err(err(format!("service-name rule {pattern:?} gives an empty name")));
+            }
             let pattern = Regex::new(&pattern).map_err(|e| err(format!("service-name pattern {pattern:?}: {e}")))?;
             service_names.push(NameRule { pattern, name });
         }
@@ -259,11 +294,24 @@ impl AgentConfig {
                 m => return Err(err(format!("unwind_memory {m} MiB is out of range (1 to {})", crate::cli::MAX_UNWIND_MIB))),
             },
             hostname: match args.hostname.clone().or(file.hostname) {
+                // Pyroscope refuses every series whose label value is over the limit.
+                Some(h) if h.is_empty() || h.len() > super::labels::MAX_VALUE_BYTES => {
+                    return Err(err(format!("--hostname must be 1 to {} bytes long", super::labels::MAX_VALUE_BYTES)));
+                }
                 Some(h) => h,
                 None => std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "unknown".into()),
             },
             profiles,
             once: args.once,
+            kernel_threads: !args.no_kernel_threads && file.kernel_threads.unwrap_or(true),
+            thread_names: args.thread_names.or(file.thread_names).unwrap_or(ThreadNames::Frame),
+            device_label: args.device_label.or(file.device_label).unwrap_or(DeviceLabel::Series),
+            pid_labels: args.pid_labels || file.pid_labels.unwrap_or(false),
+            max_retries: match args.max_retries.or(file.max_retries).unwrap_or(10) {
+                0 => return Err(err("max_retries must be at least 1 (the first attempt counts)")),
+                n => n,
+            },
+            max_age: seconds(args.max_age.or(file.max_age).unwrap_or(300.0), "max age", (1.0, 86400.0))?,
         })
     }
 
@@ -302,6 +350,19 @@ impl AgentConfig {
         }
         out += &format!("unwind_memory = {}\n", self.unwind_memory);
         out += &format!("hostname = {}\n", q(&self.hostname));
+        out += &format!("kernel_threads = {}\n", self.kernel_threads);
+        out += &format!("thread_names = {}\n", q(match self.thread_names {
+            ThreadNames::Frame => "frame",
+            ThreadNames::Label => "label",
+            ThreadNames::None => "none",
+        }));
+        out += &format!("device_label = {}\n", q(match self.device_label {
+            DeviceLabel::Series => "series",
+            DeviceLabel::Sample => "sample",
+        }));
+        out += &format!("pid_labels = {}\n", self.pid_labels);
+        out += &format!("max_retries = {}\n", self.max_retries);
+        out += &format!("max_age = {}\n", self.max_age.as_secs_f64());
         out += "\n[labels]\n";
         for (k, v) in &self.labels {
             out += &format!("{} = {}\n", q(k), q(v));
@@ -351,6 +412,12 @@ mod tests {
         assert!(AgentConfig::resolve(&bad).unwrap_err().0.contains("KEY=VALUE"));
         let bad = AgentArgs { labels: vec!["service_name=x".into()], ..Default::default() };
         assert!(AgentConfig::resolve(&bad).is_err());
+        let bad = AgentArgs { labels: vec!["hostname=x".into()], ..Default::default() };
+        assert!(AgentConfig::resolve(&bad).unwrap_err().0.contains("hostname is set by the agent"));
+        let bad = AgentArgs { hostname: Some(String::new()), ..Default::default() };
+        assert!(AgentConfig::resolve(&bad).unwrap_err().0.contains("--hostname"));
+        let bad = AgentArgs { service_names: vec!["train=".into()], ..Default::default() };
+        assert!(AgentConfig::resolve(&bad).unwrap_err().0.contains("empty name"));
         let bad = AgentArgs { window: Some(-1.0), ..Default::default() };
         assert!(AgentConfig::resolve(&bad).is_err());
         for (args, needle) in [

@@ -16,6 +16,7 @@ pub struct AgentMetrics {
     pub capacity: UnwindCapacity,
     pub windows: u64,
     pub processes_tracked: usize,
+    pub series: super::series::Stats,
 }
 
 pub fn render(m: &AgentMetrics, q: &QueueStats) -> String {
@@ -47,7 +48,21 @@ pub fn render(m: &AgentMetrics, q: &QueueStats) -> String {
     metric("gpuflame_windows_total", "counter", "Profile windows completed.", &[("", m.windows)]);
     metric("gpuflame_profiles_pushed_total", "counter", "Push requests delivered.", &[("", q.pushed.load(Ordering::Relaxed))]);
     metric("gpuflame_profiles_failed_total", "counter", "Push requests the server refused (4xx).", &[("", q.failed.load(Ordering::Relaxed))]);
-    metric("gpuflame_profiles_dropped_total", "counter", "Push requests dropped: queue bound reached, or undelivered at exit.", &[("", q.dropped.load(Ordering::Relaxed))]);
+    metric("gpuflame_profiles_dropped_total", "counter", "Push requests dropped, all reasons.", &[("", q.dropped.load(Ordering::Relaxed))]);
+    metric(
+        "gpuflame_profiles_dropped_by_reason_total",
+        "counter",
+        "Push requests dropped: queue bound reached, retried as often as allowed, too old to retry, undelivered at exit.",
+        &[
+            ("{reason=\"queue_full\"}", q.dropped_queue_full.load(Ordering::Relaxed)),
+            ("{reason=\"retries_exhausted\"}", q.dropped_retries.load(Ordering::Relaxed)),
+            ("{reason=\"too_old\"}", q.dropped_too_old.load(Ordering::Relaxed)),
+            ("{reason=\"at_exit\"}", q.dropped_at_exit.load(Ordering::Relaxed)),
+        ],
+    );
+    metric("gpuflame_profiles_trimmed_total", "counter", "Profiles that lost their smallest stacks to fit Pyroscope's limits.", &[("", m.series.trimmed_profiles)]);
+    metric("gpuflame_stacks_trimmed_total", "counter", "Stacks merged into one [trimmed] stack to fit Pyroscope's limits.", &[("", m.series.trimmed_stacks)]);
+    metric("gpuflame_kernel_samples_left_out_total", "counter", "Samples of kernel threads left out (--no-kernel-threads).", &[("", m.series.kernel_samples_left_out)]);
     metric("gpuflame_push_retries_total", "counter", "Push attempts that will be retried.", &[("", q.retries.load(Ordering::Relaxed))]);
     metric("gpuflame_queue_bytes", "gauge", "Bytes waiting in the upload queue.", &[("", q.bytes.load(Ordering::Relaxed))]);
     metric("gpuflame_queue_bytes_max", "gauge", "Most bytes the upload queue has held.", &[("", q.max_bytes_seen.load(Ordering::Relaxed))]);

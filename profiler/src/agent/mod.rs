@@ -1,29 +1,31 @@
 //! `gpuflame agent`: profiles the whole machine continuously and pushes every window to
-//! Pyroscope, one series per (service, profile type).
+//! Pyroscope, one series per (service, profile type), each in a request of its own: Pyroscope
+//! stores the series of a request independently, so a request that is refused in part and
+//! resent would store the accepted ones twice.
 
 pub mod config;
+pub mod labels;
 pub mod metrics;
+pub mod series;
 pub mod service;
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 use gpuflame_bpf::Targets;
-use gpuflame_server_upload::{LabelPair, PushConfig, PushItem, PushRequest, Queue, RawProfileSeries, RawSample, Uploader};
+use gpuflame_server_upload::{DropReason, LabelPair, PushConfig, PushItem, PushRequest, Queue, RawProfileSeries, RawSample, Uploader};
 use prost::Message;
 use tokio::sync::watch;
 
-use crate::output::pprof;
-use crate::profile::Profile;
 use crate::cuda::DutyCycle;
 use crate::profile_kind::ProfileKind;
 use crate::session::{CudaOptions, Session, SessionConfig};
 use crate::{preflight, UserError};
 use config::{AgentArgs, AgentConfig};
 use metrics::AgentMetrics;
+use series::Series;
 use service::ServiceNamer;
 
 /// Pyroscope's profile type name of CPU profiles.
@@ -57,6 +59,8 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
         request_timeout: Duration::from_secs(10),
         backoff_initial: Duration::from_millis(500).min(cfg.max_backoff),
         backoff_max: cfg.max_backoff,
+        max_attempts: cfg.max_retries,
+        max_age: cfg.max_age,
     };
     let uploader = Uploader::new(push, Arc::clone(&queue)).map_err(|e| UserError(e.to_string()))?;
     let metrics_listener = match &cfg.metrics_addr {
@@ -100,18 +104,30 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
                 tracing::warn!(profiles = n, dir = %dir.display(), "undelivered profiles spooled for the next run");
             }
             None => {
-                queue.stats.dropped.fetch_add(remaining as u64, Ordering::Relaxed);
-                tracing::warn!(profiles = remaining, "undelivered profiles dropped at exit (set --spool-dir to keep them)");
+                let n = queue.drop_all(DropReason::AtExit);
+                tracing::warn!(profiles = n, "undelivered profiles dropped at exit (set --spool-dir to keep them)");
             }
         }
     }
     let s = &queue.stats;
+    let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    let m = metrics_state.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    // One line, "N what" between commas, so that scripts can read it.
     eprintln!(
-        "gpuflame agent: {windows} windows, {queued} profiles queued, {} pushed, {} failed, {} dropped, {} retries",
-        s.pushed.load(Ordering::Relaxed),
-        s.failed.load(Ordering::Relaxed),
-        s.dropped.load(Ordering::Relaxed),
-        s.retries.load(Ordering::Relaxed)
+        "gpuflame agent: {windows} windows, {queued} profiles queued, {} pushed, {} failed, {} dropped, {} retries, \
+         {} dropped queue full, {} dropped retries exhausted, {} dropped too old, {} dropped at exit, \
+         {} profiles trimmed, {} stacks trimmed, {} kernel samples left out",
+        n(&s.pushed),
+        n(&s.failed),
+        n(&s.dropped),
+        n(&s.retries),
+        n(&s.dropped_queue_full),
+        n(&s.dropped_retries),
+        n(&s.dropped_too_old),
+        n(&s.dropped_at_exit),
+        m.series.trimmed_profiles,
+        m.series.trimmed_stacks,
+        m.series.kernel_samples_left_out,
     );
     Ok(0)
 }
@@ -137,6 +153,15 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
         gpuflame_server_upload::redact_url(&cfg.server)
     );
     let mut namer = ServiceNamer::new(cfg.service_name_from, cfg.service_names.clone());
+    let options = series::Options {
+        thread_names: cfg.thread_names,
+        device: cfg.device_label,
+        pid_labels: cfg.pid_labels,
+        kernel_threads: cfg.kernel_threads,
+        max_samples: series::MAX_SAMPLES,
+        max_bytes: series::MAX_PROFILE_BYTES,
+    };
+    let mut stats = series::Stats::default();
     let hostname = cfg.hostname.clone();
     let run_id = format!("{:x}", SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64));
     let mut windows = 0u64;
@@ -146,6 +171,12 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
     let mut last_metrics = Instant::now();
     loop {
         session.pump(Duration::from_millis(100))?;
+        // Processes are named while they live: a short one is gone by the end of the window.
+        for pid in session.aggregator.pids() {
+            if !namer.knows(pid) {
+                namer.observe(pid);
+            }
+        }
         let stopping = stop.load(Ordering::SeqCst);
         let window_done = window_start.elapsed() >= cfg.window;
         if stopping || window_done || last_metrics.elapsed() >= Duration::from_secs(1) {
@@ -156,6 +187,7 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
             m.capacity = session.sampler.unwind_capacity();
             m.windows = windows;
             m.processes_tracked = session.tracker.processes();
+            m.series = stats;
         }
         if !(stopping || window_done) {
             continue;
@@ -177,13 +209,17 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
         }
         window_start = Instant::now();
         window_wall = SystemTime::now();
+        let id = format!("{run_id}-{windows}");
         windows += 1;
-        let series: Vec<RawProfileSeries> =
-            profiles.iter().flat_map(|(kind, p)| encode_series(p, pyroscope_name(*kind), cfg, &mut namer, &hostname, &format!("{run_id}-{seq}"))).collect();
-        if !series.is_empty() {
-            queue.push(PushItem { seq: *seq, body: PushRequest { series }.encode_to_vec(), spool_file: None });
-            *seq += 1;
+        for (kind, profile) in &profiles {
+            for s in series::split(profile, &mut namer, &options, &mut stats) {
+                if let Some(body) = request(&s, pyroscope_name(*kind), cfg, &hostname, &id) {
+                    queue.push(PushItem::new(*seq, body));
+                    *seq += 1;
+                }
+            }
         }
+        metrics.lock().unwrap_or_else(|p| p.into_inner()).series = stats;
         namer.retain(crate::target::process_alive);
         if stopping || cfg.once {
             return Ok(windows);
@@ -203,35 +239,21 @@ fn pyroscope_name(kind: ProfileKind) -> &'static str {
     }
 }
 
-/// The series of one profile of one window: one per service; none when nothing was sampled.
-fn encode_series(profile: &Profile, name: &str, cfg: &AgentConfig, namer: &mut ServiceNamer, hostname: &str, id: &str) -> Vec<RawProfileSeries> {
-    if profile.samples.is_empty() {
-        return Vec::new();
+/// The push request of one series; none when its labels would have it refused (which the checks
+/// at start and the service names' limits should make impossible).
+fn request(s: &Series, name: &str, cfg: &AgentConfig, hostname: &str, id: &str) -> Option<Vec<u8>> {
+    let mut labels = vec![("__name__".to_string(), name.to_string()), ("service_name".into(), s.service.clone()), ("hostname".into(), hostname.to_string())];
+    if let Some(device) = s.device {
+        labels.push(("device".into(), device.to_string()));
     }
-    let mut service_of: HashMap<(u32, String), String> = HashMap::new();
-    for s in &profile.samples {
-        let pid = s.labels.pid.unwrap_or(0);
-        let comm = s.labels.comm.clone().unwrap_or_default();
-        service_of.entry((pid, comm.clone())).or_insert_with(|| namer.service(pid, &comm));
+    labels.extend(cfg.labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+    if let Err(e) = labels::check_series(&labels) {
+        tracing::warn!(service = %s.service, error = %e, "a series Pyroscope would refuse is left out");
+        return None;
     }
-    let mut services: Vec<&String> = service_of.values().collect();
-    services.sort();
-    services.dedup();
-    let key = |s: &crate::profile::Sample| (s.labels.pid.unwrap_or(0), s.labels.comm.clone().unwrap_or_default());
-    services
-        .into_iter()
-        .map(|service| {
-            let subset = profile.subset(|s| service_of.get(&key(s)) == Some(service));
-            let mut raw = Vec::new();
-            // Writing into a Vec cannot fail.
-            let _ = pprof::write(&subset, &mut raw);
-            let mut labels = vec![
-                LabelPair::new("__name__", name),
-                LabelPair::new("service_name", service.clone()),
-                LabelPair::new("hostname", hostname),
-            ];
-            labels.extend(cfg.labels.iter().map(|(k, v)| LabelPair::new(k.clone(), v.clone())));
-            RawProfileSeries { labels, samples: vec![RawSample { raw_profile: raw, id: id.to_string() }] }
-        })
-        .collect()
+    let series = RawProfileSeries {
+        labels: labels.into_iter().map(|(k, v)| LabelPair::new(k, v)).collect(),
+        samples: vec![RawSample { raw_profile: series::gzip(&s.profile), id: id.to_string() }],
+    };
+    Some(PushRequest { series: vec![series] }.encode_to_vec())
 }

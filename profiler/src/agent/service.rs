@@ -11,7 +11,7 @@ pub const SERVICE_NAME_ENV: &str = "GPUFLAME_SERVICE_NAME";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum NameFrom {
-    /// The command name (comm), as `ps` and `top` show it.
+    /// The command name (comm) of the process's main thread, as `ps` shows it.
     Comm,
     /// The program in the command line (argv[0], its file name), or the script for interpreters.
     Cmdline,
@@ -24,11 +24,55 @@ pub struct NameRule {
     pub name: String,
 }
 
+/// The service that kernel threads (kworker, ksoftirqd, …) are pushed under.
+pub const KERNEL_SERVICE: &str = "kernel";
+
+/// Whose samples these are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owner {
+    /// A process, by its service name.
+    Process(String),
+    /// A kernel thread, or the idle task.
+    Kernel,
+}
+
+/// What the samples of a process say about it, for when /proc no longer does.
+#[derive(Debug, Clone, Copy)]
+pub struct Hint<'a> {
+    /// The comm of its main thread, when a sample of the main thread was taken.
+    pub leader_comm: Option<&'a str>,
+    /// The comm of one of its threads.
+    pub thread_comm: &'a str,
+}
+
+/// The kernel marks its own threads with PF_KTHREAD in the task flags.
+const PF_KTHREAD: u64 = 0x0020_0000;
+
+/// What /proc/PID/stat says of the process (its group leader): a process is the same one while
+/// its start time and command name stay (a new name means exec, a new start time a reused pid).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Stat {
+    comm: String,
+    kernel: bool,
+    start_time: u64,
+}
+
+fn read_stat(pid: u32) -> Option<Stat> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may itself contain spaces and parentheses.
+    let (head, rest) = stat.rsplit_once(')')?;
+    let comm = head.split_once('(')?.1.to_string();
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the name: state ppid pgrp session tty_nr tpgid flags … starttime (the 20th).
+    let flags: u64 = fields.get(6)?.parse().ok()?;
+    let start_time: u64 = fields.get(19)?.parse().ok()?;
+    Some(Stat { comm, kernel: flags & PF_KTHREAD != 0, start_time })
+}
+
 pub struct ServiceNamer {
     from: NameFrom,
     rules: Vec<NameRule>,
-    /// pid → (comm it had, service).
-    cache: HashMap<u32, (String, String)>,
+    cache: HashMap<u32, (Stat, Owner)>,
 }
 
 impl ServiceNamer {
@@ -36,27 +80,50 @@ impl ServiceNamer {
         ServiceNamer { from, rules, cache: HashMap::new() }
     }
 
-    /// The service of process `pid`, whose command name is `comm`. In order: the process's
-    /// GPUFLAME_SERVICE_NAME, the first matching rule, then comm or the command line.
-    pub fn service(&mut self, pid: u32, comm: &str) -> String {
-        if let Some((c, s)) = self.cache.get(&pid) {
-            if c == comm {
-                return s.clone();
-            }
-        }
-        // The service_name label comes from the process's environment or command line, not
-        // only from the already sanitized comm.
-        let service = crate::names::sanitize(&self.resolve(pid, comm)).into_owned();
-        self.cache.insert(pid, (comm.to_string(), service.clone()));
-        service
+    /// Whether `pid` was named already (it may have exec'd since: [`ServiceNamer::observe`]
+    /// tells).
+    pub fn knows(&self, pid: u32) -> bool {
+        self.cache.contains_key(&pid)
     }
 
+    /// Names `pid` from /proc while it lives: once, and again after an exec or a reuse of the
+    /// pid. Called as soon as a process shows in the samples, since short-lived ones are gone by
+    /// the end of the window.
+    pub fn observe(&mut self, pid: u32) {
+        if pid == 0 {
+            return;
+        }
+        let Some(stat) = read_stat(pid) else { return };
+        if self.cache.get(&pid).is_some_and(|(known, _)| *known == stat) {
+            return;
+        }
+        let owner = if stat.kernel { Owner::Kernel } else { Owner::Process(self.resolve(pid, &stat.comm)) };
+        self.cache.insert(pid, (stat, owner));
+    }
+
+    /// The owner of `pid`'s samples: its service (the process's own name, never a thread's,
+    /// unless a rule or its environment says otherwise), or the kernel. A process that exited
+    /// before it could be read is named from its main thread's samples, else from a thread's.
+    pub fn owner(&mut self, pid: u32, hint: Hint<'_>) -> Owner {
+        if pid == 0 {
+            return Owner::Kernel;
+        }
+        self.observe(pid);
+        match self.cache.get(&pid) {
+            Some((_, owner)) => owner.clone(),
+            None => Owner::Process(finish(hint.leader_comm.unwrap_or(hint.thread_comm))),
+        }
+    }
+
+    /// The service of process `pid`, whose main thread's command name is `comm`. In order: the
+    /// process's GPUFLAME_SERVICE_NAME, the first matching rule (unless it expands to nothing),
+    /// then comm or the command line.
     fn resolve(&self, pid: u32, comm: &str) -> String {
         if let Ok(env) = fs::read(format!("/proc/{pid}/environ")) {
             for var in env.split(|&b| b == 0) {
                 if let Some(v) = var.strip_prefix(format!("{SERVICE_NAME_ENV}=").as_bytes()) {
                     if !v.is_empty() {
-                        return String::from_utf8_lossy(v).into_owned();
+                        return finish(&String::from_utf8_lossy(v));
                     }
                 }
             }
@@ -65,22 +132,37 @@ impl ServiceNamer {
             .map(|c| c.split(|&b| b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect::<Vec<_>>())
             .unwrap_or_default();
         let joined = cmdline.join(" ");
-        for rule in &self.rules {
+        if let Some(rule) = self.rules.iter().find(|r| r.pattern.is_match(&joined)) {
+            let mut name = String::new();
             if let Some(caps) = rule.pattern.captures(&joined) {
-                let mut name = String::new();
                 caps.expand(&rule.name, &mut name);
-                return name;
             }
+            if !name.trim().is_empty() {
+                return finish(&name);
+            }
+            // A group that matched nothing: the rule has no name for this process.
+            tracing::debug!(pid, rule = %rule.pattern, "service-name rule expanded to an empty name; using the default");
         }
-        match self.from {
+        finish(&match self.from {
             NameFrom::Comm => comm.to_string(),
             NameFrom::Cmdline => program_name(&cmdline).unwrap_or_else(|| comm.to_string()),
-        }
+        })
     }
 
     /// Forgets processes that exited.
     pub fn retain(&mut self, alive: impl Fn(u32) -> bool) {
         self.cache.retain(|&pid, _| alive(pid));
+    }
+}
+
+/// A service name Pyroscope takes: sanitized like every name, within the label value limit, and
+/// never empty (a process may clear its own comm).
+fn finish(name: &str) -> String {
+    let name = super::labels::fit_value(&crate::names::sanitize(name));
+    if name.is_empty() {
+        "unknown".to_string()
+    } else {
+        name
     }
 }
 
@@ -116,15 +198,40 @@ mod tests {
         assert_eq!(program_name(&[]), None);
     }
 
+    fn service(n: &mut ServiceNamer, pid: u32) -> String {
+        match n.owner(pid, Hint { leader_comm: None, thread_comm: "thread" }) {
+            Owner::Process(s) => s,
+            Owner::Kernel => KERNEL_SERVICE.into(),
+        }
+    }
+
     #[test]
     fn rules_and_env_win_over_comm() {
         let me = std::process::id();
+        let comm = fs::read_to_string(format!("/proc/{me}/comm")).unwrap().trim().to_string();
         let mut n = ServiceNamer::new(NameFrom::Comm, vec![]);
-        assert_eq!(n.service(me, "somecomm"), "somecomm");
+        // The process's own name, whatever thread the test runs on.
+        assert_eq!(service(&mut n, me), comm);
         let rule = NameRule { pattern: Regex::new(r"(gpuflame)").unwrap(), name: "svc-$1".into() };
         let mut n = ServiceNamer::new(NameFrom::Comm, vec![rule]);
         // The test binary's command line contains "gpuflame" (its file name).
-        assert_eq!(n.service(me, "x"), "svc-gpuflame");
+        assert_eq!(service(&mut n, me), "svc-gpuflame");
+        // A group that matched nothing leaves the rule without a name: the default is used.
+        let rule = NameRule { pattern: Regex::new(r"gpuflame(-never-there)?").unwrap(), name: "$1".into() };
+        let mut n = ServiceNamer::new(NameFrom::Comm, vec![rule]);
+        assert_eq!(service(&mut n, me), comm);
+    }
+
+    #[test]
+    fn kernel_threads_and_gone_processes() {
+        let mut n = ServiceNamer::new(NameFrom::Comm, vec![]);
+        // kthreadd is pid 2 on every Linux, unless the test runs in a pid namespace.
+        if fs::read_to_string("/proc/2/comm").is_ok_and(|c| c.trim() == "kthreadd") {
+            assert_eq!(n.owner(2, Hint { leader_comm: None, thread_comm: "kthreadd" }), Owner::Kernel);
+        }
+        assert_eq!(n.owner(0, Hint { leader_comm: None, thread_comm: "swapper/0" }), Owner::Kernel);
+        let gone = Hint { leader_comm: Some("main"), thread_comm: "worker" };
+        assert_eq!(n.owner(u32::MAX - 1, gone), Owner::Process("main".into()));
     }
 
     #[test]
@@ -134,7 +241,7 @@ mod tests {
         let service = (0..200)
             .map(|_| {
                 std::thread::sleep(std::time::Duration::from_millis(10));
-                ServiceNamer::new(NameFrom::Comm, vec![]).service(child.id(), "sleep")
+                service(&mut ServiceNamer::new(NameFrom::Comm, vec![]), child.id())
             })
             .find(|s| s != "sleep");
         let _ = child.kill();

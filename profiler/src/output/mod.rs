@@ -2,7 +2,7 @@
 
 pub mod folded;
 pub mod pprof;
-mod pprof_proto;
+pub mod pprof_proto;
 pub mod svg;
 
 use std::fmt;

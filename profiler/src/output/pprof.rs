@@ -34,8 +34,28 @@ impl Strings {
     }
 }
 
+/// How sample labels are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LabelStyle {
+    /// The key of the thread name label.
+    pub comm_key: &'static str,
+    /// `device` as a string ("0"): Pyroscope drops numeric sample labels.
+    pub device_as_string: bool,
+}
+
+impl Default for LabelStyle {
+    fn default() -> Self {
+        LabelStyle { comm_key: "comm", device_as_string: false }
+    }
+}
+
 /// Encodes a profile into the uncompressed protobuf message.
 pub fn encode(profile: &Profile) -> pb::Profile {
+    encode_with(profile, LabelStyle::default())
+}
+
+/// Encodes a profile with its sample labels written as `style` says.
+pub fn encode_with(profile: &Profile, style: LabelStyle) -> pb::Profile {
     let mut strings = Strings::new();
     let value_type = |vt: &ValueType, s: &mut Strings| pb::ValueType { r#type: s.id(&vt.kind), unit: s.id(&vt.unit) };
     let sample_type = profile.sample_types.iter().map(|vt| value_type(vt, &mut strings)).collect();
@@ -96,7 +116,8 @@ pub fn encode(profile: &Profile) -> pb::Profile {
         })
         .collect();
 
-    let (pid_key, tid_key, comm_key, device_key) = (strings.id("pid"), strings.id("tid"), strings.id("comm"), strings.id("device"));
+    let (pid_key, tid_key, device_key) = (strings.id("pid"), strings.id("tid"), strings.id("device"));
+    let comm_key = strings.id(style.comm_key);
     let sample = profile
         .samples
         .iter()
@@ -112,7 +133,11 @@ pub fn encode(profile: &Profile) -> pb::Profile {
                 label.push(pb::Label { key: comm_key, str: strings.id(comm), ..Default::default() });
             }
             if let Some(device) = s.labels.device {
-                label.push(pb::Label { key: device_key, num: device.into(), ..Default::default() });
+                label.push(if style.device_as_string {
+                    pb::Label { key: device_key, str: strings.id(&device.to_string()), ..Default::default() }
+                } else {
+                    pb::Label { key: device_key, num: device.into(), ..Default::default() }
+                });
             }
             pb::Sample {
                 // pprof lists the leaf first.
@@ -142,8 +167,13 @@ pub fn encode(profile: &Profile) -> pb::Profile {
 
 /// Writes the gzipped profile.
 pub fn write(profile: &Profile, out: impl Write) -> io::Result<()> {
+    gzip(&encode(profile), out)
+}
+
+/// Writes an encoded profile, gzipped.
+pub fn gzip(profile: &pb::Profile, out: impl Write) -> io::Result<()> {
     let mut gz = GzEncoder::new(out, Compression::default());
-    gz.write_all(&encode(profile).encode_to_vec())?;
+    gz.write_all(&profile.encode_to_vec())?;
     gz.finish()?;
     Ok(())
 }
@@ -236,7 +266,7 @@ fn decode(mut p: pb::LazyProfile) -> Result<Profile, PprofError> {
         let location = Location { mapping, address: l.address, kernel, lines };
         locations.insert(l.id, builder.location(&mut profile, location));
     }
-    let (pid_key, tid_key, comm_key, device_key) = ("pid", "tid", "comm", "device");
+    let (pid_key, tid_key, device_key) = ("pid", "tid", "device");
     for encoded in pb_samples {
         let s = pb::Sample::decode(encoded)?;
         let stack = s
@@ -250,7 +280,8 @@ fn decode(mut p: pb::LazyProfile) -> Result<Profile, PprofError> {
             match string(label.key)? {
                 k if k == pid_key => labels.pid = u32::try_from(label.num).ok(),
                 k if k == tid_key => labels.tid = u32::try_from(label.num).ok(),
-                k if k == comm_key => labels.comm = Some(string(label.str)?.to_string()),
+                "comm" | "thread_name" => labels.comm = Some(string(label.str)?.to_string()),
+                k if k == device_key && label.str != 0 => labels.device = string(label.str)?.parse().ok(),
                 k if k == device_key => labels.device = u32::try_from(label.num).ok(),
                 _ => {}
             }
@@ -313,6 +344,23 @@ mod tests {
         let first = p.function.iter().find(|f| f.id == inl.line[0].function_id).unwrap();
         assert_eq!(p.string_table[first.name as usize], "inlined");
         assert_eq!(p.string_table[p.mapping[0].build_id as usize], "abcd");
+    }
+
+    #[test]
+    fn device_as_a_string_and_thread_names_read_back() {
+        let mut profile = sample_profile();
+        for s in &mut profile.samples {
+            s.labels.device = Some(3);
+        }
+        let style = LabelStyle { comm_key: "thread_name", device_as_string: true };
+        let p = encode_with(&profile, style);
+        let key = |name: &str| p.string_table.iter().position(|s| s == name).unwrap() as i64;
+        let device = p.sample[0].label.iter().find(|l| l.key == key("device")).unwrap();
+        assert_eq!((device.num, p.string_table[device.str as usize].as_str()), (0, "3"), "a string label, which Pyroscope keeps");
+        assert!(p.sample[0].label.iter().any(|l| l.key == key("thread_name")));
+        let mut bytes = Vec::new();
+        gzip(&p, &mut bytes).unwrap();
+        assert_eq!(read(&bytes).unwrap(), profile);
     }
 
     #[test]

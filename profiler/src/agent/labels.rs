@@ -1,0 +1,159 @@
+//! Series labels as Pyroscope takes them (pkg/validation/validate.go): the agent's own, the
+//! user's, and the checks that keep a series from being refused with a 400.
+//!
+//! Pyroscope refuses a whole series when one of its labels breaks a rule: a name that is empty,
+//! longer than 1,024 bytes or not a valid name, a value longer than 2,048 bytes, two labels of
+//! the same name, more than 30 names with `__name__`, or no `service_name`. The user's labels
+//! are checked once at start so that the mistake is a clear error, not a stream of refused
+//! pushes; what the agent computes per process (service names) is made to fit.
+
+use std::collections::BTreeMap;
+
+/// Pyroscope's default `validation.max-length-label-name`.
+pub const MAX_NAME_BYTES: usize = 1024;
+/// Pyroscope's default `validation.max-length-label-value`.
+pub const MAX_VALUE_BYTES: usize = 2048;
+/// Pyroscope's default `validation.max-label-names-per-series`, `__name__` included.
+pub const MAX_NAMES: usize = 30;
+
+/// Labels that the agent sets on every series (or may set, like `device`): a user label of the
+/// same name would make every series a duplicate and have it refused.
+pub const RESERVED: &[(&str, &str)] = &[
+    ("__name__", "it names the profile type"),
+    ("service_name", "use --service-name rules or GPUFLAME_SERVICE_NAME in the process's environment"),
+    ("hostname", "use --hostname to change it"),
+    ("device", "the agent sets it on the GPU profiles of each device"),
+    ("thread_name", "the agent sets it with --thread-names label"),
+];
+
+/// How many names the agent itself may put on a series; the user's labels get the rest.
+pub const AGENT_NAMES: usize = 4;
+
+/// Whether `name` is a label name that every Pyroscope version takes as it is: Pyroscope 1.x
+/// wants Prometheus' classic names (`[a-zA-Z_][a-zA-Z0-9_]*`), later versions turn dots into
+/// underscores or take any UTF-8; the classic form is the one that means the same everywhere.
+pub fn valid_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    matches!(bytes.next(), Some(b'a'..=b'z' | b'A'..=b'Z' | b'_')) && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// Checks the user's labels (`--label`, the config file's `[labels]`) as Pyroscope would, and
+/// that they leave the agent's own labels alone.
+pub fn check_user_labels(labels: &BTreeMap<String, String>) -> Result<(), String> {
+    for (name, value) in labels {
+        if let Some((_, hint)) = RESERVED.iter().find(|(r, _)| r == name) {
+            return Err(format!("the label {name} is set by the agent ({hint})"));
+        }
+        if name.is_empty() {
+            return Err("a label needs a name: --label NAME=VALUE".into());
+        }
+        if name.starts_with("__") {
+            return Err(format!("the label name {name:?} is reserved: names that start with __ are Pyroscope's own"));
+        }
+        if name.len() > MAX_NAME_BYTES {
+            return Err(format!("the label name {}… is {} bytes long; Pyroscope takes at most {MAX_NAME_BYTES}", short(name), name.len()));
+        }
+        if !valid_name(name) {
+            return Err(format!("the label name {name:?} is not valid: use letters, digits and _, not starting with a digit"));
+        }
+        if value.is_empty() {
+            return Err(format!("the label {name} has an empty value (Pyroscope would treat it as absent)"));
+        }
+        if value.len() > MAX_VALUE_BYTES {
+            return Err(format!("the value of the label {name} is {} bytes long; Pyroscope takes at most {MAX_VALUE_BYTES}", value.len()));
+        }
+    }
+    if labels.len() + AGENT_NAMES > MAX_NAMES {
+        return Err(format!(
+            "{} labels given; Pyroscope takes {MAX_NAMES} names a series and the agent uses {AGENT_NAMES}, so at most {}",
+            labels.len(),
+            MAX_NAMES - AGENT_NAMES
+        ));
+    }
+    Ok(())
+}
+
+fn short(s: &str) -> String {
+    s.chars().take(40).collect()
+}
+
+/// `value` cut to at most [`MAX_VALUE_BYTES`], at a character boundary, ending in `…` when cut.
+pub fn fit_value(value: &str) -> String {
+    if value.len() <= MAX_VALUE_BYTES {
+        return value.to_string();
+    }
+    const CUT: &str = "…";
+    let mut end = MAX_VALUE_BYTES - CUT.len();
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{CUT}", &value[..end])
+}
+
+/// The first rule of Pyroscope's that `labels` break, if any: the last check before a series is
+/// queued, for labels that come from processes.
+pub fn check_series(labels: &[(String, String)]) -> Result<(), String> {
+    if labels.len() > MAX_NAMES {
+        return Err(format!("{} label names, Pyroscope takes {MAX_NAMES}", labels.len()));
+    }
+    let mut names: Vec<&str> = labels.iter().map(|(n, _)| n.as_str()).collect();
+    names.sort_unstable();
+    if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+        return Err(format!("duplicate label name {}", w[0]));
+    }
+    for (name, value) in labels {
+        if (name != "__name__" && !valid_name(name)) || name.len() > MAX_NAME_BYTES {
+            return Err(format!("invalid label name {:?}", short(name)));
+        }
+        if value.len() > MAX_VALUE_BYTES {
+            return Err(format!("the value of {name} is {} bytes", value.len()));
+        }
+        if name == "service_name" && value.is_empty() {
+            return Err("empty service_name".into());
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
+        kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn user_labels_follow_pyroscopes_rules() {
+        assert!(check_user_labels(&labels(&[("env", "prod"), ("zone_2", "a")])).is_ok());
+        let err = |kv: &[(&str, &str)]| check_user_labels(&labels(kv)).unwrap_err();
+        assert!(err(&[("hostname", "x")]).contains("set by the agent"));
+        assert!(err(&[("service_name", "x")]).contains("set by the agent"));
+        assert!(err(&[("__meta", "x")]).contains("reserved"));
+        assert!(err(&[("2x", "x")]).contains("not valid"));
+        assert!(err(&[("a-b", "x")]).contains("not valid"));
+        assert!(err(&[("a.b", "x")]).contains("not valid"));
+        assert!(err(&[("env", "")]).contains("empty"));
+        assert!(err(&[(&"n".repeat(1025), "x")]).contains("1024"));
+        assert!(err(&[("env", &"v".repeat(2049))]).contains("2048"));
+        let many: Vec<(String, String)> = (0..27).map(|i| (format!("l{i}"), "v".into())).collect();
+        let many: BTreeMap<String, String> = many.into_iter().collect();
+        assert!(check_user_labels(&many).unwrap_err().contains("at most 26"));
+    }
+
+    #[test]
+    fn values_are_cut_to_fit() {
+        assert_eq!(fit_value("svc"), "svc");
+        let long = "é".repeat(2000);
+        let fitted = fit_value(&long);
+        assert!(fitted.len() <= MAX_VALUE_BYTES && fitted.ends_with('…'), "{}", fitted.len());
+    }
+
+    #[test]
+    fn series_checks_catch_duplicates_and_empty_services() {
+        let s = |kv: &[(&str, &str)]| kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<Vec<_>>();
+        assert!(check_series(&s(&[("__name__", "process_cpu"), ("service_name", "a"), ("hostname", "h")])).is_ok());
+        assert!(check_series(&s(&[("service_name", "a"), ("hostname", "h"), ("hostname", "x")])).unwrap_err().contains("duplicate"));
+        assert!(check_series(&s(&[("service_name", "")])).is_err());
+    }
+}

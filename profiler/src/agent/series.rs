@@ -1,0 +1,282 @@
+//! One window's profile cut into the series the agent pushes: one per service (and per device
+//! when asked), with the sample labels Pyroscope keeps and within the limits it enforces.
+//!
+//! Pyroscope turns every string sample label into a series label and drops numeric ones
+//! (pkg/model/pprofsplit, pkg/pprof Normalize). So the thread name is not a label by default
+//! (one series per thread name would follow) but a `thread:NAME` frame at the root of each
+//! stack; pid and tid, which Pyroscope would drop anyway, are merged away unless asked for; and
+//! `device` is written as a string.
+
+use std::collections::HashMap;
+
+use super::service::{Hint, Owner, ServiceNamer, KERNEL_SERVICE};
+use crate::output::pprof::{self, LabelStyle};
+use crate::output::pprof_proto as pb;
+use crate::profile::{Labels, Line, Location, Profile, ProfileBuilder};
+use prost::Message;
+
+/// Pyroscope's default `validation.max-profile-stacktrace-samples`.
+pub const MAX_SAMPLES: usize = 16_000;
+/// Pyroscope's default `validation.max-profile-size-bytes` (of the uncompressed profile).
+pub const MAX_PROFILE_BYTES: usize = 4 << 20;
+
+/// Where thread names go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ThreadNames {
+    /// A `thread:NAME` frame at the root of every stack.
+    Frame,
+    /// A `thread_name` sample label (Pyroscope makes it a series label: one series per name).
+    Label,
+    /// Nowhere.
+    None,
+}
+
+/// Where the GPU of CUDA profiles goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceLabel {
+    /// A `device` series label: one series per service and device.
+    Series,
+    /// A `device` string sample label (Pyroscope turns it into a series label when it ingests).
+    Sample,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    pub thread_names: ThreadNames,
+    pub device: DeviceLabel,
+    /// Keep pid and tid as numeric sample labels (Pyroscope drops them; other readers may not).
+    pub pid_labels: bool,
+    /// Push kernel threads under the service `kernel`; without, their samples are left out.
+    pub kernel_threads: bool,
+    pub max_samples: usize,
+    pub max_bytes: usize,
+}
+
+/// What cutting a window into series did, for the metrics and the exit line.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Stats {
+    /// Profiles that had to lose their smallest stacks to fit Pyroscope's limits.
+    pub trimmed_profiles: u64,
+    /// Stacks merged into one `[trimmed …]` stack for that.
+    pub trimmed_stacks: u64,
+    /// Samples of kernel threads left out (--no-kernel-threads).
+    pub kernel_samples_left_out: u64,
+}
+
+/// One series of one window, encoded (not yet gzipped).
+pub struct Series {
+    pub service: String,
+    /// The device, when it is a series label.
+    pub device: Option<u32>,
+    pub profile: pb::Profile,
+}
+
+/// The label style of pushed profiles.
+pub const STYLE: LabelStyle = LabelStyle { comm_key: "thread_name", device_as_string: true };
+
+/// Cuts `profile` into series; none when nothing was sampled.
+pub fn split(profile: &Profile, namer: &mut ServiceNamer, opts: &Options, stats: &mut Stats) -> Vec<Series> {
+    let mut hints: HashMap<u32, (Option<&str>, &str)> = HashMap::new();
+    for s in &profile.samples {
+        let pid = s.labels.pid.unwrap_or(0);
+        let comm = s.labels.comm.as_deref().unwrap_or("");
+        let hint = hints.entry(pid).or_insert((None, comm));
+        if s.labels.tid == Some(pid) {
+            hint.0 = Some(comm);
+        }
+    }
+    let owners: HashMap<u32, Owner> =
+        hints.into_iter().map(|(pid, (leader_comm, thread_comm))| (pid, namer.owner(pid, Hint { leader_comm, thread_comm }))).collect();
+
+    let mut groups: HashMap<(String, Option<u32>), Group> = HashMap::new();
+    for s in &profile.samples {
+        let service = match &owners[&s.labels.pid.unwrap_or(0)] {
+            Owner::Process(name) => name.clone(),
+            Owner::Kernel if opts.kernel_threads => KERNEL_SERVICE.to_string(),
+            Owner::Kernel => {
+                stats.kernel_samples_left_out += 1;
+                continue;
+            }
+        };
+        let device = if opts.device == DeviceLabel::Series { s.labels.device } else { None };
+        let group = groups.entry((service, device)).or_insert_with(|| Group::new(profile));
+        let thread = s.labels.comm.as_deref().unwrap_or("[unknown]");
+        let mut stack = Vec::with_capacity(s.stack.len() + 1);
+        if opts.thread_names == ThreadNames::Frame {
+            stack.push(group.frame(&format!("thread:{thread}")));
+        }
+        stack.extend(s.stack.iter().map(|&l| group.location(profile, l)));
+        let labels = Labels {
+            pid: s.labels.pid.filter(|_| opts.pid_labels),
+            tid: s.labels.tid.filter(|_| opts.pid_labels),
+            comm: (opts.thread_names == ThreadNames::Label).then(|| thread.to_string()),
+            device: s.labels.device.filter(|_| opts.device == DeviceLabel::Sample),
+        };
+        group.builder.add_values(stack, labels, &s.values);
+    }
+    let mut keys: Vec<(String, Option<u32>)> = groups.keys().cloned().collect();
+    keys.sort();
+    keys.into_iter()
+        .filter_map(|key| {
+            let mut group = groups.remove(&key)?;
+            group.builder.finish(&mut group.profile);
+            let (encoded, trimmed) = fit(&group.profile, opts.max_samples, opts.max_bytes);
+            if trimmed > 0 {
+                stats.trimmed_profiles += 1;
+                stats.trimmed_stacks += trimmed as u64;
+                tracing::debug!(service = %key.0, stacks = group.profile.samples.len(), trimmed, "profile trimmed of its smallest stacks to fit Pyroscope's limits");
+            }
+            Some(Series { service: key.0, device: key.1, profile: encoded })
+        })
+        .collect()
+}
+
+/// The gzipped bytes of an encoded profile.
+pub fn gzip(profile: &pb::Profile) -> Vec<u8> {
+    let mut raw = Vec::new();
+    // Writing into a Vec cannot fail.
+    let _ = pprof::gzip(profile, &mut raw);
+    raw
+}
+
+/// The profile of one series being built, with the window profile's locations it uses.
+struct Group {
+    profile: Profile,
+    builder: ProfileBuilder,
+    locations: HashMap<usize, usize>,
+    frames: HashMap<String, usize>,
+}
+
+impl Group {
+    fn new(window: &Profile) -> Self {
+        Group { profile: window.clone_header(), builder: ProfileBuilder::default(), locations: HashMap::new(), frames: HashMap::new() }
+    }
+
+    fn location(&mut self, window: &Profile, l: usize) -> usize {
+        let (profile, builder) = (&mut self.profile, &mut self.builder);
+        *self.locations.entry(l).or_insert_with(|| {
+            let mut loc = window.locations[l].clone();
+            loc.mapping = loc.mapping.map(|m| builder.mapping(profile, window.mappings[m].clone()));
+            builder.location(profile, loc)
+        })
+    }
+
+    fn frame(&mut self, name: &str) -> usize {
+        if let Some(&l) = self.frames.get(name) {
+            return l;
+        }
+        let l = self.builder.location(&mut self.profile, Location { mapping: None, address: 0, kernel: false, lines: vec![Line::function(name)] });
+        self.frames.insert(name.to_string(), l);
+        l
+    }
+}
+
+/// `profile` encoded within `max_samples` samples and `max_bytes` bytes: when it is larger, its
+/// smallest stacks are merged into one `[trimmed: N smaller stacks]` stack, so that totals stay
+/// right. Returns the encoding and how many stacks were merged.
+pub fn fit(profile: &Profile, max_samples: usize, max_bytes: usize) -> (pb::Profile, usize) {
+    let mut encoded = pprof::encode_with(profile, STYLE);
+    let n = profile.samples.len();
+    let mut keep = n;
+    loop {
+        let size = encoded.encoded_len();
+        if encoded.sample.len() <= max_samples && size <= max_bytes {
+            return (encoded, n - keep);
+        }
+        // One sample of the limit goes to the merged stack; the size shrinks about in
+        // proportion to the samples kept (locations and names go with them).
+        let by_size = (keep as f64 * max_bytes as f64 / size as f64 * 0.9) as usize;
+        let next = keep.min(max_samples.saturating_sub(1)).min(by_size);
+        keep = if next < keep { next } else { keep * 9 / 10 };
+        encoded = pprof::encode_with(&keep_largest(profile, keep), STYLE);
+    }
+}
+
+/// `profile` with only its `keep` largest samples and one more that sums the others.
+fn keep_largest(profile: &Profile, keep: usize) -> Profile {
+    let mut order: Vec<usize> = (0..profile.samples.len()).collect();
+    order.sort_by_key(|&i| (std::cmp::Reverse(profile.samples[i].value().unsigned_abs()), i));
+    let mut out = profile.clone_header();
+    let mut b = ProfileBuilder::default();
+    let mut locations: HashMap<usize, usize> = HashMap::new();
+    for &i in &order[..keep.min(order.len())] {
+        let sample = &profile.samples[i];
+        let stack = sample
+            .stack
+            .iter()
+            .map(|&l| {
+                *locations.entry(l).or_insert_with(|| {
+                    let mut loc = profile.locations[l].clone();
+                    loc.mapping = loc.mapping.map(|m| b.mapping(&mut out, profile.mappings[m].clone()));
+                    b.location(&mut out, loc)
+                })
+            })
+            .collect();
+        b.add_values(stack, sample.labels.clone(), &sample.values);
+    }
+    let rest = &order[keep.min(order.len())..];
+    if !rest.is_empty() {
+        let mut sum = vec![0i64; profile.sample_types.len()];
+        for &i in rest {
+            for (s, v) in sum.iter_mut().zip(&profile.samples[i].values) {
+                *s = s.saturating_add(*v);
+            }
+        }
+        let name = format!("[trimmed: {} smaller stacks]", rest.len());
+        let l = b.location(&mut out, Location { mapping: None, address: 0, kernel: false, lines: vec![Line::function(name)] });
+        b.add_values(vec![l], Labels::default(), &sum);
+    }
+    b.finish(&mut out);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::Mapping;
+
+    /// A CPU profile of `n` distinct stacks of `depth` frames, stack i of weight i + 1.
+    fn many_stacks(n: usize, depth: usize) -> Profile {
+        let mut p = Profile::cpu(100);
+        let mut b = ProfileBuilder::default();
+        let m = b.mapping(&mut p, Mapping { path: "/usr/lib/libbig.so".into(), build_id: None });
+        for i in 0..n {
+            let stack = (0..depth)
+                .map(|d| {
+                    let name = if d + 1 == depth { format!("leaf_{i}") } else { format!("frame_{d}_{}", i % 7) };
+                    let loc = Location { mapping: Some(m), address: (i * depth + d) as u64, kernel: false, lines: vec![Line::function(name)] };
+                    b.location(&mut p, loc)
+                })
+                .collect();
+            b.add(stack, Labels { pid: Some(1), tid: Some(1), comm: Some("t".into()), device: None }, (i as i64 + 1) * p.period);
+        }
+        b.finish(&mut p);
+        p
+    }
+
+    #[test]
+    fn thirty_thousand_stacks_are_trimmed_to_the_limits_and_keep_the_total() {
+        let p = many_stacks(30_000, 12);
+        let (encoded, trimmed) = fit(&p, MAX_SAMPLES, MAX_PROFILE_BYTES);
+        assert!(encoded.sample.len() <= MAX_SAMPLES, "{} samples", encoded.sample.len());
+        assert!(encoded.encoded_len() <= MAX_PROFILE_BYTES);
+        assert_eq!(trimmed, 30_000 - (encoded.sample.len() - 1));
+        let total: i64 = encoded.sample.iter().map(|s| s.value[0]).sum();
+        assert_eq!(total, p.total(), "the trimmed stacks' time is kept in one stack");
+        // The largest stacks are the ones kept.
+        let smallest_kept = encoded.sample.iter().filter(|s| s.location_id.len() > 1).map(|s| s.value[0]).min().unwrap();
+        assert_eq!(smallest_kept, (trimmed as i64 + 1) * p.period);
+    }
+
+    #[test]
+    fn the_byte_limit_trims_too() {
+        let p = many_stacks(2_000, 40);
+        let (full, trimmed) = fit(&p, MAX_SAMPLES, usize::MAX);
+        assert_eq!(trimmed, 0);
+        let limit = full.encoded_len() / 3;
+        let (small, trimmed) = fit(&p, MAX_SAMPLES, limit);
+        assert!(small.encoded_len() <= limit && trimmed > 0, "{} bytes, {trimmed} trimmed", small.encoded_len());
+    }
+}
