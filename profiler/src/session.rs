@@ -12,7 +12,7 @@ use crate::process::ProcessTracker;
 use crate::UserError;
 
 /// How long a session waits for the tables of small files before sampling starts.
-const PRELOAD_WAIT: Duration = Duration::from_millis(300);
+const PRELOAD_WAIT: Duration = Duration::from_millis(1000);
 /// How often the event loop looks for finished tables while some are being built.
 const TABLE_POLL: Duration = Duration::from_millis(10);
 

@@ -118,6 +118,20 @@ impl TableBuilder {
         self.shared.1.notify_one();
     }
 
+    /// Makes everything queued urgent: at the start of a session the targets' tables are what
+    /// the first samples need, and are worth the CPU at normal priority.
+    pub fn promote_all(&self) {
+        let mut q = self.queue();
+        let waiting: Vec<(u64, u64)> = std::mem::take(&mut q.background).into_iter().collect();
+        for (_, seq) in waiting {
+            if let Some(mut job) = q.jobs.get_mut(seq as usize).and_then(Option::take) {
+                job.urgent = true;
+                q.urgent.push_back(job);
+            }
+        }
+        self.shared.1.notify_one();
+    }
+
     /// Tables built since the last call.
     pub fn finished(&self) -> Vec<Built> {
         self.results.try_iter().collect()

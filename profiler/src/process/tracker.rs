@@ -250,6 +250,7 @@ impl ProcessTracker {
 
     /// Waits up to `timeout` for the tables queued so far, loading each as it comes.
     pub fn wait_for_tables(&mut self, sampler: &mut CpuSampler, timeout: Duration) {
+        self.builder.promote_all();
         let deadline = Instant::now() + timeout;
         while self.builder.busy() {
             let left = deadline.saturating_duration_since(Instant::now());
