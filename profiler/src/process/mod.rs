@@ -2,6 +2,7 @@
 
 mod builder;
 mod maps;
+mod procfs;
 mod tracker;
 
 pub use maps::{parse_maps, MapsEntry};

@@ -10,11 +10,12 @@ use std::time::{Duration, Instant};
 
 use gpuflame_bpf::{BpfError, CpuSampler, ExecMapping, MappingTable, ProcessEvent, ProcessEventKind, PythonProcess, TableId};
 use gpuflame_pyframes::{find_interpreter_with, Interpreter, Mapping};
-use gpuflame_symbolizer::{MappedFile, ModuleFile};
+use gpuflame_symbolizer::MappedFile;
 use gpuflame_unwind::{load_bias, CompactTable, ElfProbe, ExecutableKey, LoadSegment};
 
 use super::builder::{BuildJob, Built, TableBuilder};
 use super::maps::{parse_maps, MapsEntry};
+use super::procfs::{monotonic_ns, open_map_file, open_mapped_file, read_process_memory};
 
 /// Files with at most this much CFI are built as soon as they are seen (~150k rows, ~10 ms: libc,
 /// libstdc++, libpython, a distribution's python executable); bigger ones (OpenBLAS 1.5 MiB,
@@ -33,7 +34,7 @@ enum TableState {
     /// Not built: built when a sample asks.
     Unbuilt,
     Queued { urgent: bool },
-    Loaded { id: TableId, rows: usize },
+    Loaded(TableId),
     /// No unwind information: callers are found by frame pointer or stack scan.
     NoTable,
 }
@@ -190,7 +191,7 @@ impl ProcessTracker {
                 let exe = key.as_ref().and_then(|k| self.executables.get(k));
                 let bias = exe.and_then(|e| load_bias(&e.segments, entry.start, entry.offset));
                 let table = match (exe.map(|e| e.state), bias) {
-                    (Some(TableState::Loaded { id, .. }), Some(_)) => MappingTable::Loaded(id),
+                    (Some(TableState::Loaded(id)), Some(_)) => MappingTable::Loaded(id),
                     (Some(TableState::Unbuilt | TableState::Queued { .. }), Some(_)) => MappingTable::Pending,
                     _ => MappingTable::None,
                 };
@@ -287,7 +288,7 @@ impl ProcessTracker {
                         self.stats.first_demanded_table = Some(self.started.elapsed());
                     }
                     tracing::debug!(file = %self.executables[&built.key].name, rows = table.len(), ms = built.elapsed.as_millis() as u64, urgent, "unwind table loaded");
-                    TableState::Loaded { id, rows: table.len() }
+                    TableState::Loaded(id)
                 }
                 None => TableState::Unbuilt,
             },
@@ -342,7 +343,7 @@ impl ProcessTracker {
             .iter()
             .filter(|(k, _)| *k != except)
             .filter_map(|(k, e)| match e.state {
-                TableState::Loaded { id, .. } => Some((sampler.table_last_used(id), k)),
+                TableState::Loaded(id) => Some((sampler.table_last_used(id), k)),
                 _ => None,
             })
             .filter(|&(used, _)| now.saturating_sub(used) > WORKING_SET.as_nanos() as u64)
@@ -352,7 +353,7 @@ impl ProcessTracker {
 
     fn evict_for_room(&mut self, sampler: &mut CpuSampler, key: &ExecutableKey) {
         let Some(exe) = self.executables.get_mut(key) else { return };
-        if let TableState::Loaded { id, .. } = exe.state {
+        if let TableState::Loaded(id) = exe.state {
             if let Err(e) = sampler.remove_table(id) {
                 tracing::warn!(error = %e, "cannot evict an unwind table");
             }
@@ -397,7 +398,7 @@ impl ProcessTracker {
             let Some(exe) = self.executables.get_mut(key) else { continue };
             exe.users.remove(&pid);
             if exe.users.is_empty() {
-                if let TableState::Loaded { id, .. } = exe.state {
+                if let TableState::Loaded(id) = exe.state {
                     if let Err(e) = sampler.remove_table(id) {
                         tracing::warn!(error = %e, "cannot evict an unwind table");
                     }
@@ -563,40 +564,4 @@ impl ProcessTracker {
     pub fn processes(&self) -> usize {
         self.processes.len()
     }
-}
-
-/// CLOCK_MONOTONIC in ns: the clock of bpf_ktime_get_ns(), which stamps the tables' use.
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: ts is a valid timespec for the call to fill.
-    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) } != 0 {
-        return 0;
-    }
-    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
-}
-
-fn read_process_memory(pid: u32, addr: u64, len: u64) -> Option<Vec<u8>> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut f = fs::File::open(format!("/proc/{pid}/mem")).ok()?;
-    f.seek(SeekFrom::Start(addr)).ok()?;
-    let mut buf = vec![0; usize::try_from(len).ok()?];
-    f.read_exact(&mut buf).ok()?;
-    Some(buf)
-}
-
-/// The file behind a mapping, opened now while the process lives, for symbolization later.
-fn open_mapped_file(pid: u32, entry: &MapsEntry) -> Option<std::sync::Arc<ModuleFile>> {
-    match ModuleFile::open_mapping(pid, entry.start, entry.end) {
-        Ok(f) => Some(f),
-        Err(e) => {
-            tracing::debug!(pid, path = %entry.path, error = %e, "cannot open a mapped file");
-            None
-        }
-    }
-}
-
-/// The mapped file that starts at `start`, through /proc/PID/map_files.
-fn open_map_file(pid: u32, entries: &[MapsEntry], start: u64) -> Result<fs::File, gpuflame_elfread::OpenError> {
-    let entry = entries.iter().find(|e| e.start == start).ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))?;
-    gpuflame_elfread::open_regular(std::path::Path::new(&format!("/proc/{pid}/map_files/{:x}-{:x}", entry.start, entry.end)))
 }
