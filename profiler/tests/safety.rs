@@ -36,12 +36,12 @@ fn assert_untouched(victim: &Path) {
 }
 
 /// Row 1: another user made /tmp/gpuflame-VERSION (the old fixed directory) with a library of
-/// theirs and a `.so.tmp` link to a root file. Run in a mount namespace with a /tmp of its own,
-/// so that no other test or recording on the machine sees the planted directory.
+/// theirs and a `.so.tmp` link to a root file. The directory is a tmpfs of that user's mounted in
+/// a mount namespace of the test's own, so that no other test or recording on the machine sees
+/// what is planted (and /tmp itself, where a clone's binaries may live, stays visible).
 #[test]
 fn the_cupti_library_comes_from_a_directory_only_root_can_write() {
     require_bpf();
-    // Outside /tmp: the namespace mounts an empty /tmp.
     let fixture = tempfile::Builder::new().prefix("gpuflame-cupti-").tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     chmod(fixture.path(), 0o755);
     let dir = fixture.path();
@@ -53,13 +53,13 @@ fn the_cupti_library_comes_from_a_directory_only_root_can_write() {
     let victim = victim(dir);
     let planted = format!("/tmp/gpuflame-{}", env!("CARGO_PKG_VERSION"));
     let plant = format!(
-        "mkdir -m 777 {planted} && cp {evil} {planted}/libgpuflame_cupti.so && ln -s {victim} {planted}/libgpuflame_cupti.so.tmp",
+        "cp {evil} {planted}/libgpuflame_cupti.so && ln -s {victim} {planted}/libgpuflame_cupti.so.tmp",
         evil = dir.join("evil.so").display(),
         victim = victim.display()
     );
     let out = dir.join("g.folded");
     let script = format!(
-        "mount -t tmpfs tmpfs /tmp && setpriv {nobody} sh -c '{plant}' && exec \"$@\"",
+        "mkdir -p {planted} && mount -t tmpfs -o mode=0777,uid=65534,gid=65534 tmpfs {planted} && setpriv {nobody} sh -c '{plant}' && exec \"$@\"",
         nobody = NOBODY.join(" ")
     );
     let cupti = dir.join("libcupti.so.13");
@@ -69,6 +69,8 @@ fn the_cupti_library_comes_from_a_directory_only_root_can_write() {
         &["unshare", "--mount", "--propagation", "private", "sh", "-c", &script, "sh"],
         &["record", "--profiles", "gpu-time", "--cuda-exact", "-o", out.to_str().unwrap(), "--", "env", &format!("GPUFLAME_CUPTI_PATH={}", cupti.display()), "sh", "-c", show, app.to_str().unwrap()],
     );
+    // The empty mount point, if the test made it, is not left in the real /tmp.
+    let _ = fs::remove_dir(&planted);
     assert_eq!(run.code, 0, "{}", run.context());
     assert_untouched(&victim);
     assert!(!marker.exists(), "the command loaded the library another user planted");
