@@ -472,6 +472,8 @@ def metrics(samples, tool):
         "samples": n,
         "samples_all": total_all,
         "train_step": share(lambda k, fr: any(f == "train_step" or f.startswith("train_step (") for f in fr)),
+        # Any frame of the script itself: during `import torch` that is `<module> (torch_train.py:N)`.
+        "script": share(lambda k, fr: any("(torch_train.py:" in f for f in fr)),
         "complete": share(lambda k, fr: is_complete(fr, k, tool)),
         "truncated": share(lambda k, fr: bool(fr) and fr[0] == TRUNCATED),
         "one_frame": share(lambda k, fr: len(user_frames(fr)) <= 1),
@@ -651,6 +653,7 @@ def analyze(d):
     lines.append("|---|" + "---|" * len(cols))
     lines.append(row("samples (main thread)", samples_cell))
     lines.append(row("with the script's Python frames (`train_step`)", lambda c: _pct(m(c, "train_step"))))
+    lines.append(row("with any frame of the script (`torch_train.py`)", lambda c: _pct(m(c, "script"))))
     lines.append(row("complete to the thread root", lambda c: _pct(m(c, "complete"))))
     lines.append(row("`[truncated]` root", lambda c: _pct(m(c, "truncated")) if c["tool"] == "gpuflame" else None))
     lines.append(row("one user frame or none", lambda c: _pct(m(c, "one_frame"))))

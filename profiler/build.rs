@@ -19,5 +19,6 @@ fn main() {
         .unwrap_or_else(|e| panic!("running {cc} to build {src}: {e} (a C compiler is needed: apt install build-essential)"));
     assert!(status.success(), "building {src} failed");
     println!("cargo:rerun-if-changed={src}");
+    println!("cargo:rerun-if-changed=cupti/cupti_layout.h");
     println!("cargo:rerun-if-env-changed=CC");
 }

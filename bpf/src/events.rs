@@ -43,25 +43,35 @@ pub enum UnwindStatus {
     NoTableYet,
     /// Code without CFI whose caller neither frame pointer nor stack scan found.
     BadFrame,
+    /// In execve: the registers belong to the program that called it; no user stack is taken.
+    InExec,
     Unknown(u32),
 }
 
 impl UnwindStatus {
     fn from_raw(v: u32) -> Self {
-        match v {
-            0 => UnwindStatus::EndOfStack,
-            1 => UnwindStatus::Truncated,
-            2 => UnwindStatus::NoProcess,
-            3 => UnwindStatus::NoMapping,
-            4 => UnwindStatus::NoRow,
-            5 => UnwindStatus::BadCfa,
-            6 => UnwindStatus::ReadFault,
-            7 => UnwindStatus::KernelThread,
-            8 => UnwindStatus::ZeroReturnAddress,
-            9 => UnwindStatus::NoTableYet,
-            10 => UnwindStatus::BadFrame,
-            other => UnwindStatus::Unknown(other),
-        }
+        use types::unwind_status as raw;
+        // The C enum's names, from the object's BTF: a renumbering there cannot go unnoticed here.
+        let known = [
+            (raw::UNWIND_END_OF_STACK, UnwindStatus::EndOfStack),
+            (raw::UNWIND_TRUNCATED, UnwindStatus::Truncated),
+            (raw::UNWIND_NO_PROCESS, UnwindStatus::NoProcess),
+            (raw::UNWIND_NO_MAPPING, UnwindStatus::NoMapping),
+            (raw::UNWIND_NO_ROW, UnwindStatus::NoRow),
+            (raw::UNWIND_BAD_CFA, UnwindStatus::BadCfa),
+            (raw::UNWIND_READ_FAULT, UnwindStatus::ReadFault),
+            (raw::UNWIND_KERNEL_THREAD, UnwindStatus::KernelThread),
+            (raw::UNWIND_ZERO_RA, UnwindStatus::ZeroReturnAddress),
+            (raw::UNWIND_NO_TABLE_YET, UnwindStatus::NoTableYet),
+            (raw::UNWIND_BAD_FRAME, UnwindStatus::BadFrame),
+            (raw::UNWIND_IN_EXEC, UnwindStatus::InExec),
+        ];
+        known.iter().find(|(r, _)| r.0 == v).map_or(UnwindStatus::Unknown(v), |&(_, s)| s)
+    }
+
+    /// Whether the sample has a user stack to speak of (not a kernel thread, not in execve).
+    pub fn has_user_stack(self) -> bool {
+        !matches!(self, UnwindStatus::KernelThread | UnwindStatus::InExec)
     }
 
     /// Whether the stack reached its outermost frame.
@@ -136,6 +146,27 @@ pub struct Sample {
     /// Leaf first; Python frames in place of the evaluation loop that ran them.
     pub user_stack: Vec<UserFrame>,
     pub unwind: UnwindStatus,
+    /// The file under the user leaf, taken when the unwinder knew neither the process nor the
+    /// mapping: what names the leaf of a process gone before its maps could be read.
+    pub leaf_file: Option<LeafFile>,
+}
+
+/// A file by identity, and an offset in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LeafFile {
+    /// As `stat` gives them (st_dev, st_ino, st_size).
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    pub offset: u64,
+}
+
+impl LeafFile {
+    /// From the kernel's `dev_t` (12-bit major above a 20-bit minor) to user space's encoding.
+    fn from_kernel(dev: u32, ino: u64, size: u64, offset: u64) -> Self {
+        let (major, minor) = (dev >> 20, dev & 0xf_ffff);
+        LeafFile { dev: libc::makedev(major, minor), ino, size, offset }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,9 +187,69 @@ pub struct ProcessEvent {
     pub kind: ProcessEventKind,
 }
 
+/// Why a thread left the CPU: its scheduler state at the switch-out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OffCpuState {
+    /// TASK_RUNNING: it was preempted, and waited for a CPU.
+    Preempted,
+    /// TASK_INTERRUPTIBLE: it slept (a futex, a poll, a pipe, a sleep).
+    Sleeping,
+    /// TASK_UNINTERRUPTIBLE: disk I/O, page faults, some kernel locks.
+    Uninterruptible,
+    /// Stopped, traced, or another state.
+    Other,
+}
+
+impl OffCpuState {
+    fn from_raw(state: u32) -> Self {
+        match state & 0x3 {
+            0 if state == 0 => OffCpuState::Preempted,
+            1 => OffCpuState::Sleeping,
+            2 | 3 => OffCpuState::Uninterruptible,
+            _ => OffCpuState::Other,
+        }
+    }
+
+    /// The leaf frame that says so in a profile.
+    pub fn label(self) -> &'static str {
+        match self {
+            OffCpuState::Preempted => "[off-cpu: preempted]",
+            OffCpuState::Sleeping => "[off-cpu: sleeping]",
+            OffCpuState::Uninterruptible => "[off-cpu: uninterruptible]",
+            OffCpuState::Other => "[off-cpu: stopped or other]",
+        }
+    }
+}
+
+/// A target thread switched out: the stack where it left the CPU. Its time comes with the
+/// [`OffCpuEnd`] of the same `wait`.
+#[derive(Debug, Clone)]
+pub struct OffCpuStack {
+    pub sample: Sample,
+    /// The wait's number within its thread.
+    pub wait: u64,
+    pub state: OffCpuState,
+}
+
+/// A wait of a thread ended.
+#[derive(Debug, Clone)]
+pub struct OffCpuEnd {
+    pub pid: u32,
+    pub tid: u32,
+    pub comm: String,
+    /// The [`OffCpuStack`] it belongs to; 0 when this wait was not unwound.
+    pub wait: u64,
+    /// Its time off the CPU.
+    pub duration_ns: u64,
+    /// Time off the CPU of this thread's waits that were not unwound, since its last record.
+    pub not_unwound_ns: u64,
+}
+
 /// What the sampler's ring buffers deliver, in order of arrival per buffer.
 #[derive(Debug, Clone)]
 pub enum Event {
+    OffCpu(OffCpuStack),
+    OffCpuEnd(OffCpuEnd),
     Sample(Sample),
     Process(ProcessEvent),
     Cuda(CudaCall),
@@ -247,6 +338,25 @@ pub(crate) fn decode_record(data: &[u8]) -> Option<Event> {
             let comm = sample_of(&e, 0, false).comm;
             Some(Event::GpuKernels(GpuKernelBatch { pid: e.pid, comm, kernels, dropped_total: e.size }))
         }
+        k if k == types::event_kind::EVENT_OFFCPU_STACK.0 => {
+            // The kernel frames follow the used user slots directly.
+            let slots: &[u64] = {
+                // SAFETY: user_stack and kernel_stack are adjacent u64 arrays of the record, which
+                // is repr(C) plain old data; the view stays within the struct.
+                let all = unsafe { std::slice::from_raw_parts(e.user_stack.as_ptr(), e.user_stack.len() + e.kernel_stack.len()) };
+                &all[..stack_room.min(all.len())]
+            };
+            let users = (e.user_frames as usize).min(slots.len()).min(e.user_stack.len());
+            let kernel_bytes = e.kernel_stack_bytes.max(0) as usize;
+            let kernel_end = (users + kernel_bytes / size_of::<u64>()).min(slots.len());
+            let mut sample = sample_of(&e, users, false);
+            sample.kernel_stack = StackRead::Frames(slots[users..kernel_end].iter().copied().take_while(|&ip| ip != 0).collect());
+            Some(Event::OffCpu(OffCpuStack { sample, wait: e.addr, state: OffCpuState::from_raw(e.api) }))
+        }
+        k if k == types::event_kind::EVENT_OFFCPU_END.0 => {
+            let comm = sample_of(&e, 0, false).comm;
+            Some(Event::OffCpuEnd(OffCpuEnd { pid: e.pid, tid: e.tid, comm, wait: e.addr, duration_ns: e.duration_ns, not_unwound_ns: e.aux }))
+        }
         k if k == types::event_kind::EVENT_CUPTI_NAME.0 => {
             // SAFETY: viewing the u64 array as its bytes.
             let bytes: &[u8] = unsafe { std::slice::from_raw_parts(e.user_stack.as_ptr().cast::<u8>(), stack_room * 8) };
@@ -270,6 +380,7 @@ fn sample_of(e: &types::sample_event, stack_room: usize, with_kernel: bool) -> S
         kernel_stack: if with_kernel { kernel_stack(&e.kernel_stack, e.kernel_stack_bytes) } else { StackRead::Frames(Vec::new()) },
         user_stack: split_user_frames(&e.user_stack[..user_frames]),
         unwind: UnwindStatus::from_raw(e.unwind_status),
+        leaf_file: (e.leaf_ino != 0).then(|| LeafFile::from_kernel(e.leaf_dev, e.leaf_ino, e.leaf_size, e.leaf_offset)),
     }
 }
 
@@ -305,11 +416,13 @@ mod tests {
 
     #[test]
     fn event_layout_matches_the_c_header() {
-        // 88 bytes of fixed fields, the comm, 256 user frames, 127 kernel frames.
-        assert_eq!(std::mem::offset_of!(types::sample_event, comm), 88);
-        assert_eq!(std::mem::offset_of!(types::sample_event, user_stack), 104);
-        assert_eq!(std::mem::offset_of!(types::sample_event, kernel_stack), 104 + 256 * 8);
-        assert_eq!(size_of::<types::sample_event>(), 104 + 256 * 8 + 127 * 8);
+        // 120 bytes of fixed fields (88, and the leaf's file: 32), the comm, 512 user frames, 127
+        // kernel frames.
+        assert_eq!(std::mem::offset_of!(types::sample_event, leaf_ino), 88);
+        assert_eq!(std::mem::offset_of!(types::sample_event, comm), 120);
+        assert_eq!(std::mem::offset_of!(types::sample_event, user_stack), 136);
+        assert_eq!(std::mem::offset_of!(types::sample_event, kernel_stack), 136 + 512 * 8);
+        assert_eq!(size_of::<types::sample_event>(), 136 + 512 * 8 + 127 * 8);
         assert_eq!(size_of::<types::unwind_block>(), 16 * 6);
         assert_eq!(size_of::<types::unwind_rule>(), 8);
         assert_eq!(size_of::<types::exec_mapping>(), 32);
@@ -326,7 +439,13 @@ mod tests {
         e.user_stack[..2].copy_from_slice(&[0x1000, 0x2000]);
         e.user_frames = 2;
         e.unwind_status = 1;
+        // The file under the leaf, in the kernel's dev_t encoding (major 8, minor 1: sda1).
+        e.leaf_ino = 77;
+        e.leaf_size = 4096;
+        e.leaf_offset = 0x1234;
+        e.leaf_dev = (8 << 20) | 1;
         let Some(Event::Sample(s)) = decode_record(as_bytes(&*e)) else { panic!("not a sample") };
+        assert_eq!(s.leaf_file, Some(LeafFile { dev: libc::makedev(8, 1), ino: 77, size: 4096, offset: 0x1234 }));
         assert_eq!((s.pid, s.tid, s.comm.as_str()), (42, 43, "foo"));
         assert_eq!(s.kernel_stack, StackRead::Frames(vec![]));
         assert_eq!(s.user_stack, vec![UserFrame::Native(0x1000), UserFrame::Native(0x2000)]);
@@ -351,6 +470,33 @@ mod tests {
         // A record that claims more frames than it carries keeps only those it carries.
         let Some(Event::Cuda(c)) = decode_record(&as_bytes(&*e)[..HEADER_BYTES + 8]) else { panic!() };
         assert_eq!(c.sample.user_stack.len(), 1);
+    }
+
+    #[test]
+    fn decodes_an_off_cpu_stack_with_its_kernel_frames_after_the_user_ones() {
+        let mut e: Box<types::sample_event> = Box::default();
+        e.kind = types::event_kind::EVENT_OFFCPU_STACK.0;
+        e.pid = 42;
+        e.tid = 44;
+        e.api = 1;
+        e.addr = 7;
+        e.user_stack[..4].copy_from_slice(&[0x10, 0x20, 0xffff_ffff_8100_0000, 0xffff_ffff_8200_0000]);
+        e.user_frames = 2;
+        e.kernel_stack_bytes = 16;
+        let Some(Event::OffCpu(o)) = decode_record(&as_bytes(&*e)[..HEADER_BYTES + 4 * 8]) else { panic!("not an off-CPU stack") };
+        assert_eq!((o.wait, o.state, o.sample.tid), (7, OffCpuState::Sleeping, 44));
+        assert_eq!(o.sample.user_stack, vec![UserFrame::Native(0x10), UserFrame::Native(0x20)]);
+        assert_eq!(o.sample.kernel_stack, StackRead::Frames(vec![0xffff_ffff_8100_0000, 0xffff_ffff_8200_0000]));
+        // A record cut short keeps what it carries.
+        let Some(Event::OffCpu(o)) = decode_record(&as_bytes(&*e)[..HEADER_BYTES + 3 * 8]) else { panic!() };
+        assert_eq!(o.sample.kernel_stack.frames().len(), 1);
+        e.kind = types::event_kind::EVENT_OFFCPU_END.0;
+        e.duration_ns = 5_000_000;
+        e.aux = 300;
+        let Some(Event::OffCpuEnd(end)) = decode_record(&as_bytes(&*e)[..HEADER_BYTES]) else { panic!("not an off-CPU end") };
+        assert_eq!((end.tid, end.wait, end.duration_ns, end.not_unwound_ns), (44, 7, 5_000_000, 300));
+        assert_eq!(OffCpuState::from_raw(0), OffCpuState::Preempted);
+        assert_eq!(OffCpuState::from_raw(0x102), OffCpuState::Uninterruptible);
     }
 
     #[test]

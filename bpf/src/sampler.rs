@@ -39,6 +39,45 @@ pub struct SamplerConfig {
     /// Kernel memory the unwind tables may take, in bytes (6 per row). Shards of 6 MiB are
     /// created as tables load, so an idle or small machine uses far less.
     pub unwind_memory: u64,
+    /// How switch-outs are unwound for off-CPU time (attached by [`CpuSampler::enable_off_cpu`]).
+    pub off_cpu: OffCpuSampling,
+}
+
+/// Which switch-outs of target threads are unwound; the others' time is still counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OffCpuSampling {
+    /// A thread has `thread_burst` unwinds, and gets one back each `thread_interval`: a thread
+    /// that switches out less often than that has every wait unwound.
+    pub thread_interval: Duration,
+    pub thread_burst: u64,
+    /// Unwinds per second and CPU at most, over all threads.
+    pub cpu_rate: u64,
+    /// Unwinds a CPU may do at once after an idle spell.
+    pub cpu_burst: u64,
+}
+
+impl Default for OffCpuSampling {
+    fn default() -> Self {
+        OffCpuSampling { thread_interval: Duration::from_millis(10), thread_burst: 16, cpu_rate: 2000, cpu_burst: 64 }
+    }
+}
+
+/// The off-CPU programs' counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OffCpuCounters {
+    /// Switch-outs of target threads.
+    pub switches: u64,
+    /// Of them, unwound.
+    pub unwound: u64,
+    /// Not unwound because their CPU's budget was spent.
+    pub over_budget: u64,
+    /// Records dropped: the ring buffer was full.
+    pub lost: u64,
+    /// Threads not followed: their state could not be made (no memory).
+    pub threads_full: u64,
+    /// Threads given off-CPU state, and of them released at their exit.
+    pub followed: u64,
+    pub released: u64,
 }
 
 impl SamplerConfig {
@@ -63,8 +102,11 @@ pub struct Counters {
     pub unwind: UnwindCounters,
     /// Process events dropped because their ring buffer was full.
     pub process_events_lost: u64,
+    /// Code mappings not reported because their process mapped code faster than its budget.
+    pub mmap_throttled: u64,
     pub python: PythonCounters,
     pub cuda: CudaCounters,
+    pub off_cpu: OffCpuCounters,
 }
 
 /// The CUDA hooks' counters.
@@ -161,6 +203,11 @@ impl CpuSampler {
         })?;
         rodata.target_mode = mode;
         rodata.follow_forks = u8::from(follow);
+        let sampling = config.off_cpu;
+        rodata.offcpu_interval_ns = sampling.thread_interval.as_nanos().min(u128::from(u64::MAX)) as u64;
+        rodata.offcpu_cpu_burst = sampling.cpu_burst.max(1);
+        rodata.offcpu_thread_burst = sampling.thread_burst.max(1);
+        rodata.offcpu_cpu_refill_ns = 1_000_000_000 / sampling.cpu_rate.max(1);
         let rows = config.unwind_memory / SamplerConfig::BYTES_PER_ROW;
         let blocks = u32::try_from(rows.div_ceil(16).max(1)).unwrap_or(u32::MAX);
         let skel = open.load().map_err(BpfError::load)?;
@@ -221,6 +268,22 @@ impl CpuSampler {
     /// so that unwind tables of known processes can be loaded first.
     pub fn enable(&mut self, frequency_hz: u64) -> Result<(), BpfError> {
         self.attach_perf_events(frequency_hz)
+    }
+
+    /// Starts following target threads' switches for off-CPU time.
+    pub fn enable_off_cpu(&mut self) -> Result<(), BpfError> {
+        for prog in [&self.skel.progs.on_sched_switch, &self.skel.progs.on_thread_exit] {
+            let link = prog.attach().map_err(|source| attach_error("the off-CPU tracepoints", source))?;
+            self._links.push(link);
+        }
+        Ok(())
+    }
+
+    /// Threads with off-CPU state now (each target thread that has switched out, until it
+    /// exits): followed less released. Task storage cannot be listed from user space.
+    pub fn off_cpu_threads(&self) -> Result<u64, BpfError> {
+        let c = self.counters()?.off_cpu;
+        Ok(c.followed.saturating_sub(c.released))
     }
 
     fn attach_perf_events(&mut self, frequency_hz: u64) -> Result<(), BpfError> {
@@ -311,6 +374,7 @@ impl CpuSampler {
                 scanned_frames: read(types::counter::COUNTER_UNWIND_SCANNED)?,
             },
             process_events_lost: read(types::counter::COUNTER_PROCESS_EVENTS_LOST)?,
+            mmap_throttled: read(types::counter::COUNTER_MMAP_THROTTLED)?,
             python: PythonCounters {
                 frames: read(types::counter::COUNTER_PY_FRAMES)?,
                 no_thread: read(types::counter::COUNTER_PY_NO_THREAD)?,
@@ -323,6 +387,15 @@ impl CpuSampler {
                 lost: read(types::counter::COUNTER_CUDA_LOST)?,
                 table_full: read(types::counter::COUNTER_CUDA_CALLS_FULL)?,
                 races: read(types::counter::COUNTER_CUDA_RACE)?,
+            },
+            off_cpu: OffCpuCounters {
+                switches: read(types::counter::COUNTER_OFFCPU_SWITCHES)?,
+                unwound: read(types::counter::COUNTER_OFFCPU_UNWOUND)?,
+                over_budget: read(types::counter::COUNTER_OFFCPU_BUDGET)?,
+                lost: read(types::counter::COUNTER_OFFCPU_LOST)?,
+                threads_full: read(types::counter::COUNTER_OFFCPU_FULL)?,
+                followed: read(types::counter::COUNTER_OFFCPU_FOLLOWED)?,
+                released: read(types::counter::COUNTER_OFFCPU_RELEASED)?,
             },
         })
     }
@@ -341,6 +414,11 @@ impl CpuSampler {
     /// When a sample last used the table (boot-time ns, to the second), or 0 if never.
     pub fn table_last_used(&self, id: TableId) -> u64 {
         UnwindMaps::last_used(&self.skel.maps.unwind_tables, id)
+    }
+
+    /// Rows of the budget a loaded table takes.
+    pub fn table_rows(&self, id: TableId) -> u64 {
+        self.unwind.table_rows(id)
     }
 
     /// Whether a table of `rows` rows fits in the budget at all (with everything else evicted).
@@ -415,17 +493,26 @@ impl CpuSampler {
     /// How often the sampling program ran and its total run time in ns, as the kernel counts it
     /// while `kernel.bpf_stats_enabled` is 1 (0 otherwise).
     pub fn sampler_run_stats(&self) -> Option<(u64, u64)> {
-        let fd = self.skel.progs.on_cpu_sample.as_fd().as_raw_fd();
-        let mut info = libbpf_sys::bpf_prog_info::default();
-        let mut len = std::mem::size_of::<libbpf_sys::bpf_prog_info>() as u32;
-        // SAFETY: info is a zeroed bpf_prog_info and len its size; the kernel fills at most len bytes.
-        let ret = unsafe { libbpf_sys::bpf_prog_get_info_by_fd(fd, &mut info, &mut len) };
-        (ret == 0).then_some((info.run_cnt, info.run_time_ns))
+        run_stats(self.skel.progs.on_cpu_sample.as_fd().as_raw_fd())
+    }
+
+    /// The same for the context-switch program of off-CPU profiling.
+    pub fn off_cpu_run_stats(&self) -> Option<(u64, u64)> {
+        run_stats(self.skel.progs.on_sched_switch.as_fd().as_raw_fd())
     }
 
     pub fn unwind_capacity(&self) -> UnwindCapacity {
         self.unwind.capacity()
     }
+}
+
+/// (runs, total ns) of a program, counted while kernel.bpf_stats_enabled=1.
+fn run_stats(fd: i32) -> Option<(u64, u64)> {
+    let mut info = libbpf_sys::bpf_prog_info::default();
+    let mut len = std::mem::size_of::<libbpf_sys::bpf_prog_info>() as u32;
+    // SAFETY: info is a zeroed bpf_prog_info and len its size; the kernel fills at most len bytes.
+    let ret = unsafe { libbpf_sys::bpf_prog_get_info_by_fd(fd, &mut info, &mut len) };
+    (ret == 0).then_some((info.run_cnt, info.run_time_ns))
 }
 
 fn attach_error(what: &str, source: libbpf_rs::Error) -> BpfError {

@@ -151,7 +151,7 @@ impl UnwindMaps {
             let first = page * BLOCKS_PER_PAGE;
             let shard = &self.shards[(first / BLOCKS_PER_SHARD) as usize];
             let mut keys = Vec::with_capacity(chunk.len() * 4);
-            let mut values = Vec::with_capacity(chunk.len() * std::mem::size_of::<types::unwind_block>());
+            let mut values = Vec::with_capacity(std::mem::size_of_val(chunk));
             for (i, block) in chunk.iter().enumerate() {
                 keys.extend_from_slice(&((first % BLOCKS_PER_SHARD) + i as u32).to_ne_bytes());
                 values.extend_from_slice(as_bytes(block));
@@ -228,6 +228,11 @@ impl UnwindMaps {
         let Ok(Some(bytes)) = tables_map.lookup(&id.0.to_ne_bytes(), MapFlags::ANY) else { return 0 };
         // SAFETY: table_info is generated from BTF and plain old data.
         unsafe { crate::events::read_pod::<types::table_info>(&bytes) }.map_or(0, |t| t.last_used)
+    }
+
+    /// Rows of budget a loaded table takes (whole pages).
+    pub(crate) fn table_rows(&self, id: TableId) -> u64 {
+        self.tables.get(&id.0).map_or(0, |(_, pages)| pages.len() as u64 * u64::from(BLOCKS_PER_PAGE) * ROWS_PER_BLOCK as u64)
     }
 
     /// Whether a table of `rows` rows could fit if nothing else were loaded.

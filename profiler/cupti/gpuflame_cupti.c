@@ -10,8 +10,9 @@
  *
  * CUPTI is opened at run time (GPUFLAME_CUPTI_PATH, else libcupti.so.13, .so.12, .so), so the
  * library builds without the CUDA toolkit. The few CUPTI types used are declared here with the
- * layout of cupti_activity.h and cupti_callbacks.h; kernel records are read by field offsets that
- * every CUpti_ActivityKernel version since 4 shares. */
+ * layout of cupti_activity.h and cupti_callbacks.h (cupti_layout.h, which a test compiles against
+ * the real headers of CUPTI 12 and 13); kernel records are read by field offsets that every
+ * CUpti_ActivityKernel version since 4 shares. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
@@ -37,29 +38,7 @@ typedef void (*BufferCompleted)(void *ctx, uint32_t stream, uint8_t *buffer, siz
 #define CUPTI_ACTIVITY_KIND_KERNEL 3
 #define CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL 10
 
-/* CUpti_CallbackData, as far as used. */
-struct cupti_callback_data {
-	uint32_t callback_site;
-	const char *function_name;
-	const void *function_params;
-	void *function_return_value;
-	const char *symbol_name;
-	void *context;
-	uint32_t context_uid;
-	uint64_t *correlation_data;
-	uint32_t correlation_id;
-};
-
-/* Offsets into CUpti_ActivityKernel4..10, which only ever grew at the end. */
-#define K_KIND 0
-#define K_START 16
-#define K_END 24
-#define K_DEVICE 40
-#define K_STREAM 48
-#define K_CORRELATION 92
-#define K_NAME 104
-#define K_GRAPH_NODE 144
-#define K_GRAPH 156
+#include "cupti_layout.h"
 
 /* What gpuflame reads: a batch of these per call of gpuflame_cupti_kernels(). */
 struct gpuflame_kernel {

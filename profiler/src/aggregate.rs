@@ -50,6 +50,8 @@ pub struct StackKey {
     /// Frames below the user leaf that the stack does not have: the CUDA function that was
     /// called, the kernel it launched.
     pub(crate) tail: Vec<TailFrame>,
+    /// A frame under the kernel's leaf: why an off-CPU stack left the CPU.
+    pub(crate) leaf: Option<&'static str>,
 }
 
 /// A frame under the leaf of a hooked call's stack.
@@ -113,7 +115,7 @@ impl CpuAggregator {
     /// Adds a CPU sample. `files` are the process's mappings as the process tracker read them,
     /// so that its addresses are placed even if it has exited by now.
     pub fn add(&mut self, sample: &Sample, files: Option<&[MappedFile]>, python: Option<&Interpreter>) {
-        if sample.unwind != UnwindStatus::KernelThread {
+        if sample.unwind.has_user_stack() {
             self.user_stacks += 1;
             self.complete_user_stacks += u64::from(sample.unwind.is_complete());
         }
@@ -156,9 +158,18 @@ impl CpuAggregator {
         };
         let mut normalized = normalized.into_iter();
         let mut user = Vec::with_capacity(sample.user_stack.len());
+        // A process gone before its maps were read: its leaf is placed by the file under it.
+        let leaf_in_file = sample.leaf_file.and_then(|f| self.symbolizer.in_file(f.dev, f.ino, f.size, f.offset));
         for frame in &sample.user_stack {
             match *frame {
-                UserFrame::Native(a) => user.push(UserKey::Native(normalized.next().unwrap_or(UserAddr::Unmapped { addr: a }))),
+                UserFrame::Native(a) => {
+                    let placed = normalized.next().unwrap_or(UserAddr::Unmapped { addr: a });
+                    let placed = match (placed, leaf_in_file) {
+                        (UserAddr::Unmapped { .. }, Some(in_file)) if user.is_empty() => in_file,
+                        _ => placed,
+                    };
+                    user.push(UserKey::Native(placed));
+                }
                 UserFrame::Gap => user.push(UserKey::Gap(gap_label(sample.unwind))),
                 UserFrame::Python { code, name_tag, first_line, lasti } => {
                     let Some(interp) = python else { continue };
@@ -181,6 +192,7 @@ impl CpuAggregator {
             user,
             truncated: sample.unwind == UnwindStatus::Truncated,
             tail: Vec::new(),
+            leaf: None,
         }
     }
 
@@ -226,16 +238,22 @@ impl CpuAggregator {
     /// Symbolizes what was gathered since the last call and builds its CPU profile; the counts
     /// start again from zero, the symbol caches stay.
     pub fn take_profile(&mut self, frequency_hz: u64, start: SystemTime, duration: Duration) -> Profile {
+        let values = self.take_cpu_values(frequency_hz);
+        let mut profile = Profile::cpu(frequency_hz);
+        self.build(&mut profile, values, start, duration);
+        self.forget_exited();
+        profile
+    }
+
+    /// The CPU time of the stacks gathered since the last call (samples × period, in ns); the
+    /// counts start again from zero.
+    pub fn take_cpu_values(&mut self, frequency_hz: u64) -> StackValues {
         let counts = std::mem::take(&mut self.counts);
         self.samples = 0;
         self.user_stacks = 0;
         self.complete_user_stacks = 0;
-        let mut profile = Profile::cpu(frequency_hz);
-        let period = profile.period;
-        let values = counts.into_iter().map(|(k, n)| (k, None, vec![n as i64 * period])).collect();
-        self.build(&mut profile, values, start, duration);
-        self.forget_exited();
-        profile
+        let period = Profile::cpu(frequency_hz).period;
+        counts.into_iter().map(|(k, n)| (k, None, vec![n as i64 * period])).collect()
     }
 
     /// Fills `profile` with these stacks, their values and device labels, symbolized.
@@ -306,12 +324,22 @@ impl CpuAggregator {
                 };
                 stack.push(b.location(profile, Location { mapping: None, address: 0, kernel: false, lines: vec![Line::function(name)] }));
             }
-            for addr in key.kernel.iter().rev() {
+            // An off-CPU stack was taken inside the sched_switch tracepoint: its leaf frames are
+            // the program and the tracepoint's plumbing, which differ from call to call.
+            let plumbing = if key.leaf.is_some() {
+                key.kernel.iter().take_while(|a| kernel_syms[a].lines.first().is_some_and(|l| is_tracepoint_plumbing(&l.function))).count()
+            } else {
+                0
+            };
+            for addr in key.kernel[plumbing..].iter().rev() {
                 let loc = *kernel_locations.entry(*addr).or_insert_with(|| {
                     let lines = lines_or_unknown(&kernel_syms[addr], || format!("[unknown] ({KERNEL_MAPPING}+{addr:#x})"));
                     b.location(profile, Location { mapping: Some(kernel_mapping), address: *addr, kernel: true, lines })
                 });
                 stack.push(loc);
+            }
+            if let Some(label) = key.leaf {
+                stack.push(b.location(profile, Location { mapping: None, address: 0, kernel: false, lines: vec![Line::function(label)] }));
             }
             let labels = Labels { pid: Some(key.pid), tid: Some(key.tid), comm: Some(key.comm.clone()), device: *device };
             b.add_values(stack, labels, vals);
@@ -342,7 +370,7 @@ impl CpuAggregator {
     pub fn describe(&mut self, stack: &StackKey) -> String {
         let mut profile = Profile::of(vec![crate::profile::ValueType::new("stack", "count")]);
         self.build(&mut profile, vec![(stack.clone(), None, vec![1])], UNIX_EPOCH, Duration::ZERO);
-        let line = crate::output::folded::lines(&profile).into_iter().next().unwrap_or_default();
+        let line = crate::output::folded::lines(&profile, crate::output::Detail::Lines).into_iter().next().unwrap_or_default();
         let frames = line.rsplit_once(' ').map_or(line.as_str(), |(f, _)| f);
         frames.split(';').skip(1).collect::<Vec<_>>().join(" → ")
     }
@@ -362,6 +390,11 @@ impl CpuAggregator {
     }
 }
 
+/// Kernel functions that run a BPF program at a tracepoint, and the programs themselves.
+fn is_tracepoint_plumbing(function: &str) -> bool {
+    ["bpf_prog_", "bpf_trace_run", "__traceiter_", "__bpf_trace_"].iter().any(|p| function.starts_with(p))
+}
+
 fn lines_or_unknown(sym: &Symbol, unknown: impl FnOnce() -> String) -> Vec<Line> {
     if sym.is_unknown() {
         return vec![Line::function(unknown())];
@@ -371,7 +404,15 @@ fn lines_or_unknown(sym: &Symbol, unknown: impl FnOnce() -> String) -> Vec<Line>
 
 #[cfg(test)]
 mod tests {
-    use super::call_sites;
+    use super::{call_sites, is_tracepoint_plumbing};
+
+    #[test]
+    fn tracepoint_plumbing_is_known_by_name() {
+        assert!(is_tracepoint_plumbing("bpf_prog_5bfa299a51b840d9_on_sched_switch"));
+        assert!(is_tracepoint_plumbing("__traceiter_sched_switch"));
+        assert!(is_tracepoint_plumbing("bpf_trace_run4"));
+        assert!(!is_tracepoint_plumbing("__schedule"));
+    }
 
     #[test]
     fn return_addresses_point_at_the_call() {

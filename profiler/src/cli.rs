@@ -18,6 +18,10 @@ pub struct Cli {
     /// More log output (-v info, -vv debug); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     pub verbose: u8,
+    /// Directory of separate debug files, laid out like /usr/lib/debug (.build-id/xx/rest.debug
+    /// and debug-link targets); repeatable. Debuginfod servers come from DEBUGINFOD_URLS.
+    #[arg(long = "debug-dir", value_name = "DIR", global = true, env = "GPUFLAME_DEBUG_DIR", value_delimiter = ':', default_value = "/usr/lib/debug")]
+    pub debug_dirs: Vec<PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -62,6 +66,16 @@ its own service by setting GPUFLAME_SERVICE_NAME in its environment.")]
   gpuflame convert cpu.pb.gz -o flame.svg
   gpuflame convert stacks.folded -o cpu.pb.gz -F 99")]
     Convert(ConvertArgs),
+    /// Draw a differential flame graph: the new profile's stacks, coloured by how their time
+    /// changed against the base (red: more, blue: less).
+    #[command(after_help = "Examples:
+  gpuflame diff before.pb.gz after.pb.gz -o diff.svg
+  gpuflame diff --normalize base.folded new.folded -o diff.svg    scale the base to the new total first
+  gpuflame diff after.pb.gz before.pb.gz -o gone.svg             what went away: the arguments swapped
+
+Widths are the new profile's; stacks only in the base have no width (swap the arguments to see
+them). --format folded writes `stack BASE NEW` lines instead.")]
+    Diff(DiffArgs),
 }
 
 #[derive(Args, Debug)]
@@ -100,6 +114,10 @@ pub struct RecordArgs {
     /// How long the launch and synchronisation hooks stay attached each second, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 10)]
     pub cuda_window_ms: u64,
+    /// One Python frame per line (`step (train.py:41)`) in SVG and folded output, instead of one
+    /// per function (`step (train.py)`). pprof always has both.
+    #[arg(long)]
+    pub lines: bool,
     /// Command to start and profile, with its descendants; its exit code is passed through.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -132,6 +150,7 @@ impl RecordArgs {
             profiles: crate::profile_kind::ProfileKind::parse_list(&self.profiles).map_err(crate::UserError)?,
             cuda_exact: self.cuda_exact,
             cuda_window: Duration::from_millis(self.cuda_window_ms),
+            detail: detail(self.lines),
         })
     }
 }
@@ -149,4 +168,41 @@ pub struct ConvertArgs {
     /// Sampling frequency that folded input was recorded at (each line's count × 1e9/HZ ns).
     #[arg(short = 'F', long, value_name = "HZ", default_value_t = DEFAULT_FREQUENCY_HZ)]
     pub frequency: u64,
+    /// One Python frame per line (`step (train.py:41)`) in SVG and folded output, instead of one
+    /// per function (`step (train.py)`). pprof always has both.
+    #[arg(long)]
+    pub lines: bool,
+}
+
+/// `--lines` as the writers take it.
+pub fn detail(lines: bool) -> crate::output::Detail {
+    if lines {
+        crate::output::Detail::Lines
+    } else {
+        crate::output::Detail::Functions
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct DiffArgs {
+    /// The profile before the change (pprof or folded stacks).
+    pub base: PathBuf,
+    /// The profile after it.
+    pub new: PathBuf,
+    /// Output file.
+    #[arg(short, long, value_name = "FILE", default_value = "diff.svg")]
+    pub output: PathBuf,
+    /// Output format: svg, or folded (`stack BASE NEW` lines); default from the extension.
+    #[arg(long, value_name = "FORMAT")]
+    pub format: Option<String>,
+    /// Scale the base to the new profile's total before comparing (recordings of different
+    /// lengths or loads).
+    #[arg(long)]
+    pub normalize: bool,
+    /// Sampling frequency that folded input was recorded at.
+    #[arg(short = 'F', long, value_name = "HZ", default_value_t = DEFAULT_FREQUENCY_HZ)]
+    pub frequency: u64,
+    /// One Python frame per line instead of per function.
+    #[arg(long)]
+    pub lines: bool,
 }

@@ -6,6 +6,7 @@ pub mod cli;
 pub mod convert;
 pub mod cuda;
 pub mod names;
+pub mod offcpu;
 pub mod outfile;
 pub mod output;
 pub mod preflight;

@@ -20,6 +20,7 @@ fn main() -> ExitCode {
         .without_time()
         .init();
 
+    gpuflame_symbolizer::configure(gpuflame_symbolizer::DebugConfig { debug_dirs: cli.debug_dirs.clone(), ..gpuflame_symbolizer::DebugConfig::from_env() });
     // The files of sampled modules stay open until the recording is symbolized.
     if let Err(e) = gpuflame_elfread::raise_fd_limit() {
         tracing::warn!(error = %e, "cannot raise the limit on open files");
@@ -34,8 +35,9 @@ fn main() -> ExitCode {
             })
             .map_err(|e| UserError(format!("cannot write the CUPTI library: {e}")).into()),
         Command::Convert(args) => {
-            convert::run(&args.input, &args.output, args.format.as_deref(), args.frequency).map(|()| 0)
+            convert::run(&args.input, &args.output, args.format.as_deref(), args.frequency, gpuflame::cli::detail(args.lines)).map(|()| 0)
         }
+        Command::Diff(args) => convert::diff(args).map(|()| 0),
     };
     match result {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),

@@ -19,11 +19,23 @@ pub enum ProfileKind {
     CudaApi,
     /// Kernel execution time on the device per launching stack (CUPTI).
     GpuTime,
+    /// Time target threads spent switched out, by the stack where they left the CPU.
+    OffCpu,
+    /// CPU samples and off-CPU time together: where each thread's wall-clock time goes.
+    Wall,
 }
 
 impl ProfileKind {
-    pub const ALL: [ProfileKind; 6] =
-        [ProfileKind::Cpu, ProfileKind::HbmAlloc, ProfileKind::HbmInUse, ProfileKind::GpuLaunches, ProfileKind::CudaApi, ProfileKind::GpuTime];
+    pub const ALL: [ProfileKind; 8] = [
+        ProfileKind::Cpu,
+        ProfileKind::HbmAlloc,
+        ProfileKind::HbmInUse,
+        ProfileKind::GpuLaunches,
+        ProfileKind::CudaApi,
+        ProfileKind::GpuTime,
+        ProfileKind::OffCpu,
+        ProfileKind::Wall,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -33,6 +45,8 @@ impl ProfileKind {
             ProfileKind::GpuLaunches => "gpu-launches",
             ProfileKind::CudaApi => "cuda-api",
             ProfileKind::GpuTime => "gpu-time",
+            ProfileKind::OffCpu => "off-cpu",
+            ProfileKind::Wall => "wall",
         }
     }
 
@@ -45,11 +59,23 @@ impl ProfileKind {
             ProfileKind::GpuLaunches => vec![ValueType::new("launches", "count")],
             ProfileKind::CudaApi => vec![ValueType::new("cuda_api", "nanoseconds")],
             ProfileKind::GpuTime => vec![ValueType::new("gpu", "nanoseconds")],
+            ProfileKind::OffCpu => vec![ValueType::new("off_cpu", "nanoseconds")],
+            ProfileKind::Wall => vec![ValueType::new("wall", "nanoseconds")],
         }
     }
 
     pub fn is_cuda(self) -> bool {
-        self != ProfileKind::Cpu
+        !matches!(self, ProfileKind::Cpu | ProfileKind::OffCpu | ProfileKind::Wall)
+    }
+
+    /// Whether it needs the scheduler's switches of target threads.
+    pub fn is_off_cpu(self) -> bool {
+        matches!(self, ProfileKind::OffCpu | ProfileKind::Wall)
+    }
+
+    /// Whether it needs CPU samples.
+    pub fn needs_cpu_samples(self) -> bool {
+        matches!(self, ProfileKind::Cpu | ProfileKind::Wall)
     }
 
     /// Parses a comma-separated list, such as `cpu,hbm-inuse`; `all` is every profile.
@@ -94,7 +120,8 @@ mod tests {
     #[test]
     fn parses_lists() {
         assert_eq!(ProfileKind::parse_list("hbm-inuse, cpu,cpu").unwrap(), vec![ProfileKind::Cpu, ProfileKind::HbmInUse]);
-        assert_eq!(ProfileKind::parse_list("all").unwrap().len(), 6);
+        assert_eq!(ProfileKind::parse_list("all").unwrap().len(), 8);
+        assert_eq!(ProfileKind::parse_list("off-cpu,wall").unwrap(), vec![ProfileKind::OffCpu, ProfileKind::Wall]);
         assert!(ProfileKind::parse_list("gpu").unwrap_err().contains("unknown profile \"gpu\""));
         assert!(ProfileKind::parse_list(",").is_err());
     }

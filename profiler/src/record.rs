@@ -38,6 +38,8 @@ pub struct RecordOptions {
     pub cuda_exact: bool,
     /// How long the launch hooks stay attached each second when not exact.
     pub cuda_window: Duration,
+    /// Python frames per function or per line in folded stacks and SVG.
+    pub detail: output::Detail,
 }
 
 /// Where each profile goes: the output itself for one profile; for several, one file each,
@@ -126,10 +128,11 @@ fn record(opts: &RecordOptions, format: Format, outputs: &[(ProfileKind, Output)
         targets,
         frequency_hz: opts.frequency_hz,
         unwind_memory: opts.unwind_memory,
-        cpu: opts.profiles.contains(&ProfileKind::Cpu),
+        cpu: opts.profiles.iter().any(|k| k.needs_cpu_samples()),
+        off_cpu: opts.profiles.iter().any(|k| k.is_off_cpu()),
         cuda,
     })?;
-    let mut ooms = OomWriter { output: opts.output.clone(), format, count: 0 };
+    let mut ooms = OomWriter { output: opts.output.clone(), format, detail: opts.detail, count: 0 };
 
     let mut child = None;
     if !opts.command.is_empty() {
@@ -192,29 +195,39 @@ fn record(opts: &RecordOptions, format: Format, outputs: &[(ProfileKind, Output)
     if let Some((runs, ns)) = session.sampler.sampler_run_stats().filter(|&(runs, _)| runs > 0) {
         tracing::info!(runs, avg_ns = ns / runs, "BPF sampling program cost (kernel.bpf_stats_enabled=1)");
     }
+    if let Some((runs, ns)) = session.off_cpu.as_ref().and_then(|_| session.sampler.off_cpu_run_stats()).filter(|&(runs, _)| runs > 0) {
+        tracing::info!(runs, avg_ns = ns / runs, "BPF context-switch program cost (kernel.bpf_stats_enabled=1)");
+    }
     let sampler_capacity = session.sampler.unwind_capacity();
     status.clear();
 
-    let Session { sampler, tracker, mut aggregator, mut cuda, .. } = session;
-    drop(sampler);
-    let complete = aggregator.complete_fraction();
-    let unknown_python = aggregator.unknown_python_frames();
-    let processes = aggregator.processes();
-    let samples = aggregator.samples();
-    let mut profiles = Vec::new();
-    if let Some(c) = cuda.as_mut() {
+    let samples = session.aggregator.samples();
+    let processes = session.aggregator.processes();
+    let complete = session.aggregator.complete_fraction();
+    let off_cpu_threads_left = session.off_cpu.is_some().then(|| session.sampler.off_cpu_threads().ok()).flatten();
+    let mut time_profiles = Vec::new();
+    if let Some(c) = session.cuda.as_mut() {
         let coverage = c.hooks.take_coverage();
-        profiles = c.profiles.take_profiles(&mut aggregator, &opts.profiles, coverage, start_wall, duration);
+        time_profiles = c.profiles.take_profiles(&mut session.aggregator, &opts.profiles, coverage, start_wall, duration);
         report_cuda(c, coverage, &counters.cuda);
     }
-    if opts.profiles.contains(&ProfileKind::Cpu) {
-        profiles.push((ProfileKind::Cpu, aggregator.take_profile(opts.frequency_hz, start_wall, duration)));
+    time_profiles.extend(session.take_time_profiles(&opts.profiles, start_wall, duration));
+    let Session { sampler, tracker, aggregator, .. } = session;
+    drop(sampler);
+    let unknown_python = aggregator.unknown_python_frames();
+    let mut profiles = time_profiles;
+    if !opts.command.is_empty() {
+        for (_, profile) in profiles.iter_mut() {
+            // First, so that a subtitle cut to its length still shows it.
+            profile.comments.insert(0, format!("command: {}", opts.command.join(" ")));
+        }
     }
     let mut written = Vec::new();
     for (kind, out) in outputs {
         let Some((_, profile)) = profiles.iter().find(|(k, _)| k == kind) else { continue };
-        let title = format!("gpuflame {kind} profile: {}", describe_targets(opts));
-        out.write_with(|w| output::write(profile, format, &title, w)).with_context(|| format!("writing {}", out.path().display()))?;
+        let title = format!("{} · {kind}", describe_targets(opts));
+        let rendering = output::Rendering { title: &title, detail: opts.detail };
+        out.write_with(|w| output::write(profile, format, &rendering, w)).with_context(|| format!("writing {}", out.path().display()))?;
         written.push(out.path().display().to_string());
     }
 
@@ -228,6 +241,22 @@ fn record(opts: &RecordOptions, format: Format, outputs: &[(ProfileKind, Output)
         written.join(", "),
     );
     report_unwinding(&counters, &tracker, sampler_capacity, unknown_python);
+    if let Some(left) = off_cpu_threads_left {
+        let o = &counters.off_cpu;
+        tracing::info!(
+            switches = o.switches,
+            unwound = o.unwound,
+            over_cpu_budget = o.over_budget,
+            lost = o.lost,
+            threads_full = o.threads_full,
+            threads_followed = o.followed,
+            threads_left = left,
+            "off-CPU"
+        );
+        if o.lost > 0 || o.threads_full > 0 {
+            tracing::warn!(lost = o.lost, threads_not_followed = o.threads_full, "some off-CPU time was not recorded: the ring buffer was full, or no state could be made for some threads");
+        }
+    }
     if counters.targets_full > 0 {
         tracing::warn!(count = counters.targets_full, "new processes could not be followed: the target map was full");
     }
@@ -282,15 +311,16 @@ fn report_unwinding(counters: &Counters, tracker: &ProcessTracker, capacity: Unw
         tracing::warn!(
             "unwind tables are full: {} file(s) did not fit in --unwind-memory {} MiB ({}{}); their stacks stop there — raise --unwind-memory",
             t.no_room.len(),
-            capacity.rows_total * gpuflame_bpf::SamplerConfig::BYTES_PER_ROW >> 20,
+            (capacity.rows_total * gpuflame_bpf::SamplerConfig::BYTES_PER_ROW) >> 20,
             names.join(", "),
             if more > 0 { format!(" and {more} more") } else { String::new() }
         );
     }
-    if t.mappings_dropped > 0 || counters.process_events_lost > 0 {
+    if t.mappings_dropped > 0 || counters.process_events_lost > 0 || counters.mmap_throttled > 0 {
         tracing::warn!(
             mappings_dropped = t.mappings_dropped,
             process_events_lost = counters.process_events_lost,
+            mmap_reports_throttled = counters.mmap_throttled,
             "some code could not be described to the unwinder"
         );
     }
@@ -300,6 +330,7 @@ fn report_unwinding(counters: &Counters, tracker: &ProcessTracker, capacity: Unw
 struct OomWriter {
     output: PathBuf,
     format: Format,
+    detail: output::Detail,
     count: u32,
 }
 
@@ -316,7 +347,7 @@ impl OomWriter {
                 self.count = n;
                 path = p;
                 let mut w = BufWriter::new(f);
-                output::write(&profile, self.format, &title, &mut w)?;
+                output::write(&profile, self.format, &output::Rendering { title: &title, detail: self.detail }, &mut w)?;
                 std::io::Write::flush(&mut w)
             });
             let stack = session.aggregator.describe(&report.stack);
@@ -361,9 +392,11 @@ fn report_cuda(c: &CudaState, coverage: Coverage, counters: &gpuflame_bpf::CudaC
     }
 }
 
+/// What a flame graph's title names: the program (the script, for an interpreter), PIDs, or the
+/// machine; the whole command line goes into the subtitle.
 fn describe_targets(opts: &RecordOptions) -> String {
     if !opts.command.is_empty() {
-        opts.command.join(" ")
+        crate::agent::service::program_name(&opts.command).unwrap_or_else(|| opts.command.join(" "))
     } else if !opts.pids.is_empty() {
         let pids: Vec<String> = opts.pids.iter().map(u32::to_string).collect();
         format!("PID {}", pids.join(", "))

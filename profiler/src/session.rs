@@ -2,11 +2,15 @@
 //! current, the CUDA hooks, and the aggregators, fed in one loop. `record` runs one for a
 //! recording, `agent` forever.
 
-use std::time::{Duration, Instant};
+use std::collections::HashMap;
+use std::time::{Duration, Instant, SystemTime};
 
-use gpuflame_bpf::{BpfError, CpuSampler, Event, ProcessEventKind, SamplerConfig, Targets};
+use gpuflame_bpf::{BpfError, CpuSampler, Event, OffCpuSampling, ProcessEventKind, SamplerConfig, Targets};
 
 use crate::aggregate::CpuAggregator;
+use crate::offcpu::OffCpuAggregator;
+use crate::profile::Profile;
+use crate::profile_kind::ProfileKind;
 use crate::cuda::{CudaHookManager, CudaProfiles, DutyCycle, OomReport};
 use crate::process::ProcessTracker;
 use crate::UserError;
@@ -32,6 +36,8 @@ pub struct SessionConfig {
     pub unwind_memory: u64,
     /// Sample CPU time.
     pub cpu: bool,
+    /// Follow target threads' switches (off-cpu and wall profiles).
+    pub off_cpu: bool,
     pub cuda: Option<CudaOptions>,
 }
 
@@ -44,6 +50,7 @@ pub struct Session {
     pub sampler: CpuSampler,
     pub tracker: ProcessTracker,
     pub aggregator: CpuAggregator,
+    pub off_cpu: Option<OffCpuAggregator>,
     pub cuda: Option<CudaState>,
     /// Out-of-memory failures not yet reported.
     pub ooms: Vec<OomReport>,
@@ -53,7 +60,7 @@ pub struct Session {
 impl Session {
     /// A CPU-only session.
     pub fn start_cpu(targets: Targets, frequency_hz: u64, unwind_memory: u64) -> anyhow::Result<Self> {
-        Self::start(SessionConfig { targets, frequency_hz, unwind_memory, cpu: true, cuda: None })
+        Self::start(SessionConfig { targets, frequency_hz, unwind_memory, cpu: true, off_cpu: false, cuda: None })
     }
 
     /// Loads the programs, the unwind tables of the processes that run now (all of them when
@@ -64,9 +71,13 @@ impl Session {
             Targets::Processes { pids, .. } => Some(pids.clone()),
         };
         let frequency_hz = config.frequency_hz;
-        let sampler_config = SamplerConfig { frequency_hz, targets: config.targets, unwind_memory: config.unwind_memory };
+        // Descendants followed: a command started with the recording (record -- CMD).
+        let command = matches!(config.targets, Targets::Processes { follow_forks: true, .. });
+        let sampler_config =
+            SamplerConfig { frequency_hz, targets: config.targets, unwind_memory: config.unwind_memory, off_cpu: OffCpuSampling::default() };
         let mut sampler = CpuSampler::start(&sampler_config).map_err(user_facing)?;
         let mut tracker = ProcessTracker::new();
+        tracker.demand_tables_at_low_priority(command);
         let started = Instant::now();
         match preload {
             None => tracker.refresh_all(&mut sampler),
@@ -96,7 +107,11 @@ impl Session {
         if config.cpu {
             sampler.enable(frequency_hz)?;
         }
-        Ok(Session { sampler, tracker, aggregator: CpuAggregator::new(), cuda, ooms: Vec::new(), frequency_hz })
+        if config.off_cpu {
+            sampler.enable_off_cpu()?;
+        }
+        let off_cpu = config.off_cpu.then(OffCpuAggregator::default);
+        Ok(Session { sampler, tracker, aggregator: CpuAggregator::new(), off_cpu, cuda, ooms: Vec::new(), frequency_hz })
     }
 
     /// Waits up to `timeout` for events and handles them; attaches and detaches the duty-cycled
@@ -134,6 +149,7 @@ impl Session {
         // buffer: exits are handled after everything else of the batch.
         let (exits, events): (Vec<Event>, Vec<Event>) =
             events.into_iter().partition(|e| matches!(e, Event::Process(p) if p.kind == ProcessEventKind::Exit));
+        let events = reports_first_for_new_processes(events, |pid| self.tracker.files(pid).is_some());
         for (i, event) in events.into_iter().chain(exits).enumerate() {
             // A window of duty-cycled hooks must end on time even while a burst of its records
             // is being handled.
@@ -144,22 +160,41 @@ impl Session {
             }
             match event {
                 Event::Sample(sample) => self.aggregator.add(&sample, self.tracker.files(sample.pid), self.tracker.python(sample.pid)),
+                Event::OffCpu(o) => {
+                    if let Some(off) = self.off_cpu.as_mut() {
+                        let pid = o.sample.pid;
+                        off.stack(&mut self.aggregator, &o, self.tracker.files(pid), self.tracker.python(pid));
+                    }
+                }
+                Event::OffCpuEnd(end) => {
+                    if let Some(off) = self.off_cpu.as_mut() {
+                        off.end(&end);
+                    }
+                }
                 Event::Process(ev) if matches!(ev.kind, ProcessEventKind::NeedTable { .. }) => self.tracker.handle(&mut self.sampler, ev),
                 Event::Process(ev) => {
                     // A burst of mmaps (a Python importing extensions) needs one refresh.
-                    if ev.kind != ProcessEventKind::Exit && refreshed.contains(&ev.pid) {
+                    if matches!(ev.kind, ProcessEventKind::MmapExec | ProcessEventKind::Unknown) && refreshed.contains(&ev.pid) {
                         continue;
                     }
                     let seen = Instant::now();
+                    if ev.kind == ProcessEventKind::Exit {
+                        if let Some(off) = self.off_cpu.as_mut() {
+                            off.thread_gone(ev.pid);
+                        }
+                    }
                     self.tracker.handle(&mut self.sampler, ev);
                     tracing::debug!(pid = ev.pid, kind = ?ev.kind, "process event");
-                    let Some(c) = self.cuda.as_mut() else { continue };
                     if ev.kind == ProcessEventKind::Exit {
                         refreshed.retain(|&p| p != ev.pid);
+                    } else {
+                        refreshed.push(ev.pid);
+                    }
+                    let Some(c) = self.cuda.as_mut() else { continue };
+                    if ev.kind == ProcessEventKind::Exit {
                         c.hooks.process_exited(ev.pid);
                         c.profiles.process_exited(ev.pid);
                     } else if let Some(entries) = self.tracker.exec_entries(ev.pid) {
-                        refreshed.push(ev.pid);
                         c.hooks.process_mapped(&self.sampler, ev.pid, entries, seen);
                     }
                 }
@@ -190,10 +225,130 @@ impl Session {
     }
 }
 
+/// The process whose record an event is (samples and CUDA calls; None for the rest).
+fn record_pid(event: &Event) -> Option<u32> {
+    match event {
+        Event::Sample(s) => Some(s.pid),
+        Event::OffCpu(o) => Some(o.sample.pid),
+        Event::Cuda(c) => Some(c.sample.pid),
+        _ => None,
+    }
+}
+
+/// A batch with the exec and mmap reports of a process the tracker does not know yet moved
+/// before its first record. They come from the other ring buffer, read after the samples', so a
+/// program that runs out of memory and exits within one batch had its stack placed before its
+/// maps were read, and then it was gone (the OOM test named nothing 2 runs in 5 on a loaded
+/// machine). A known process keeps the order: its records may be from before an exec.
+fn reports_first_for_new_processes(events: Vec<Event>, known: impl Fn(u32) -> bool) -> Vec<Event> {
+    let mut reports: HashMap<u32, Vec<usize>> = HashMap::new();
+    for (i, e) in events.iter().enumerate() {
+        if let Event::Process(p) = e {
+            if !known(p.pid) {
+                reports.entry(p.pid).or_default().push(i);
+            }
+        }
+    }
+    if reports.is_empty() {
+        return events;
+    }
+    let mut slots: Vec<Option<Event>> = events.into_iter().map(Some).collect();
+    let mut out = Vec::with_capacity(slots.len());
+    for i in 0..slots.len() {
+        let pulled = slots[i].as_ref().and_then(record_pid).and_then(|pid| reports.remove(&pid));
+        for j in pulled.into_iter().flatten() {
+            out.extend(slots[j].take());
+        }
+        out.extend(slots[i].take());
+    }
+    out
+}
+
+impl Session {
+    /// The cpu, off-cpu and wall profiles among `wanted` for the window that ends now; a new
+    /// window starts. Wall is both on one scale: CPU samples count their period. The caller
+    /// builds the CUDA profiles first, then lets the aggregator forget exited processes.
+    pub fn take_time_profiles(&mut self, wanted: &[ProfileKind], start: SystemTime, duration: Duration) -> Vec<(ProfileKind, Profile)> {
+        let mut out = Vec::new();
+        let cpu = self.aggregator.take_cpu_values(self.frequency_hz);
+        let (off, totals) = match self.off_cpu.as_mut() {
+            Some(o) => {
+                let (values, totals) = o.take_values();
+                (values, Some(totals))
+            }
+            None => (Vec::new(), None),
+        };
+        if wanted.contains(&ProfileKind::Cpu) {
+            let mut profile = Profile::cpu(self.frequency_hz);
+            self.aggregator.build(&mut profile, cpu.clone(), start, duration);
+            out.push((ProfileKind::Cpu, profile));
+        }
+        if wanted.contains(&ProfileKind::OffCpu) {
+            let mut profile = Profile::of(ProfileKind::OffCpu.sample_types());
+            profile.comments.extend(totals.map(|t| t.describe()));
+            self.aggregator.build(&mut profile, off.clone(), start, duration);
+            out.push((ProfileKind::OffCpu, profile));
+        }
+        if wanted.contains(&ProfileKind::Wall) {
+            let mut profile = Profile::of(ProfileKind::Wall.sample_types());
+            profile.comments.push(format!("wall: CPU samples at {} Hz (each one period of time) and off-CPU time", self.frequency_hz));
+            profile.comments.extend(totals.map(|t| t.describe()));
+            let mut values = cpu;
+            values.extend(off);
+            self.aggregator.build(&mut profile, values, start, duration);
+            out.push((ProfileKind::Wall, profile));
+        }
+        out
+    }
+}
+
 /// BPF failures that the user can act on become one-line usage errors.
 pub fn user_facing(e: BpfError) -> anyhow::Error {
     match e {
         BpfError::PermissionDenied | BpfError::NoBtf(_) => UserError(e.to_string()).into(),
         other => other.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuflame_bpf::{ProcessEvent, Sample, StackRead, UnwindStatus};
+
+    fn sample(pid: u32) -> Event {
+        Event::Sample(Sample {
+            timestamp_ns: 0,
+            pid,
+            tid: pid,
+            cpu: 0,
+            comm: String::new(),
+            kernel_stack: StackRead::Frames(Vec::new()),
+            user_stack: Vec::new(),
+            unwind: UnwindStatus::EndOfStack,
+            leaf_file: None,
+        })
+    }
+
+    fn report(pid: u32, kind: ProcessEventKind) -> Event {
+        Event::Process(ProcessEvent { pid, kind })
+    }
+
+    fn describe(events: &[Event]) -> Vec<String> {
+        events
+            .iter()
+            .map(|e| match e {
+                Event::Sample(s) => format!("sample {}", s.pid),
+                Event::Process(p) => format!("{:?} {}", p.kind, p.pid),
+                _ => "other".into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn reports_of_a_new_process_come_before_its_first_record() {
+        let batch = vec![sample(7), sample(9), sample(7), report(9, ProcessEventKind::MmapExec), report(7, ProcessEventKind::Exec), report(7, ProcessEventKind::MmapExec)];
+        // 9 is known: its records keep their order against its reports.
+        let out = reports_first_for_new_processes(batch, |pid| pid == 9);
+        assert_eq!(describe(&out), ["Exec 7", "MmapExec 7", "sample 7", "sample 9", "sample 7", "MmapExec 9"]);
     }
 }

@@ -6,19 +6,12 @@ mod common;
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::Command;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use common::*;
 
-struct Killed(Child);
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Runs `script` with sh in a private mount namespace whose `mountpoint` is a fresh tmpfs.
 fn in_namespace(mountpoint: &Path, script: &str) -> Killed {
@@ -136,10 +129,10 @@ fn python_in_a_container_has_its_frames_and_its_libpythons_names() {
         .iter()
         .filter(|s| {
             let user = s.user();
-            let py: Vec<&str> = user.iter().filter(|f| f.contains("(pyspin.py:")).map(|f| f.split(" (").next().unwrap_or("")).collect();
+            let py: Vec<&str> = user.iter().filter(|f| f.contains("(pyspin.py")).map(|f| f.split(" (").next().unwrap_or("")).collect();
             // The interpreter's own frames under the Python ones, named from the namespace's
             // libpython.
-            let first_py = user.iter().position(|f| f.contains("(pyspin.py:")).unwrap_or(0);
+            let first_py = user.iter().position(|f| f.contains("(pyspin.py")).unwrap_or(0);
             let native = ["Py_BytesMain", "Py_RunMain", "PyEval_EvalCode"].iter().all(|n| user[..first_py].contains(n));
             py == ["<module>", "top", "middle", "leaf"] && native && user.first() == Some(&"_start")
         })

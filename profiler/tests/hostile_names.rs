@@ -40,7 +40,7 @@ fn record(dir: &Path, command: &[&str], formats: &[&str]) -> Outputs {
     let path = |ext: &str| dir.join(format!("out.{ext}"));
     for ext in formats {
         let out = path(ext);
-        let mut args = vec!["record", "-F", "499", "-o", out.to_str().unwrap(), "--"];
+        let mut args = vec!["record", "--lines", "-F", "499", "-o", out.to_str().unwrap(), "--"];
         args.extend_from_slice(command);
         gpuflame_ok(&args, 0);
     }

@@ -3,7 +3,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::Command;
 use std::thread::sleep;
 use std::time::Duration;
 
@@ -31,13 +31,6 @@ fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/pystack.py")
 }
 
-struct Killed(Child);
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Whether a sample's stack is right: thread entry at the root, the interpreter's native frames
 /// above the first Python frame, the expected Python functions in order with their lines, and
@@ -86,7 +79,7 @@ fn python_and_native_frames_interleave_on_every_interpreter() {
         sleep(Duration::from_millis(800));
         let out = dir.path().join("py.folded");
         let pid = child.0.id().to_string();
-        gpuflame_ok(&["record", "-F", "199", "-d", "3", "-p", &pid, "-o", out.to_str().unwrap()], 0);
+        gpuflame_ok(&["record", "--lines", "-F", "199", "-d", "3", "-p", &pid, "-o", out.to_str().unwrap()], 0);
         drop(child);
         let stacks = read_folded(&out);
         let all = total(&stacks);
@@ -132,7 +125,7 @@ fn same_python_frames_as_py_spy_dump() {
     let pid = child.0.id().to_string();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("spin.folded");
-    let recorder = Command::new(GPUFLAME).args(["record", "-F", "199", "-d", "2", "-p", &pid, "-o", out.to_str().unwrap()]).spawn().unwrap();
+    let recorder = Command::new(GPUFLAME).args(["record", "--lines", "-F", "199", "-d", "2", "-p", &pid, "-o", out.to_str().unwrap()]).spawn().unwrap();
     sleep(Duration::from_millis(1000));
     let dump = Command::new(&py_spy).args(["dump", "--native", "--pid", &pid]).output().expect("running py-spy");
     let rec = recorder.wait_with_output().unwrap();
@@ -178,7 +171,7 @@ fn unsupported_python_is_profiled_natively_with_one_warning() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("py37.folded");
     let pid = child.0.id().to_string();
-    let output = gpuflame_ok(&["record", "-F", "199", "-d", "1", "-p", &pid, "-o", out.to_str().unwrap()], 0);
+    let output = gpuflame_ok(&["record", "--lines", "-F", "199", "-d", "1", "-p", &pid, "-o", out.to_str().unwrap()], 0);
     let stderr = String::from_utf8_lossy(&output.stderr);
     let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains("not supported")).collect();
     assert_eq!(warnings.len(), 1, "expected one warning:\n{stderr}");

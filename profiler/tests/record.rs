@@ -85,8 +85,13 @@ fn process_that_exits_during_the_recording_is_symbolized() {
     let stacks: Vec<Stack> = read_folded(&out).into_iter().filter(|s| s.comm() == "short_lived").collect();
     let all = total(&stacks);
     assert!(all >= 50, "expected ~99 samples of short_lived, got {all}");
-    let named: u64 = stacks.iter().filter(|s| s.has_sequence(&["main", "short_lived_work"])).map(|s| s.count).sum();
+    // Named: the leaf, from the file, after the process is gone.
+    let named: u64 = stacks.iter().filter(|s| s.user().last() == Some(&"short_lived_work")).map(|s| s.count).sum();
     assert!(named * 100 >= all * 95, "only {named} of {all} samples were symbolized:\n{}", describe(&stacks));
+    // Whole: all but the samples taken before the program's unwind table was built, which stop
+    // at the leaf (11 of 66 on a loaded CI machine).
+    let whole: u64 = stacks.iter().filter(|s| s.user().first() == Some(&"_start") && s.has_sequence(&["main", "short_lived_work"])).map(|s| s.count).sum();
+    assert!(whole * 100 >= all * 70, "only {whole} of {all} samples were whole stacks:\n{}", describe(&stacks));
 }
 
 #[test]

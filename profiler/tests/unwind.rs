@@ -186,7 +186,7 @@ fn debian_python_unwinds_to_start() {
         .iter()
         .filter(|s| {
             // The evaluation loop's frame is shown as the Python code it runs.
-            s.user().first() == Some(&"_start") && s.user().iter().any(|f| f.starts_with("_PyEval_EvalFrameDefault") || f.starts_with("<module> (<string>:"))
+            s.user().first() == Some(&"_start") && s.user().iter().any(|f| f.starts_with("_PyEval_EvalFrameDefault") || f.starts_with("<module> (<string>"))
         })
         .map(|s| s.count)
         .sum();

@@ -7,10 +7,11 @@
 //! pread. Code and data sections stay holes, which cost nothing. The layout is the original's,
 //! so file offsets and addresses mean the same in the copy.
 //!
-//! Links to separate debug files are followed by blazesym only where they cannot lead out of
-//! root's debug directories: a link in a file someone else controls could otherwise name a
-//! FIFO or a file they truncate at will. Other links are unlinked in the copy (their section
-//! loses its name).
+//! Debug links (`.gnu_debuglink`) are followed by gpuflame itself (debuginfo.rs: checked
+//! against the build-id, and copied like this), never by blazesym: they are unlinked in the copy
+//! (their section loses its name). An alternate debug file (dwz) is left to blazesym only where
+//! it cannot lead out of root's debug directories: a link in a file someone else controls could
+//! otherwise name a FIFO or a file they truncate at will.
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
@@ -99,6 +100,13 @@ impl PrivateCopy {
         Ok(PrivateCopy { memfd, dwarf: dwarf == 0 || with_dwarf, bytes })
     }
 
+    /// A copy of bytes made here (a decompressed MiniDebugInfo ELF).
+    pub(crate) fn from_bytes(data: &[u8]) -> Result<Self, CopyError> {
+        let memfd = memfd().map_err(CopyError::Memfd)?;
+        memfd.write_all_at(data, 0).map_err(CopyError::Memfd)?;
+        Ok(PrivateCopy { memfd, dwarf: false, bytes: data.len() as u64 })
+    }
+
     /// A path blazesym can open, that reaches the copy for as long as it is held.
     pub(crate) fn path(&self) -> PathBuf {
         PathBuf::from(format!("/proc/self/fd/{}", self.memfd.as_raw_fd()))
@@ -111,7 +119,7 @@ fn unlink_unsafe_links<R: gpuflame_elfread::ReadAt>(elf: &ElfFile<R>, copy: &Fil
     let shoff = elf.header_ranges()[2].0;
     for (i, s) in elf.sections().iter().enumerate() {
         let safe = match s.name.as_str() {
-            ".gnu_debuglink" => elf.section_data(s, 4096).is_ok_and(|d| safe_link_name(until_nul(&d))),
+            ".gnu_debuglink" => false,
             ".gnu_debugaltlink" => elf.section_data(s, 4096).is_ok_and(|d| safe_alt_path(until_nul(&d))),
             // A DWARF 5 supplementary file: a path too, rare; not followed.
             ".debug_sup" => false,
@@ -126,13 +134,13 @@ fn unlink_unsafe_links<R: gpuflame_elfread::ReadAt>(elf: &ElfFile<R>, copy: &Fil
     Ok(())
 }
 
-fn until_nul(d: &[u8]) -> &[u8] {
+pub(crate) fn until_nul(d: &[u8]) -> &[u8] {
     &d[..d.iter().position(|&b| b == 0).unwrap_or(d.len())]
 }
 
-/// A debug link is a file name that blazesym looks for in the debug directories and next to the
-/// file (here /proc/self/fd/, where only digits name something).
-fn safe_link_name(name: &[u8]) -> bool {
+/// A debug link is a file name, looked for in the debug directories and next to the module
+/// (never a path; digits alone would name descriptors next to a copy in /proc/self/fd/).
+pub(crate) fn safe_link_name(name: &[u8]) -> bool {
     !name.is_empty()
         && name.len() <= 255
         && name != b"."

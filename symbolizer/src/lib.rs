@@ -10,6 +10,8 @@
 //! happens to have its path here.
 
 mod copy;
+mod debuginfo;
+mod debuginfod;
 mod demangle;
 mod files;
 mod frames;
@@ -17,6 +19,7 @@ mod modules;
 mod procmaps;
 mod python;
 
+pub use debuginfo::{configure, DebugConfig};
 pub use files::{FileError, ModuleFile};
 pub use frames::{Symbol, SymbolLine};
 pub use modules::{Module, ModuleId};
@@ -25,6 +28,7 @@ pub use python::{NameTag, PyFrame, PythonSymbolizer};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Instant;
 
 use blazesym::normalize::{self, Normalizer, UserMeta};
 use blazesym::symbolize::source::{self as src, Source};
@@ -33,6 +37,7 @@ use blazesym::Pid;
 use gpuflame_elfread::{max_open_files, FileId};
 
 use copy::PrivateCopy;
+use debuginfo::Extras;
 use modules::ModuleTable;
 
 const VDSO: &str = "[vdso]";
@@ -75,6 +80,10 @@ pub struct Symbolizer {
     /// Private copies of module files, per file; None when the copy failed (not retried).
     copies: HashMap<FileId, Option<PrivateCopy>>,
     copied_bytes: u64,
+    /// Per module file, what it lacks and where that is (None: nothing to add).
+    extras: HashMap<FileId, Option<Extras>>,
+    /// Decompressed MiniDebugInfo, per module file; None when there was none to be had.
+    minis: HashMap<FileId, Option<PrivateCopy>>,
 }
 
 impl Default for Symbolizer {
@@ -96,6 +105,8 @@ impl Symbolizer {
             kernel_cache: HashMap::new(),
             copies: HashMap::new(),
             copied_bytes: 0,
+            extras: HashMap::new(),
+            minis: HashMap::new(),
         }
     }
 
@@ -156,6 +167,9 @@ impl Symbolizer {
                     }
                 });
                 let path = Path::new(m.path.strip_suffix(" (deleted)").unwrap_or(&m.path));
+                if let Some(f) = file.as_ref() {
+                    Self::examine(&mut self.extras, f, path);
+                }
                 let module = self.modules.intern(path, None, file.as_ref());
                 out.push(UserAddr::InModule { module, file_offset: addr - m.start + m.offset });
             } else {
@@ -191,6 +205,9 @@ impl Symbolizer {
             let i = mappings.partition_point(|m| m.start <= addr);
             match i.checked_sub(1).map(|i| &mappings[i]).filter(|m| addr < m.end) {
                 Some(m) => {
+                    if let Some(f) = m.file.as_ref() {
+                        Self::examine(&mut self.extras, f, &m.path);
+                    }
                     let module = self.modules.intern(&m.path, m.build_id.as_deref(), m.file.as_ref());
                     out.push(Some(UserAddr::InModule { module, file_offset: addr - m.start + m.offset }));
                 }
@@ -202,6 +219,18 @@ impl Symbolizer {
         }
         let mut fallback = if rest.is_empty() { Vec::new() } else { self.normalize(pid, &rest) }.into_iter();
         out.into_iter().map(|a| a.or_else(|| fallback.next()).unwrap_or(UserAddr::Unmapped { addr: 0 })).collect()
+    }
+
+    /// An address known only by its file's identity (device, inode and size as `stat` gives
+    /// them) and offset: placed in the module of that file when one was seen mapped before.
+    pub fn in_file(&self, dev: u64, ino: u64, size: u64, file_offset: u64) -> Option<UserAddr> {
+        self.modules.by_inode(dev, ino, size).map(|module| UserAddr::InModule { module, file_offset })
+    }
+
+    /// Looks at a module file when it is first sampled: a debuginfod download it may need starts
+    /// now, to be done by the time names are wanted.
+    fn examine(extras: &mut HashMap<FileId, Option<Extras>>, file: &Arc<ModuleFile>, path: &Path) {
+        extras.entry(file.id()).or_insert_with(|| Extras::examine(file, path));
     }
 
     /// Forgets what was normalized for `pid` (it exited or exec'd another program).
@@ -225,6 +254,7 @@ impl Symbolizer {
     fn drop_copies(&mut self) {
         self.blaze = Self::new_blazesym();
         self.copies.clear();
+        self.minis.clear();
         self.copied_bytes = 0;
     }
 
@@ -251,7 +281,13 @@ impl Symbolizer {
     }
 
     fn new_blazesym() -> symbolize::Symbolizer {
-        symbolize::Symbolizer::builder().enable_code_info(true).enable_inlined_fns(true).enable_demangling(false).build()
+        // The debug directories serve the dwz files (.gnu_debugaltlink) of separate debug files.
+        symbolize::Symbolizer::builder()
+            .enable_code_info(true)
+            .enable_inlined_fns(true)
+            .enable_demangling(false)
+            .set_debug_dirs(Some(&debuginfo::config().debug_dirs))
+            .build()
     }
 
     pub fn module(&self, id: ModuleId) -> &Module {
@@ -260,6 +296,8 @@ impl Symbolizer {
 
     /// Symbolizes normalized user addresses; the result has one [`Symbol`] per address.
     pub fn symbolize_user(&mut self, addrs: &[UserAddr]) -> Vec<Symbol> {
+        // Downloads still running are waited for until one deadline, shared by all modules.
+        let mut wait_until: Option<Instant> = None;
         let mut by_module: HashMap<ModuleId, Vec<u64>> = HashMap::new();
         for addr in addrs {
             if let UserAddr::InModule { module, file_offset } = *addr {
@@ -277,23 +315,53 @@ impl Symbolizer {
                 tracing::debug!(module = %self.modules.get(module).path.display(), "no open file to symbolize with");
             }
             let mut symbols = vec![Symbol::unknown(); offsets.len()];
+            let mut awaited = false;
             for file in files {
-                let pending: Vec<usize> = (0..offsets.len()).filter(|&i| symbols[i].is_unknown()).collect();
-                if pending.is_empty() {
+                if symbols.iter().all(|s| !s.is_unknown()) {
                     break;
                 }
-                let wanted: Vec<u64> = pending.iter().map(|&i| offsets[i]).collect();
-                let Some(copy) = self.copy_of(&file) else { continue };
-                let mut elf = src::Elf::new(copy.path());
-                elf.debug_syms = copy.dwarf;
-                match self.blaze.symbolize(&Source::Elf(elf), Input::FileOffset(&wanted)) {
-                    Ok(results) => {
-                        for (&i, r) in pending.iter().zip(results) {
-                            symbols[i] = frames::symbol_from(r);
-                        }
+                Self::examine(&mut self.extras, &file, &self.modules.get(module).path.clone());
+                if let Some(Some(extras)) = self.extras.get_mut(&file.id()) {
+                    if extras.pending.is_some() {
+                        extras.settle(Some(*wait_until.get_or_insert_with(|| Instant::now() + debuginfo::config().wait)));
+                        awaited |= extras.pending.is_some();
                     }
-                    Err(e) => tracing::debug!(module = %self.modules.get(module).path.display(), error = %e, "cannot symbolize with this file"),
                 }
+                // The separate debug file first (all names, and lines), then the module's own
+                // tables, then its MiniDebugInfo (the names the dynamic symbols lack).
+                let separate = self.extras.get(&file.id()).and_then(Option::as_ref).and_then(|e| e.separate.clone());
+                if let Some(debug) = separate {
+                    if let Some(copy) = self.copy_of(&debug) {
+                        let (path, dwarf) = (copy.path(), copy.dwarf);
+                        self.name_virt(module, &file, path, dwarf, &offsets, &mut symbols);
+                    }
+                }
+                let pending: Vec<usize> = (0..offsets.len()).filter(|&i| symbols[i].is_unknown()).collect();
+                let wanted: Vec<u64> = pending.iter().map(|&i| offsets[i]).collect();
+                if let Some(copy) = self.copy_of(&file) {
+                    let mut elf = src::Elf::new(copy.path());
+                    elf.debug_syms = copy.dwarf;
+                    match self.blaze.symbolize(&Source::Elf(elf), Input::FileOffset(&wanted)) {
+                        Ok(results) => {
+                            for (&i, r) in pending.iter().zip(results) {
+                                symbols[i] = frames::symbol_from(r);
+                            }
+                        }
+                        Err(e) => tracing::debug!(module = %self.modules.get(module).path.display(), error = %e, "cannot symbolize with this file"),
+                    }
+                }
+                if symbols.iter().any(Symbol::is_unknown) {
+                    if let Some(path) = self.mini_of(&file) {
+                        self.name_virt(module, &file, path, false, &offsets, &mut symbols);
+                    }
+                }
+            }
+            if awaited {
+                // Named later, if the download comes: the unknowns are not remembered.
+                for (offset, symbol) in offsets.into_iter().zip(symbols).filter(|(_, s)| !s.is_unknown()) {
+                    self.user_cache.insert((module, offset), symbol);
+                }
+                continue;
             }
             for (offset, symbol) in offsets.into_iter().zip(symbols) {
                 self.user_cache.insert((module, offset), symbol);
@@ -308,6 +376,43 @@ impl Symbolizer {
                 UserAddr::Unmapped { .. } => Symbol::unknown(),
             })
             .collect()
+    }
+
+    /// Names the unknowns among `offsets` (file offsets of the module file `file`) with a debug
+    /// file at `path`, which names addresses.
+    fn name_virt(&mut self, module: ModuleId, file: &ModuleFile, path: std::path::PathBuf, dwarf: bool, offsets: &[u64], symbols: &mut [Symbol]) {
+        let Some(Some(extras)) = self.extras.get(&file.id()) else { return };
+        let (pending, wanted): (Vec<usize>, Vec<u64>) =
+            (0..offsets.len()).filter(|&i| symbols[i].is_unknown()).filter_map(|i| Some((i, extras.virt_offset(offsets[i])?))).unzip();
+        if wanted.is_empty() {
+            return;
+        }
+        let mut elf = src::Elf::new(path);
+        elf.debug_syms = dwarf;
+        match self.blaze.symbolize(&Source::Elf(elf), Input::VirtOffset(&wanted)) {
+            Ok(results) => {
+                for (&i, r) in pending.iter().zip(results) {
+                    symbols[i] = frames::symbol_from(r);
+                }
+            }
+            Err(e) => tracing::debug!(module = %self.modules.get(module).path.display(), error = %e, "cannot symbolize with a debug file"),
+        }
+    }
+
+    /// The decompressed MiniDebugInfo of a module file, made on first use.
+    fn mini_of(&mut self, file: &ModuleFile) -> Option<std::path::PathBuf> {
+        if !self.minis.contains_key(&file.id()) {
+            let extras = self.extras.get(&file.id()).and_then(Option::as_ref);
+            let copy = extras.and_then(|e| e.decompress_mini(file)).and_then(|data| match PrivateCopy::from_bytes(&data) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot keep a MiniDebugInfo");
+                    None
+                }
+            });
+            self.minis.insert(file.id(), copy);
+        }
+        self.minis.get(&file.id()).and_then(Option::as_ref).map(PrivateCopy::path)
     }
 
     /// Symbolizes kernel addresses with kallsyms.

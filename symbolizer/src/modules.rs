@@ -39,19 +39,19 @@ impl Module {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ModuleId(pub u32);
 
-/// What makes two mappings one module. Never the path alone when the file is known: one path
-/// in two mount namespaces is two files.
+/// What makes two mappings one module: the file when it is known (one path in two mount
+/// namespaces is two files, and a build-id is only a claim: another user's file can copy a
+/// victim's to lend it its names), the build-id or path only when no file could be opened.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum ModuleKey {
-    /// The same build, wherever it lies.
+    /// The same build, wherever it lies, when no file of it is open.
     BuildId(Vec<u8>),
     File(FileId),
     /// No file could be opened: the module can only be shown as unknown.
     Path(PathBuf),
 }
 
-/// Files kept per module: a stripped copy and the original share a build-id, and each may name
-/// what the other cannot.
+/// Files kept per module (one file, seen through several processes' map_files).
 const FILES_PER_MODULE: usize = 4;
 
 pub(crate) struct ModuleTable {
@@ -59,6 +59,9 @@ pub(crate) struct ModuleTable {
     files: Vec<Vec<Arc<ModuleFile>>>,
     last_used: Vec<u64>,
     by_key: HashMap<ModuleKey, ModuleId>,
+    /// Modules of opened files by (device, inode, size), for code known only by its file's
+    /// identity (the size, so that an inode number freed and reused is not taken for the file).
+    by_inode: HashMap<(u64, u64, u64), ModuleId>,
     /// Modules that hold files now, and how many may: the least recently used lets its files go.
     holding: usize,
     limit: usize,
@@ -67,14 +70,14 @@ pub(crate) struct ModuleTable {
 
 impl ModuleTable {
     pub(crate) fn new(limit: usize) -> Self {
-        ModuleTable { modules: Vec::new(), files: Vec::new(), last_used: Vec::new(), by_key: HashMap::new(), holding: 0, limit: limit.max(1), clock: 0 }
+        ModuleTable { modules: Vec::new(), files: Vec::new(), last_used: Vec::new(), by_key: HashMap::new(), by_inode: HashMap::new(), holding: 0, limit: limit.max(1), clock: 0 }
     }
 
     pub(crate) fn intern(&mut self, path: &Path, build_id: Option<&[u8]>, file: Option<&Arc<ModuleFile>>) -> ModuleId {
         let build_id = build_id.or_else(|| file.and_then(|f| f.build_id()));
         let key = match (build_id, file) {
-            (Some(b), _) => ModuleKey::BuildId(b.to_vec()),
-            (None, Some(f)) => ModuleKey::File(f.id()),
+            (_, Some(f)) => ModuleKey::File(f.id()),
+            (Some(b), None) => ModuleKey::BuildId(b.to_vec()),
             (None, None) => ModuleKey::Path(path.to_path_buf()),
         };
         let id = match self.by_key.get(&key) {
@@ -97,6 +100,8 @@ impl ModuleTable {
         self.clock += 1;
         self.last_used[id.0 as usize] = self.clock;
         if let Some(file) = file {
+            let f = file.id();
+            self.by_inode.insert((f.dev, f.ino, f.size), id);
             let files = &mut self.files[id.0 as usize];
             if !files.iter().any(|f| f.id() == file.id()) && files.len() < FILES_PER_MODULE {
                 if files.is_empty() {
@@ -119,6 +124,11 @@ impl ModuleTable {
             self.files[i].clear();
             self.holding -= 1;
         }
+    }
+
+    /// The module of the file with this device, inode and size, if one was seen mapped.
+    pub(crate) fn by_inode(&self, dev: u64, ino: u64, size: u64) -> Option<ModuleId> {
+        self.by_inode.get(&(dev, ino, size)).copied()
     }
 
     pub(crate) fn get(&self, id: ModuleId) -> &Module {
@@ -170,6 +180,23 @@ mod tests {
         assert_ne!(a, b);
         assert_eq!(a, c);
         assert_eq!(t.files(a).len(), 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn files_that_claim_one_build_id_are_two_modules() {
+        let dir = std::env::temp_dir().join(format!("symbolizer-claim-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (victim, impostor) = (dir.join("victim"), dir.join("impostor"));
+        std::fs::write(&victim, b"the real library").unwrap();
+        std::fs::write(&impostor, b"someone else's file").unwrap();
+        let (fv, fi) = (open(victim.to_str().unwrap()), open(impostor.to_str().unwrap()));
+        let mut t = ModuleTable::new(100);
+        let a = t.intern(Path::new("/usr/lib/libv.so"), Some(&[7, 7]), Some(&fv));
+        let b = t.intern(Path::new("/tmp/libv.so"), Some(&[7, 7]), Some(&fi));
+        assert_ne!(a, b);
+        assert_eq!(t.files(a).len(), 1);
+        assert_eq!(t.files(b).len(), 1);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 /* The profiler's BPF object. CPU-time sampling (here): a perf_event program on the software CPU
- * clock of every online CPU. CUDA hooks, unwinding, Python walking and process events come from
- * the headers included below. */
+ * clock of every online CPU. CUDA hooks, off-CPU time, unwinding, Python walking and process
+ * events come from the headers included below. */
 #include "vmlinux.h"
 #include <bpf/bpf_core_read.h>
 #include <bpf/bpf_helpers.h>
@@ -12,6 +12,7 @@
 #include "native_unwind.h"
 #include "cuda_hooks.h"
 #include "process_events.h"
+#include "offcpu.h"
 #include "targets.h"
 
 #ifndef EFAULT

@@ -6,7 +6,7 @@
 /* The kernel's perf_event_max_stack default; bpf_get_stack() refuses deeper buffers there. */
 #define MAX_KERNEL_FRAMES 127
 /* Native frames the unwinder walks per sample; deeper stacks end truncated. A power of two. */
-#define MAX_USER_FRAMES 256
+#define MAX_USER_FRAMES 512
 #define COMM_LEN 16
 
 /* Why the user stack ended. */
@@ -23,6 +23,8 @@ enum unwind_status {
 	UNWIND_NO_TABLE_YET = 9, /* the file's table is not built yet (asked for) */
 	UNWIND_BAD_FRAME = 10,   /* code without CFI whose caller could not be found: a frame-pointer
 				  * step and a stack scan found no return address after a call */
+	UNWIND_IN_EXEC = 11,     /* in execve: the registers are the old program's, the memory may be
+				  * the new one's; no user stack */
 };
 
 /* What a record of the `samples` ring buffer is. */
@@ -33,6 +35,11 @@ enum event_kind {
 	EVENT_CUPTI_KERNELS = 3,/* kernel records (struct cupti_kernel) in user_stack; user_frames of
 				 * them; size = records dropped by the library so far */
 	EVENT_CUPTI_NAME = 4,   /* a kernel name id: addr = id, the name in user_stack */
+	EVENT_OFFCPU_STACK = 5, /* a target thread switched out: addr = its wait's number in the thread,
+				 * api = its state (prev_state); user_frames user slots, then
+				 * kernel_stack_bytes of kernel frames right after them */
+	EVENT_OFFCPU_END = 6,   /* a wait ended: addr = the wait's number (0: not unwound), duration_ns
+				 * its time off, aux the time of waits not unwound since the last record */
 };
 
 /* One record of the `samples` ring buffer. CUDA records end after user_stack's used entries:
@@ -55,6 +62,14 @@ struct sample_event {
 	__u64 addr;               /* device pointer, memory handle, or kernel (function) */
 	__u64 aux;                /* cuMemMap: the handle mapped at addr */
 	__u64 hook_ns;            /* time the return hook's program took (unwinding included) */
+	/* The file under the user leaf, when the unwinder did not know the process or the mapping
+	 * (a process that may be gone before user space reads its maps): its inode, size, device (the
+	 * kernel's encoding) and the leaf's offset in it. leaf_ino 0: not taken. */
+	__u64 leaf_ino;
+	__u64 leaf_size;
+	__u64 leaf_offset;
+	__u32 leaf_dev;
+	__u32 _leaf_pad;
 	char comm[COMM_LEN];
 	__u64 user_stack[MAX_USER_FRAMES];
 	__u64 kernel_stack[MAX_KERNEL_FRAMES];
@@ -153,6 +168,8 @@ struct cupti_kernel {
  * interrupt a hook. */
 #define SCRATCH_SAMPLER 0
 #define SCRATCH_CUDA 1
+#define SCRATCH_OFFCPU 2
+#define SCRATCH_SLOTS 3
 
 /* Process life-cycle events for the process tracker, through the `process_events` ring buffer. */
 enum process_event_kind {
@@ -197,7 +214,15 @@ enum counter {
 	COUNTER_UNWIND_SCANNED = 23,      /* frames found by scanning the stack for a return address */
 	COUNTER_PY_AFTER_GAP = 24,        /* samples whose Python frames follow a native gap */
 	COUNTER_PY_TRUNCATED = 25,        /* Python frames left out: the sample had no room */
-	COUNTER_MAX = 26,
+	COUNTER_MMAP_THROTTLED = 26,      /* code mappings not reported: the process used its budget */
+	COUNTER_OFFCPU_SWITCHES = 27,     /* switch-outs of target threads */
+	COUNTER_OFFCPU_UNWOUND = 28,      /* of them, unwound and sent with their stack */
+	COUNTER_OFFCPU_BUDGET = 29,       /* not unwound: their CPU's unwind budget was spent */
+	COUNTER_OFFCPU_LOST = 30,         /* off-CPU records dropped: ring buffer full */
+	COUNTER_OFFCPU_FULL = 31,         /* threads not followed: no task storage could be made */
+	COUNTER_OFFCPU_FOLLOWED = 32,     /* target threads given off-CPU state */
+	COUNTER_OFFCPU_RELEASED = 33,     /* of them, released at their exit */
+	COUNTER_MAX = 34,
 };
 
 /* Which processes are sampled, set before load. */

@@ -38,10 +38,11 @@ struct {
 	__type(value, __u8);
 } targets SEC(".maps");
 
-/* The records being built (SCRATCH_SAMPLER, SCRATCH_CUDA): too big for the BPF stack. */
+/* The records being built (SCRATCH_SAMPLER, SCRATCH_CUDA, SCRATCH_OFFCPU): too big for the BPF
+ * stack. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 2);
+	__uint(max_entries, SCRATCH_SLOTS);
 	__type(key, __u32);
 	__type(value, struct sample_event);
 } sample_scratch SEC(".maps");

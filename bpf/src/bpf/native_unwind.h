@@ -279,6 +279,30 @@ __noinline long scan_from(struct native_unwind_state *st, __u64 base)
 	return 1;
 }
 
+enum { FP_NONE, FP_STEPPED, FP_OUTERMOST };
+
+/* One step up the frame-pointer chain when rbp leads to a return address (a word right after a
+ * call instruction in the process's code), which keeps a general-purpose rbp from being followed
+ * into data. */
+static __always_inline int step_frame_pointer(struct native_unwind_state *st)
+{
+	__u64 frame[2] = {}; /* saved rbp, return address */
+
+	if (st->bp < st->sp || st->bp - st->sp >= (1 << 20) || bpf_probe_read_user(frame, sizeof(frame), (void *)st->bp))
+		return FP_NONE;
+	if (frame[1] == 0)
+		return FP_OUTERMOST;
+	if (!is_return_address(st->pid, frame[1])) {
+		count(COUNTER_UNWIND_FP_REJECTED);
+		return FP_NONE;
+	}
+	count(COUNTER_UNWIND_FP_FALLBACK);
+	st->sp = st->bp + 16;
+	st->bp = frame[0];
+	st->ip = frame[1];
+	return FP_STEPPED;
+}
+
 /* Code without CFI (hand-written BLAS kernels, JIT): the caller is found by frame pointer when
  * rbp leads to a return address, else by scanning the stack for the first word that is one:
  * above sp, and, at the leaf, above each callee-saved register that points a little up the
@@ -290,24 +314,16 @@ __noinline long step_without_cfi(struct native_unwind_state *st)
 {
 	struct task_struct *task;
 	struct pt_regs *regs;
-	__u64 frame[2] = {}; /* saved rbp, return address */
 	__u64 saved[6] = {};
 
 	if (!st)
 		return UNWIND_STOP;
-	if (st->bp >= st->sp && st->bp - st->sp < (1 << 20) && !bpf_probe_read_user(frame, sizeof(frame), (void *)st->bp)) {
-		if (frame[1] == 0) {
-			st->status = UNWIND_ZERO_RA; /* the outermost frame of a frame-pointer chain */
-			return UNWIND_STOP;
-		}
-		if (is_return_address(st->pid, frame[1])) {
-			count(COUNTER_UNWIND_FP_FALLBACK);
-			st->sp = st->bp + 16;
-			st->bp = frame[0];
-			st->ip = frame[1];
-			return UNWIND_CONTINUE;
-		}
-		count(COUNTER_UNWIND_FP_REJECTED);
+	switch (step_frame_pointer(st)) {
+	case FP_STEPPED:
+		return UNWIND_CONTINUE;
+	case FP_OUTERMOST:
+		st->status = UNWIND_ZERO_RA; /* the outermost frame of a frame-pointer chain */
+		return UNWIND_STOP;
 	}
 	if (scan_from(st, st->sp))
 		return UNWIND_CONTINUE;
@@ -363,6 +379,37 @@ __noinline __u64 uretprobe_original(__u64 slot, __u64 ra)
 	return ra;
 }
 
+/* Writes the identity of the file under `*ip` into the sampler's event; its context is the
+ * address alone, since every byte of stack here adds to the deepest call chain's. */
+static long leaf_file_of_vma(struct task_struct *task, struct vm_area_struct *vma, void *data)
+{
+	__u32 slot = SCRATCH_SAMPLER;
+	struct sample_event *e = bpf_map_lookup_elem(&sample_scratch, &slot);
+	struct file *file = BPF_CORE_READ(vma, vm_file);
+	__u64 *ip = data;
+
+	if (!file || !e)
+		return 0;
+	e->leaf_ino = BPF_CORE_READ(file, f_inode, i_ino);
+	e->leaf_size = BPF_CORE_READ(file, f_inode, i_size);
+	e->leaf_dev = BPF_CORE_READ(file, f_inode, i_sb, s_dev);
+	e->leaf_offset = *ip - BPF_CORE_READ(vma, vm_start) + (BPF_CORE_READ(vma, vm_pgoff) << 12);
+	return 0;
+}
+
+/* The file under the leaf of a sample whose process or mapping user space has not read yet: a
+ * process living a few hundred microseconds is gone before it can, and the leaf is then named
+ * from the file identity alone. Only in the sampler: the VMA lookup takes the mmap lock (trylock),
+ * which the scheduler's and the uprobes' contexts must not. */
+static __always_inline void note_leaf_file(struct native_unwind_state *st)
+{
+	__u64 ip = st->ip;
+
+	if (st->frames != 1 || st->slot != SCRATCH_SAMPLER)
+		return;
+	bpf_find_vma(bpf_get_current_task_btf(), ip, leaf_file_of_vma, &ip, 0);
+}
+
 /* One step of the walk: one native frame, or one Python frame. A global function, so that the
  * verifier checks it once with the state unknown instead of along every path of the loop. */
 __noinline long unwind_one(struct native_unwind_state *st)
@@ -403,15 +450,19 @@ __noinline long unwind_one(struct native_unwind_state *st)
 	proc = bpf_map_lookup_elem(&processes, &st->pid);
 	if (!proc) {
 		ask_refresh(st);
+		note_leaf_file(st);
 		return stop(st, UNWIND_NO_PROCESS);
 	}
 	idx = find_mapping_index(st->pid, st->ip);
 	if (idx < 0) {
 		ask_refresh(st);
+		note_leaf_file(st);
 		return stop(st, UNWIND_NO_MAPPING);
 	}
 	m = &proc->mappings[idx & (MAX_PROCESS_MAPPINGS - 1)];
 	if (m->flags & MAPPING_TABLE_PENDING) {
+		/* No frame-pointer step here: in code built without them it skips callers and makes
+		 * a stack that looks whole; a stop is honest and the table comes within ~100 ms. */
 		ask_table(st, m->begin);
 		return stop(st, UNWIND_NO_TABLE_YET);
 	}
@@ -530,8 +581,15 @@ static __always_inline void unwind_user_stack(struct sample_event *e, __u32 slot
 	struct native_unwind_state st = {};
 
 	e->user_frames = 0;
+	e->leaf_ino = 0;
 	if (task->flags & 0x00200000 /* PF_KTHREAD */ || !task->mm) {
 		e->unwind_status = UNWIND_KERNEL_THREAD;
+		return;
+	}
+	/* A short-lived process spends a good part of its life here: its user registers point into
+	 * the program that called execve, whose memory is (or is about to be) gone. */
+	if (BPF_CORE_READ_BITFIELD(task, in_execve)) {
+		e->unwind_status = UNWIND_IN_EXEC;
 		return;
 	}
 	regs = (struct pt_regs *)bpf_task_pt_regs(task);

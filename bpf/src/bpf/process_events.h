@@ -14,6 +14,46 @@ struct {
 	__type(value, __u64);
 } exec_vm_seen SEC(".maps");
 
+/* Reports of new code per process: a burst, then one per MMAP_EVENT_NS. A process that maps code
+ * a million times a second is reported a hundred times a second and can neither flood the ring
+ * buffer that every process's exec and exit share nor keep the tracker rereading its maps. */
+#define MMAP_EVENTS_BURST 64
+#define MMAP_EVENT_NS (10ULL * 1000 * 1000)
+
+struct mmap_budget {
+	__u64 since_ns; /* when the last token came back */
+	__u64 tokens;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, struct mmap_budget);
+} mmap_budgets SEC(".maps");
+
+static __always_inline bool take_mmap_token(__u32 tgid)
+{
+	__u64 now = bpf_ktime_get_ns(), back;
+	struct mmap_budget *b = bpf_map_lookup_elem(&mmap_budgets, &tgid);
+
+	if (!b) {
+		struct mmap_budget fresh = { .since_ns = now, .tokens = MMAP_EVENTS_BURST - 1 };
+
+		bpf_map_update_elem(&mmap_budgets, &tgid, &fresh, BPF_ANY);
+		return true;
+	}
+	back = (now - b->since_ns) / MMAP_EVENT_NS;
+	if (back) {
+		b->tokens = b->tokens + back > MMAP_EVENTS_BURST ? MMAP_EVENTS_BURST : b->tokens + back;
+		b->since_ns = now;
+	}
+	if (!b->tokens)
+		return false;
+	b->tokens--;
+	return true;
+}
+
 SEC("tp_btf/sched_process_exec")
 int BPF_PROG(on_process_exec, struct task_struct *task, pid_t old_pid, struct linux_binprm *bprm)
 {
@@ -51,6 +91,12 @@ int BPF_PROG(on_mmap, struct mm_struct *mm, bool write)
 		*seen = exec_vm; /* an unmap: nothing new to load */
 		return 0;
 	}
+	/* Out of budget: exec_vm_seen stays behind, so that the next mapping after a token comes back
+	 * is news again (and samples in code the tracker does not know ask for a refresh). */
+	if (seen && !take_mmap_token(tgid)) {
+		count(COUNTER_MMAP_THROTTLED);
+		return 0;
+	}
 	bpf_map_update_elem(&exec_vm_seen, &tgid, &exec_vm, BPF_ANY);
 	if (seen) /* the first sight of a process is not news: its mappings were read at start */
 		send_process_event(tgid, PROCESS_MMAP_EXEC);
@@ -69,6 +115,7 @@ int BPF_PROG(on_process_exit, struct task_struct *task)
 	send_process_event(tgid, PROCESS_EXIT);
 	bpf_map_delete_elem(&processes, &tgid);
 	bpf_map_delete_elem(&python_processes, &tgid);
+	bpf_map_delete_elem(&mmap_budgets, &tgid);
 	/* A recycled pid must not inherit its predecessor's membership. */
 	if (target_mode == TARGET_PIDS && follow_forks)
 		bpf_map_delete_elem(&targets, &tgid);

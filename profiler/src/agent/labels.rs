@@ -24,6 +24,13 @@ pub const RESERVED: &[(&str, &str)] = &[
     ("hostname", "use --hostname to change it"),
     ("device", "the agent sets it on the GPU profiles of each device"),
     ("thread_name", "the agent sets it with --thread-names label"),
+    ("namespace", "the agent sets it from the Kubernetes pod"),
+    ("pod", "the agent sets it from the Kubernetes pod"),
+    ("container", "the agent sets it from the Kubernetes pod"),
+    ("node", "the agent sets it from NODE_NAME in Kubernetes"),
+    ("app", "the agent sets it from the pod's app.kubernetes.io/name or app label"),
+    ("pod_uid", "the agent sets it from the process's cgroup"),
+    ("container_id", "the agent sets it from the process's cgroup"),
 ];
 
 /// How many names the agent itself may put on a series; the user's labels get the rest.
@@ -129,6 +136,8 @@ mod tests {
         let err = |kv: &[(&str, &str)]| check_user_labels(&labels(kv)).unwrap_err();
         assert!(err(&[("hostname", "x")]).contains("set by the agent"));
         assert!(err(&[("service_name", "x")]).contains("set by the agent"));
+        assert!(err(&[("namespace", "x")]).contains("set by the agent"));
+        assert!(err(&[("container_id", "x")]).contains("set by the agent"));
         assert!(err(&[("__meta", "x")]).contains("reserved"));
         assert!(err(&[("2x", "x")]).contains("not valid"));
         assert!(err(&[("a-b", "x")]).contains("not valid"));

@@ -3,9 +3,12 @@
 //! stores the series of a request independently, so a request that is refused in part and
 //! resent would store the accepted ones twice.
 
+pub mod cgroup;
 pub mod config;
+pub mod kube;
 pub mod labels;
 pub mod metrics;
+pub mod pods;
 pub mod series;
 pub mod service;
 
@@ -30,6 +33,11 @@ use service::ServiceNamer;
 
 /// Pyroscope's profile type name of CPU profiles.
 pub const CPU_PROFILE_NAME: &str = "process_cpu";
+/// Pyroscope's name for wall-clock profiles (the Java, .NET, Python and Ruby agents push `wall`).
+pub const WALL_PROFILE_NAME: &str = "wall";
+/// Pyroscope has no standard name for off-CPU time; `off_cpu` matches its sample type, as the
+/// other gpuflame profiles do.
+pub const OFF_CPU_PROFILE_NAME: &str = "off_cpu";
 
 pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
     let cfg = AgentConfig::resolve(args)?;
@@ -142,7 +150,8 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
         targets: Targets::All,
         frequency_hz: cfg.frequency_hz,
         unwind_memory: cfg.unwind_memory << 20,
-        cpu: cfg.profiles.contains(&ProfileKind::Cpu),
+        cpu: cfg.profiles.iter().any(|k| k.needs_cpu_samples()),
+        off_cpu: cfg.profiles.iter().any(|k| k.is_off_cpu()),
         cuda,
     })?;
     eprintln!(
@@ -153,6 +162,19 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
         gpuflame_server_upload::redact_url(&cfg.server)
     );
     let mut namer = ServiceNamer::new(cfg.service_name_from, cfg.service_names.clone());
+    // In a Kubernetes pod (the DaemonSet): this node's pods name and label their processes.
+    match kube::KubeConfig::from_env(&cfg.hostname) {
+        None => {}
+        Some(Err(e)) => tracing::warn!(error = %e, "in Kubernetes, but without the pod's service account; pods are labelled from their cgroups only"),
+        Some(Ok(kube_cfg)) => {
+            let pods = pods::Pods::default();
+            let node = kube_cfg.node.clone();
+            match kube::spawn_watcher(kube_cfg, pods.clone()) {
+                Ok(()) => namer = namer.with_pods(pods, node),
+                Err(e) => tracing::warn!(error = %e, "cannot start the Kubernetes watcher; pods are labelled from their cgroups only"),
+            }
+        }
+    }
     let options = series::Options {
         thread_names: cfg.thread_names,
         device: cfg.device_label,
@@ -204,9 +226,8 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
             let stack = session.aggregator.describe(&oom.stack);
             tracing::warn!(pid = oom.pid, comm = %oom.comm, requested = oom.requested, in_use = oom.in_use, device = oom.device, %stack, "out of memory: {} failed", oom.api.symbol());
         }
-        if cfg.profiles.contains(&ProfileKind::Cpu) {
-            profiles.push((ProfileKind::Cpu, session.aggregator.take_profile(cfg.frequency_hz, window_wall, elapsed)));
-        }
+        profiles.extend(session.take_time_profiles(&cfg.profiles, window_wall, elapsed));
+        session.aggregator.forget_exited();
         window_start = Instant::now();
         window_wall = SystemTime::now();
         let id = format!("{run_id}-{windows}");
@@ -236,6 +257,8 @@ fn pyroscope_name(kind: ProfileKind) -> &'static str {
         ProfileKind::GpuLaunches => "gpu_launches",
         ProfileKind::CudaApi => "cuda_api",
         ProfileKind::GpuTime => "gpu_time",
+        ProfileKind::OffCpu => OFF_CPU_PROFILE_NAME,
+        ProfileKind::Wall => WALL_PROFILE_NAME,
     }
 }
 
@@ -246,6 +269,7 @@ fn request(s: &Series, name: &str, cfg: &AgentConfig, hostname: &str, id: &str) 
     if let Some(device) = s.device {
         labels.push(("device".into(), device.to_string()));
     }
+    labels.extend(s.labels.iter().cloned());
     labels.extend(cfg.labels.iter().map(|(k, v)| (k.clone(), v.clone())));
     if let Err(e) = labels::check_series(&labels) {
         tracing::warn!(service = %s.service, error = %e, "a series Pyroscope would refuse is left out");

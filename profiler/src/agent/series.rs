@@ -68,6 +68,8 @@ pub struct Stats {
 /// One series of one window, encoded (not yet gzipped).
 pub struct Series {
     pub service: String,
+    /// The workload's labels (Kubernetes namespace, pod, container, …), in a fixed order.
+    pub labels: Vec<(String, String)>,
     /// The device, when it is a series label.
     pub device: Option<u32>,
     pub profile: pb::Profile,
@@ -87,12 +89,16 @@ pub fn split(profile: &Profile, namer: &mut ServiceNamer, opts: &Options, stats:
             hint.0 = Some(comm);
         }
     }
-    let owners: HashMap<u32, Owner> =
-        hints.into_iter().map(|(pid, (leader_comm, thread_comm))| (pid, namer.owner(pid, Hint { leader_comm, thread_comm }))).collect();
+    let owners: HashMap<u32, (Owner, Vec<(String, String)>)> = hints
+        .into_iter()
+        .map(|(pid, (leader_comm, thread_comm))| (pid, (namer.owner(pid, Hint { leader_comm, thread_comm }), namer.labels(pid))))
+        .collect();
 
-    let mut groups: HashMap<(String, Option<u32>), Group> = HashMap::new();
+    type Key = (String, Vec<(String, String)>, Option<u32>);
+    let mut groups: HashMap<Key, Group> = HashMap::new();
     for s in &profile.samples {
-        let service = match &owners[&s.labels.pid.unwrap_or(0)] {
+        let (owner, workload) = &owners[&s.labels.pid.unwrap_or(0)];
+        let service = match owner {
             Owner::Process(name) => name.clone(),
             Owner::Kernel if opts.kernel_threads => KERNEL_SERVICE.to_string(),
             Owner::Kernel => {
@@ -101,7 +107,7 @@ pub fn split(profile: &Profile, namer: &mut ServiceNamer, opts: &Options, stats:
             }
         };
         let device = if opts.device == DeviceLabel::Series { s.labels.device } else { None };
-        let group = groups.entry((service, device)).or_insert_with(|| Group::new(profile));
+        let group = groups.entry((service, workload.clone(), device)).or_insert_with(|| Group::new(profile));
         let thread = s.labels.comm.as_deref().unwrap_or("[unknown]");
         let mut stack = Vec::with_capacity(s.stack.len() + 1);
         if opts.thread_names == ThreadNames::Frame {
@@ -116,7 +122,7 @@ pub fn split(profile: &Profile, namer: &mut ServiceNamer, opts: &Options, stats:
         };
         group.builder.add_values(stack, labels, &s.values);
     }
-    let mut keys: Vec<(String, Option<u32>)> = groups.keys().cloned().collect();
+    let mut keys: Vec<Key> = groups.keys().cloned().collect();
     keys.sort();
     keys.into_iter()
         .filter_map(|key| {
@@ -128,7 +134,7 @@ pub fn split(profile: &Profile, namer: &mut ServiceNamer, opts: &Options, stats:
                 stats.trimmed_stacks += trimmed as u64;
                 tracing::debug!(service = %key.0, stacks = group.profile.samples.len(), trimmed, "profile trimmed of its smallest stacks to fit Pyroscope's limits");
             }
-            Some(Series { service: key.0, device: key.1, profile: encoded })
+            Some(Series { service: key.0, labels: key.1, device: key.2, profile: encoded })
         })
         .collect()
 }

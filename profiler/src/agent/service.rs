@@ -5,6 +5,9 @@ use std::fs;
 
 use regex::Regex;
 
+use super::cgroup::CgroupWorkload;
+use super::pods::{PodInfo, Pods};
+
 /// The environment variable a process can set to name its own service.
 pub const SERVICE_NAME_ENV: &str = "GPUFLAME_SERVICE_NAME";
 
@@ -69,15 +72,33 @@ fn read_stat(pid: u32) -> Option<Stat> {
     Some(Stat { comm, kernel: flags & PF_KTHREAD != 0, start_time })
 }
 
+/// What is known of a live process: read once, and again after an exec or a reuse of its pid.
+struct Known {
+    stat: Stat,
+    /// From its environment or a rule: wins over everything else.
+    explicit: Option<String>,
+    /// From its comm or command line: the name when nothing else says more.
+    default: String,
+    workload: CgroupWorkload,
+}
+
 pub struct ServiceNamer {
     from: NameFrom,
     rules: Vec<NameRule>,
-    cache: HashMap<u32, (Stat, Owner)>,
+    cache: HashMap<u32, Known>,
+    /// This node's pods, when the agent runs in Kubernetes.
+    pods: Option<(Pods, String)>,
 }
 
 impl ServiceNamer {
     pub fn new(from: NameFrom, rules: Vec<NameRule>) -> Self {
-        ServiceNamer { from, rules, cache: HashMap::new() }
+        ServiceNamer { from, rules, cache: HashMap::new(), pods: None }
+    }
+
+    /// Names and labels the processes of this node's pods after them (`NAMESPACE/CONTAINER`).
+    pub fn with_pods(mut self, pods: Pods, node: String) -> Self {
+        self.pods = Some((pods, node));
+        self
     }
 
     /// Whether `pid` was named already (it may have exec'd since: [`ServiceNamer::observe`]
@@ -94,11 +115,16 @@ impl ServiceNamer {
             return;
         }
         let Some(stat) = read_stat(pid) else { return };
-        if self.cache.get(&pid).is_some_and(|(known, _)| *known == stat) {
+        if self.cache.get(&pid).is_some_and(|k| k.stat == stat) {
             return;
         }
-        let owner = if stat.kernel { Owner::Kernel } else { Owner::Process(self.resolve(pid, &stat.comm)) };
-        self.cache.insert(pid, (stat, owner));
+        let known = if stat.kernel {
+            Known { stat, explicit: None, default: String::new(), workload: CgroupWorkload::default() }
+        } else {
+            let (explicit, default) = self.resolve(pid, &stat.comm);
+            Known { stat, explicit, default, workload: CgroupWorkload::of_pid(pid) }
+        };
+        self.cache.insert(pid, known);
     }
 
     /// The owner of `pid`'s samples: its service (the process's own name, never a thread's,
@@ -109,21 +135,70 @@ impl ServiceNamer {
             return Owner::Kernel;
         }
         self.observe(pid);
-        match self.cache.get(&pid) {
-            Some((_, owner)) => owner.clone(),
-            None => Owner::Process(finish(hint.leader_comm.unwrap_or(hint.thread_comm))),
+        let Some(k) = self.cache.get(&pid) else { return Owner::Process(finish(hint.leader_comm.unwrap_or(hint.thread_comm))) };
+        if k.stat.kernel {
+            return Owner::Kernel;
+        }
+        if let Some(name) = &k.explicit {
+            return Owner::Process(name.clone());
+        }
+        // Looked up now, not when first seen: a pod deleted since no longer names its processes.
+        match self.pod_of(k) {
+            Some((pod, Some(container))) => Owner::Process(finish(&format!("{}/{container}", pod.namespace))),
+            _ => Owner::Process(k.default.clone()),
         }
     }
 
+    fn pod_of(&self, k: &Known) -> Option<(PodInfo, Option<String>)> {
+        let (pods, _) = self.pods.as_ref()?;
+        let pod = pods.get(k.workload.pod_uid.as_deref()?)?;
+        let container = k.workload.container_id.as_ref().and_then(|id| pod.containers.get(id).cloned());
+        Some((pod, container))
+    }
+
+    /// The workload labels of `pid`'s series: namespace, pod, container, node and app for a
+    /// pod's process the API knows; else what its cgroup says (pod_uid, container_id).
+    pub fn labels(&self, pid: u32) -> Vec<(String, String)> {
+        let Some(k) = self.cache.get(&pid).filter(|k| !k.stat.kernel) else { return Vec::new() };
+        let mut out = Vec::new();
+        let mut put = |name: &str, value: &str| out.push((name.to_string(), finish(value)));
+        match self.pod_of(k) {
+            Some((pod, container)) => {
+                put("namespace", &pod.namespace);
+                put("pod", &pod.name);
+                match container {
+                    Some(c) => put("container", &c),
+                    None => k.workload.container_id.iter().for_each(|id| put("container_id", id)),
+                }
+                if let Some((_, node)) = &self.pods {
+                    put("node", node);
+                }
+                if let Some(app) = &pod.app {
+                    put("app", app);
+                }
+            }
+            None => {
+                if let Some(uid) = &k.workload.pod_uid {
+                    put("pod_uid", uid);
+                }
+                if let Some(id) = &k.workload.container_id {
+                    put("container_id", id);
+                }
+            }
+        }
+        out
+    }
+
     /// The service of process `pid`, whose main thread's command name is `comm`. In order: the
-    /// process's GPUFLAME_SERVICE_NAME, the first matching rule (unless it expands to nothing),
-    /// then comm or the command line.
-    fn resolve(&self, pid: u32, comm: &str) -> String {
+    /// process's GPUFLAME_SERVICE_NAME, the first matching rule (unless it expands to nothing)
+    /// — the explicit name —, then (the default) comm or the command line; between the two, for
+    /// a pod's process, `NAMESPACE/CONTAINER` (see [`ServiceNamer::owner`]).
+    fn resolve(&self, pid: u32, comm: &str) -> (Option<String>, String) {
         if let Ok(env) = fs::read(format!("/proc/{pid}/environ")) {
             for var in env.split(|&b| b == 0) {
                 if let Some(v) = var.strip_prefix(format!("{SERVICE_NAME_ENV}=").as_bytes()) {
                     if !v.is_empty() {
-                        return finish(&String::from_utf8_lossy(v));
+                        return (Some(finish(&String::from_utf8_lossy(v))), String::new());
                     }
                 }
             }
@@ -138,15 +213,16 @@ impl ServiceNamer {
                 caps.expand(&rule.name, &mut name);
             }
             if !name.trim().is_empty() {
-                return finish(&name);
+                return (Some(finish(&name)), String::new());
             }
             // A group that matched nothing: the rule has no name for this process.
             tracing::debug!(pid, rule = %rule.pattern, "service-name rule expanded to an empty name; using the default");
         }
-        finish(&match self.from {
+        let default = match self.from {
             NameFrom::Comm => comm.to_string(),
             NameFrom::Cmdline => program_name(&cmdline).unwrap_or_else(|| comm.to_string()),
-        })
+        };
+        (None, finish(&default))
     }
 
     /// Forgets processes that exited.
@@ -167,7 +243,7 @@ fn finish(name: &str) -> String {
 }
 
 /// argv[0]'s file name; for an interpreter (python, node, java…), the script or module it runs.
-fn program_name(argv: &[String]) -> Option<String> {
+pub fn program_name(argv: &[String]) -> Option<String> {
     let base = |s: &str| s.rsplit('/').next().unwrap_or(s).to_string();
     let first = base(argv.first()?);
     let interpreter = ["python", "node", "ruby", "perl", "java"].iter().any(|i| first.starts_with(i));

@@ -29,16 +29,27 @@ fn functions_in(src: impl ReadAt) -> Result<Vec<(CudaApi, u64)>, ElfError> {
     let segments: Vec<(u64, u64, u64)> =
         elf.load_segments().filter(|s| s.file_size > 0).map(|s| (s.vaddr, s.vaddr.saturating_add(s.file_size), s.offset)).collect();
     let mut found: Vec<(CudaApi, u64)> = Vec::new();
+    // A file whose dynamic symbols define or import the CUDA entry points uses them from there
+    // (libcudart itself, or libtorch_cuda.so calling it): no static copy to look for in .symtab,
+    // which in libtorch_cuda.so is 100 ms of reading.
+    let mut dynamic_cuda = false;
     for kind in [consts::SHT_DYNSYM, consts::SHT_SYMTAB] {
+        if kind == consts::SHT_SYMTAB && dynamic_cuda {
+            break;
+        }
         let Some(symbols) = elf.symbols(kind)? else { continue };
         for sym in symbols.iter() {
-            if !sym.is_function() || !sym.is_defined() || sym.value == 0 {
+            if !could_be_hooked(sym.name) || !sym.is_function() {
                 continue;
             }
             let Some(name) = sym.name_str() else { continue };
             // Versioned names in .symtab read `name@@VERSION`.
             let name = name.split('@').next().unwrap_or(name);
             let Some(api) = CudaApi::from_symbol(name) else { continue };
+            dynamic_cuda |= kind == consts::SHT_DYNSYM;
+            if !sym.is_defined() || sym.value == 0 {
+                continue;
+            }
             let addr = sym.value;
             let Some(&(start, _, offset)) = segments.iter().find(|&&(s, e, _)| addr >= s && addr < e) else { continue };
             let file_offset = (addr - start).saturating_add(offset);
@@ -51,9 +62,23 @@ fn functions_in(src: impl ReadAt) -> Result<Vec<(CudaApi, u64)>, ElfError> {
     Ok(found)
 }
 
+/// Whether a symbol name may be one of the hooked functions: they all start with "cu" (CUDA's
+/// runtime and driver) or "gpuflame_cupti_" (the injection library), so most of a big table is
+/// passed over without comparing it with each.
+fn could_be_hooked(name: &[u8]) -> bool {
+    name.starts_with(b"cu") || name.starts_with(b"gpuflame_cupti_")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_hooked_name_passes_the_quick_filter() {
+        for api in CudaApi::ALL {
+            assert!(could_be_hooked(api.symbol().as_bytes()), "{}", api.symbol());
+        }
+    }
 
     #[test]
     fn a_file_without_cuda_has_no_functions() {

@@ -133,6 +133,7 @@ impl GpuTime {
                         user: Vec::new(),
                         truncated: false,
                         tail: vec![TailFrame::Function("[launch stack not sampled]".into()), kernel],
+                        leaf: None,
                     };
                     *out.entry(stack).or_default() += ns;
                 }

@@ -190,7 +190,11 @@ impl CudaHookManager {
     /// Looks at a process's executable mappings (as just read) and hooks the CUDA it finds.
     pub fn process_mapped(&mut self, sampler: &CpuSampler, pid: u32, entries: &[MapsEntry], seen_at: Instant) {
         let mut mapped_now = HashSet::new();
-        for entry in entries.iter().filter(|e| e.executable && e.inode != 0 && e.path.starts_with('/')) {
+        let mut files: Vec<&MapsEntry> = entries.iter().filter(|e| e.executable && e.inode != 0 && e.path.starts_with('/')).collect();
+        // The files that hold CUDA first: a process that maps torch maps them in one go with
+        // libtorch_cpu.so, whose search alone takes 100 ms, and should not wait behind it.
+        files.sort_by_key(|e| !likely_cuda(&e.path));
+        for entry in files {
             let key = (entry.dev.clone(), entry.inode);
             mapped_now.insert(key.clone());
             let path = PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", entry.start, entry.end));
@@ -353,3 +357,10 @@ fn attach_cycled(sampler: &CpuSampler, file: &mut HookedFile, stats: &mut HookSt
     stats.attach_failures += 1;
 }
 
+
+/// Whether a mapped file is likely to define CUDA entry points: NVIDIA's own libraries (the CUDA
+/// runtime and the copies linked into NCCL and NVSHMEM, under .../nvidia/ in PyPI wheels).
+fn likely_cuda(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    path.contains("/nvidia/") || ["cuda", "libcu", "nccl", "nvshmem"].iter().any(|k| name.contains(k))
+}

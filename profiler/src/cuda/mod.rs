@@ -209,7 +209,7 @@ impl CudaProfiles {
                     out.push((kind, profile));
                     continue;
                 }
-                ProfileKind::Cpu => continue,
+                ProfileKind::Cpu | ProfileKind::OffCpu | ProfileKind::Wall => continue,
             };
             let mut profile = Profile::of(kind.sample_types());
             if matches!(kind, ProfileKind::GpuLaunches | ProfileKind::CudaApi) && !coverage.exact {

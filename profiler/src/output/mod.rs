@@ -1,5 +1,6 @@
 //! Output formats: how a [`Profile`] is written and read back.
 
+pub mod diff;
 pub mod folded;
 pub mod pprof;
 pub mod pprof_proto;
@@ -75,11 +76,31 @@ impl Format {
     }
 }
 
-pub fn write(profile: &Profile, format: Format, title: &str, out: impl Write) -> std::io::Result<()> {
+/// How finely Python frames are told apart in folded stacks and flame graphs; pprof always has
+/// the function and the line.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Detail {
+    /// One frame per function, `step (train.py)`: where the time goes by function, as perf,
+    /// pprof and Pyroscope draw it.
+    #[default]
+    Functions,
+    /// One frame per line, `step (train.py:41)`, as py-spy draws it.
+    Lines,
+}
+
+/// What a written profile says besides its samples.
+#[derive(Debug, Clone, Copy)]
+pub struct Rendering<'a> {
+    /// The flame graph's title.
+    pub title: &'a str,
+    pub detail: Detail,
+}
+
+pub fn write(profile: &Profile, format: Format, rendering: &Rendering<'_>, out: impl Write) -> std::io::Result<()> {
     match format {
-        Format::Folded => folded::write(profile, out),
+        Format::Folded => folded::write(profile, rendering.detail, out),
         Format::Pprof => pprof::write(profile, out),
-        Format::Svg => svg::write(profile, title, out),
+        Format::Svg => svg::write(profile, rendering, out),
     }
 }
 

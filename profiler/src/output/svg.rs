@@ -1,38 +1,273 @@
-//! Interactive SVG flame graphs, drawn by inferno from the folded lines.
+//! Interactive SVG flame graphs, drawn by inferno from the folded lines: frames coloured by
+//! kind (Python, native, kernel, CUDA API, GPU kernel) with a legend, kernel frames marked
+//! ` [k]`, and stacks deeper than [`MAX_DEPTH`] collapsed in the middle so that a deep import
+//! does not make a picture thousands of pixels tall.
 
+use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
 use std::io::{self, Write};
 
+use inferno::flamegraph::color::{Color, PaletteMap};
 use inferno::flamegraph::{self, Options};
 
+use super::folded::Folded;
+use super::Rendering;
 use crate::names::sanitize;
 use crate::profile::Profile;
 
-pub fn write(profile: &Profile, title: &str, out: impl Write) -> io::Result<()> {
-    // The title holds the profiled command line, which may hold anything; inferno escapes only
+/// Frames drawn per stack at most: the root side and the leaf side of deeper stacks are kept.
+pub const MAX_DEPTH: usize = 64;
+/// Of those, frames kept on the root side.
+const ROOT_SIDE: usize = 16;
+/// Each comment in the subtitle is cut to this many characters (the whole command line stays in
+/// pprof), and only the first few are shown.
+const MAX_COMMENT: usize = 72;
+const MAX_COMMENTS: usize = 2;
+
+/// Cuts `text` to `max` characters in its middle: a command line keeps its program and its
+/// arguments, the ends people tell runs apart by.
+fn cut(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    let chars: Vec<char> = text.chars().collect();
+    if chars.len() <= max {
+        return text.into();
+    }
+    let head = max * 2 / 5;
+    let tail = max - head - 1;
+    let mut out: String = chars[..head].iter().collect();
+    out.push('…');
+    out.extend(&chars[chars.len() - tail..]);
+    out.into()
+}
+
+const COLLAPSED: &str = "[… deep stack: middle frames collapsed]";
+
+/// The kinds of frames, as the legend names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrameKind {
+    Python,
+    Native,
+    Kernel,
+    CudaApi,
+    GpuKernel,
+    Marker,
+}
+
+impl FrameKind {
+    const LEGEND: [FrameKind; 5] = [FrameKind::Python, FrameKind::Native, FrameKind::Kernel, FrameKind::CudaApi, FrameKind::GpuKernel];
+
+    /// Of a frame as the folded lines name it (kernel frames already marked ` [k]`).
+    pub fn of(frame: &str) -> FrameKind {
+        if frame.ends_with(" [k]") {
+            FrameKind::Kernel
+        } else if frame.starts_with("[gpu] ") {
+            FrameKind::GpuKernel
+        } else if frame == "[unknown python]" || (frame.ends_with(')') && (frame.contains(".py:") || frame.ends_with(".py)") || frame.contains("(<frozen "))) {
+            FrameKind::Python
+        } else if frame.starts_with('[') || frame.starts_with("thread:") {
+            FrameKind::Marker
+        } else if frame.starts_with("cuda") || frame.strip_prefix("cu").is_some_and(|r| r.starts_with(|c: char| c.is_ascii_uppercase())) {
+            FrameKind::CudaApi
+        } else {
+            FrameKind::Native
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            FrameKind::Python => "Python",
+            FrameKind::Native => "native",
+            FrameKind::Kernel => "kernel",
+            FrameKind::CudaApi => "CUDA API",
+            FrameKind::GpuKernel => "GPU kernel",
+            FrameKind::Marker => "marker",
+        }
+    }
+
+    /// A base colour per kind; frames vary around it so that neighbours stay apart.
+    fn base(self) -> (u8, u8, u8) {
+        match self {
+            FrameKind::Python => (96, 160, 220),
+            FrameKind::Native => (232, 130, 60),
+            FrameKind::Kernel => (180, 180, 120),
+            FrameKind::CudaApi => (90, 190, 100),
+            FrameKind::GpuKernel => (170, 110, 210),
+            FrameKind::Marker => (200, 200, 200),
+        }
+    }
+
+    fn color(self, frame: &str) -> Color {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        frame.hash(&mut h);
+        let v = (h.finish() % 41) as i16 - 20;
+        let (r, g, b) = self.base();
+        let shift = |c: u8| (c as i16 + v).clamp(0, 255) as u8;
+        Color { r: shift(r), g: shift(g), b: shift(b) }
+    }
+}
+
+/// The folded lines as the SVG draws them: kernel frames marked so that inferno keeps the mark,
+/// deep stacks collapsed. Also how many samples were in collapsed stacks (of the last count:
+/// lines of differential graphs have two).
+pub(super) fn drawn_lines(folded: Vec<String>, counts: usize) -> (Vec<String>, i64) {
+    let mut collapsed = 0;
+    let lines = folded
+        .into_iter()
+        .filter_map(|line| {
+            let mut parts = line.rsplitn(counts + 1, ' ');
+            let last = parts.next()?;
+            let stack = parts.last()?;
+            let count = &line[stack.len() + 1..];
+            let frames: Vec<String> = stack.split(';').map(|f| f.strip_suffix("_[k]").map_or_else(|| f.to_string(), |k| format!("{k} [k]"))).collect();
+            let frames = if frames.len() > MAX_DEPTH {
+                collapsed += last.parse::<i64>().unwrap_or(0);
+                let leaf_side = MAX_DEPTH - ROOT_SIDE - 1;
+                let mut kept = frames[..ROOT_SIDE].to_vec();
+                kept.push(COLLAPSED.to_string());
+                kept.extend_from_slice(&frames[frames.len() - leaf_side..]);
+                kept
+            } else {
+                frames
+            };
+            Some(format!("{} {count}", frames.join(";")))
+        })
+        .collect();
+    (lines, collapsed)
+}
+
+pub fn write(profile: &Profile, rendering: &Rendering<'_>, out: impl Write) -> io::Result<()> {
+    // The title holds the profiled program's name, which may hold anything; inferno escapes only
     // XML's markup characters, not the control characters XML forbids.
-    let title = sanitize(title);
+    let title = sanitize(rendering.title);
     let title = title.as_ref();
-    let lines = super::folded::lines(profile);
+    let Folded { lines, full_paths } = super::folded::fold(profile, rendering.detail);
+    let (lines, collapsed) = drawn_lines(lines, 1);
     let mut options = Options::default();
     options.title = title.to_string();
     let sample_type = profile.sample_type();
     options.count_name = if sample_type.unit == "nanoseconds" && profile.period > 1 { "samples".into() } else { sample_type.unit.clone() };
     let total: i64 = lines.iter().filter_map(|l| l.rsplit_once(' ')?.1.parse::<i64>().ok()).sum();
     let what = if sample_type.unit == "nanoseconds" && profile.period > 1 { "samples" } else { sample_type.unit.as_str() };
-    let mut subtitle = format!("{} · {total} {what} · gpuflame", sample_type.kind);
-    for comment in &profile.comments {
+    let mut subtitle = format!("{} · {total} {what}", sample_type.kind);
+    // Comments (the command line) are cut, never what the graph itself needs said.
+    for comment in profile.comments.iter().take(MAX_COMMENTS) {
         subtitle.push_str(" · ");
-        subtitle.push_str(comment);
+        subtitle.push_str(&cut(comment, MAX_COMMENT));
+    }
+    if collapsed > 0 {
+        subtitle.push_str(&format!(" · {collapsed} in stacks over {MAX_DEPTH} frames (middle collapsed)"));
     }
     options.subtitle = Some(sanitize(&subtitle).into_owned());
     if lines.is_empty() {
         // inferno refuses an empty input; an empty graph that says so beats no file at all.
         return write_empty(title, out);
     }
-    flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), out).map_err(io::Error::other)
+    let mut palette = PaletteMap::default();
+    // inferno's own root, which it names "all".
+    palette.insert("", FrameKind::Marker.color(""));
+    let mut kinds = HashSet::new();
+    for line in &lines {
+        let stack = line.rsplit_once(' ').map_or(line.as_str(), |(s, _)| s);
+        for frame in stack.split(';') {
+            let kind = FrameKind::of(frame);
+            kinds.insert(kind.name());
+            palette.insert(frame, kind.color(frame));
+        }
+    }
+    options.palette_map = Some(&mut palette);
+    let mut svg = Vec::new();
+    flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), &mut svg).map_err(io::Error::other)?;
+    let svg = String::from_utf8(svg).map_err(io::Error::other)?;
+    let mut out = out;
+    let legend: Vec<(&str, (u8, u8, u8))> = FrameKind::LEGEND.iter().filter(|k| kinds.contains(k.name())).map(|k| (k.name(), k.base())).collect();
+    out.write_all(with_legend(&with_full_paths(&label_root(&svg), &full_paths), &legend).as_bytes())
 }
 
-fn write_empty(title: &str, mut out: impl Write) -> io::Result<()> {
+/// Python frames' tooltips end with the file's full path, inside the parentheses that inferno's
+/// script strips from a zoomed frame's label: `step (train.py:41) (52 samples, 3.10%;
+/// /home/me/proj/train.py)`. Searching the graph then finds frames by directory too.
+fn with_full_paths(svg: &str, full_paths: &HashMap<String, String>) -> String {
+    if full_paths.is_empty() {
+        return svg.to_string();
+    }
+    // Keyed as inferno draws them: control characters escaped (see `write`).
+    let paths: HashMap<String, &str> = full_paths.iter().map(|(name, path)| (sanitize(name).into_owned(), path.as_str())).collect();
+    let mut out = String::with_capacity(svg.len() + 64 * paths.len());
+    let mut rest = svg;
+    while let Some(start) = rest.find("<title>") {
+        let body = start + "<title>".len();
+        let Some(len) = rest[body..].find("</title>") else { break };
+        let text = &rest[body..body + len];
+        out.push_str(&rest[..body]);
+        match text.rsplit_once(" (").filter(|(_, counts)| counts.ends_with(')')).and_then(|(name, counts)| Some((paths.get(&xml_unescape(name))?, counts))) {
+            Some((path, counts)) => {
+                out.push_str(&text[..text.len() - counts.len()]);
+                out.push_str(&counts[..counts.len() - 1]);
+                out.push_str("; ");
+                out.push_str(&xml_escape(&sanitize(path)));
+                out.push(')');
+            }
+            None => out.push_str(text),
+        }
+        rest = &rest[body + len..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn xml_escape(text: &str) -> String {
+    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+/// Text content as quick-xml escapes it (its escaping of quotes changed between versions).
+fn xml_unescape(text: &str) -> String {
+    text.replace("&lt;", "<").replace("&gt;", ">").replace("&quot;", "\"").replace("&apos;", "'").replace("&amp;", "&")
+}
+
+/// inferno draws its root frame without a name (only its tooltip says "all"): name it.
+pub(super) fn label_root(svg: &str) -> String {
+    let Some(root) = svg.find("<title>all (") else { return svg.to_string() };
+    let Some(text) = svg[root..].find("<text ").map(|t| root + t) else { return svg.to_string() };
+    let Some(empty) = svg[text..].find("></text>").map(|e| text + e) else { return svg.to_string() };
+    if svg[text + 1..empty].contains('<') {
+        return svg.to_string();
+    }
+    format!("{}>all</text>{}", &svg[..empty], &svg[empty + 8..])
+}
+
+/// The SVG made 24 px taller, with a legend along the bottom: a swatch and a name per entry.
+pub(super) fn with_legend(svg: &str, entries: &[(&str, (u8, u8, u8))]) -> String {
+    let Some(height) = svg_height(svg) else { return svg.to_string() };
+    let taller = height + 24;
+    let mut legend = r#"<g id="legend" font-family="Verdana" font-size="12">"#.to_string();
+    let mut x = 10;
+    for &(name, (r, g, b)) in entries {
+        legend.push_str(&format!(
+            r#"<rect x="{x}" y="{}" width="12" height="12" fill="rgb({r},{g},{b})"/><text x="{}" y="{}">{}</text>"#,
+            height + 4,
+            x + 16,
+            height + 14,
+            name
+        ));
+        x += 30 + 8 * name.chars().count();
+    }
+    legend.push_str("</g></svg>");
+    let svg = svg.replacen(&format!(r#"height="{height}""#), &format!(r#"height="{taller}""#), 1).replacen(&format!(" {height}\""), &format!(" {taller}\""), 1);
+    let svg = svg.replacen(&format!(r#"viewBox="0 0 1200 {height}""#), &format!(r#"viewBox="0 0 1200 {taller}""#), 1);
+    match svg.rfind("</svg>") {
+        Some(end) => format!("{}{legend}{}", &svg[..end], &svg[end + 6..]),
+        None => svg,
+    }
+}
+
+/// The `height` of the root `<svg>` element.
+fn svg_height(svg: &str) -> Option<usize> {
+    let start = svg.find("<svg ")?;
+    let tag = &svg[start..start + svg[start..].find('>')?];
+    let at = tag.find(r#" height=""#)? + 9;
+    tag[at..].split('"').next()?.parse().ok()
+}
+
+pub(super) fn write_empty(title: &str, mut out: impl Write) -> io::Result<()> {
     let escaped = title.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
     write!(
         out,
@@ -50,13 +285,65 @@ fn write_empty(title: &str, mut out: impl Write) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::output::folded;
+    use crate::output::{folded, Detail};
+    use crate::profile::{Labels, Line, Location, Mapping, ProfileBuilder, PYTHON_MAPPING};
+
+    fn titled(title: &str) -> Rendering<'_> {
+        Rendering { title, detail: Detail::Functions }
+    }
+
+    /// A profile of one Python stack: `<module>` of /srv/app/main.py calling `step` in a
+    /// site-packages module.
+    fn python_profile() -> Profile {
+        let mut profile = Profile::cpu(99);
+        let mut b = ProfileBuilder::default();
+        let mapping = b.mapping(&mut profile, Mapping { path: PYTHON_MAPPING.into(), build_id: None });
+        let frame = |function: &str, file: &str, line| Location {
+            mapping: Some(mapping),
+            address: 0,
+            kernel: false,
+            lines: vec![Line { function: function.into(), file: Some(file.into()), line: Some(line) }],
+        };
+        let module = b.location(&mut profile, frame("<module>", "/srv/app/main.py", 3));
+        let step_41 = b.location(&mut profile, frame("step", "/venv/lib/python3.11/site-packages/it's/nn.py", 41));
+        let step_42 = b.location(&mut profile, frame("step", "/venv/lib/python3.11/site-packages/it's/nn.py", 42));
+        b.add(vec![module, step_41], Labels { comm: Some("python3".into()), pid: Some(7), ..Default::default() }, 3 * profile.period);
+        b.add(vec![module, step_42], Labels { comm: Some("python3".into()), pid: Some(7), ..Default::default() }, profile.period);
+        b.finish(&mut profile);
+        profile
+    }
+
+    #[test]
+    fn functions_by_default_lines_on_request_full_paths_in_tooltips() {
+        let profile = python_profile();
+        assert_eq!(folded::lines(&profile, Detail::Functions), ["python3;<module> (main.py);step (it's/nn.py) 4"]);
+        assert_eq!(
+            folded::lines(&profile, Detail::Lines),
+            ["python3;<module> (main.py:3);step (it's/nn.py:41) 3", "python3;<module> (main.py:3);step (it's/nn.py:42) 1"]
+        );
+        let mut out = Vec::new();
+        write(&profile, &titled("t"), &mut out).unwrap();
+        let svg = String::from_utf8(out).unwrap();
+        let doc = roxmltree::Document::parse_with_options(&svg, roxmltree::ParsingOptions { allow_dtd: true, ..Default::default() }).expect("well-formed XML");
+        let titles: Vec<&str> = doc.descendants().filter(|n| n.has_tag_name("title")).filter_map(|n| n.text()).collect();
+        assert!(titles.contains(&"step (it's/nn.py) (4 samples, 100.00%; /venv/lib/python3.11/site-packages/it's/nn.py)"), "{titles:?}");
+        assert!(titles.contains(&"<module> (main.py) (4 samples, 100.00%; /srv/app/main.py)"), "{titles:?}");
+    }
+
+    #[test]
+    fn long_comments_keep_both_ends() {
+        let command = format!("command: /usr/bin/python3 {}/train.py --epochs 3", "/very/long/path".repeat(10));
+        let short = cut(&command, MAX_COMMENT);
+        assert_eq!(short.chars().count(), MAX_COMMENT);
+        assert!(short.starts_with("command: /usr/bin/python3") && short.ends_with("/train.py --epochs 3"), "{short}");
+        assert_eq!(cut("short", MAX_COMMENT), "short");
+    }
 
     #[test]
     fn svg_is_well_formed_and_names_frames() {
         let profile = folded::read("app;main;compute_&_sum<int>;leaf 5\napp;main;other 2\n", 1).unwrap();
         let mut out = Vec::new();
-        write(&profile, "test", &mut out).unwrap();
+        write(&profile, &titled("test"), &mut out).unwrap();
         let svg = String::from_utf8(out).unwrap();
         let doc = roxmltree::Document::parse_with_options(&svg, roxmltree::ParsingOptions { allow_dtd: true, ..Default::default() }).expect("well-formed XML");
         let titles: Vec<String> = doc
@@ -73,7 +360,7 @@ mod tests {
     fn control_characters_in_the_title_stay_well_formed() {
         for profile in [folded::read("app;main 1\n", 1).unwrap(), crate::profile::Profile::cpu(99)] {
             let mut out = Vec::new();
-            write(&profile, "python3 -c \x1bx\0", &mut out).unwrap();
+            write(&profile, &titled("python3 -c \x1bx\0"), &mut out).unwrap();
             let svg = String::from_utf8(out).unwrap();
             let options = roxmltree::ParsingOptions { allow_dtd: true, ..Default::default() };
             roxmltree::Document::parse_with_options(&svg, options).expect("well-formed XML");
@@ -84,7 +371,7 @@ mod tests {
     #[test]
     fn empty_profile_is_a_valid_svg_that_says_so() {
         let mut out = Vec::new();
-        write(&crate::profile::Profile::cpu(99), "a <title> & more", &mut out).unwrap();
+        write(&crate::profile::Profile::cpu(99), &titled("a <title> & more"), &mut out).unwrap();
         let svg = String::from_utf8(out).unwrap();
         roxmltree::Document::parse(&svg).expect("well-formed XML");
         assert!(svg.contains("no samples were recorded") && svg.contains("a &lt;title&gt; &amp; more"));

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use gpuflame_bpf::{BpfError, CpuSampler, ExecMapping, MappingTable, ProcessEvent, ProcessEventKind, PythonProcess, TableId};
+use gpuflame_elfread::FileId;
 use gpuflame_pyframes::{find_interpreter_with, Interpreter, Mapping};
 use gpuflame_symbolizer::MappedFile;
 use gpuflame_unwind::{load_bias, CompactTable, ElfProbe, ExecutableKey, LoadSegment};
@@ -76,7 +77,9 @@ pub struct ProcessTracker {
     builder: TableBuilder,
     executables: HashMap<ExecutableKey, Executable>,
     /// (dev, inode) from /proc/PID/maps → key, so known files are not opened again.
-    keys_by_inode: HashMap<(String, u64), ExecutableKey>,
+    /// Files already probed, by what stat says of them (size and modification time too: an inode
+    /// is reused once its file is deleted, and a new library must not get an old table).
+    keys_by_inode: HashMap<FileId, ExecutableKey>,
     processes: HashMap<u32, Vec<ExecutableKey>>,
     /// Each process's file mappings as last read, for symbolization after it exits; exited
     /// processes stay a while, since their last samples may still be in flight.
@@ -102,6 +105,11 @@ impl Default for ProcessTracker {
 const EXITED_GRACE: Duration = Duration::from_secs(5);
 
 impl ProcessTracker {
+    /// See [`TableBuilder::demand_at_low_priority`].
+    pub fn demand_tables_at_low_priority(&self, low: bool) {
+        self.builder.demand_at_low_priority(low);
+    }
+
     pub fn new() -> Self {
         ProcessTracker {
             builder: TableBuilder::start(),
@@ -153,10 +161,7 @@ impl ProcessTracker {
             let key = self.executable_for(pid, entry);
             if let Some(key) = &key {
                 if entry.path.starts_with('/') {
-                    let build_id = match key {
-                        ExecutableKey::BuildId(id) => Some(id.clone()),
-                        ExecutableKey::File { .. } => None,
-                    };
+                    let build_id = key.build_id().map(<[u8]>::to_vec);
                     let path = PathBuf::from(entry.path.strip_suffix(" (deleted)").unwrap_or(&entry.path));
                     let file = open_mapped_file(pid, entry);
                     files.push(MappedFile { start: entry.start, end: entry.end, offset: entry.offset, path, build_id, file });
@@ -229,7 +234,7 @@ impl ProcessTracker {
         match exe.state {
             TableState::Unbuilt | TableState::Queued { urgent: false } => {
                 exe.state = TableState::Queued { urgent: true };
-                self.builder.urgent(BuildJob { key, paths: exe.paths.clone(), cfi_bytes: exe.cfi_bytes, image: None, urgent: true });
+                self.builder.urgent(BuildJob { key, paths: exe.paths.clone(), cfi_bytes: exe.cfi_bytes, image: None, urgent: true, startup: false });
             }
             TableState::Queued { urgent: true } => {}
             // BPF's copy of the process is older than the table: tell it again.
@@ -313,7 +318,11 @@ impl ProcessTracker {
             match sampler.insert_table(table) {
                 Ok(id) => return Some(id),
                 Err(BpfError::UnwindFull(why)) => {
-                    let victim = if urgent && sampler.table_could_fit(table.len()) { self.lru_victim(sampler, key) } else { None };
+                    let victim = if urgent && sampler.table_could_fit(table.len()) {
+                        self.lru_victim(sampler, key).or_else(|| self.fair_share_victim(sampler, key))
+                    } else {
+                        None
+                    };
                     match victim {
                         Some(victim) => self.evict_for_room(sampler, &victim),
                         None => {
@@ -348,6 +357,41 @@ impl ProcessTracker {
             })
             .filter(|&(used, _)| now.saturating_sub(used) > WORKING_SET.as_nanos() as u64)
             .min_by_key(|&(used, _)| used)
+            .map(|(_, k)| k.clone())
+    }
+
+    /// With the whole budget in the working set: a table of a process that holds more than its
+    /// share of the budget (the budget over the processes holding tables), when none of the
+    /// asking file's processes uses it. So a process cannot keep others' tables out by mapping
+    /// and running more code than fits, and a process over its share never evicts another's
+    /// working set: it can only wait for its own tables to age.
+    fn fair_share_victim(&self, sampler: &CpuSampler, asking: &ExecutableKey) -> Option<ExecutableKey> {
+        let askers = &self.executables.get(asking)?.users;
+        let mut held: HashMap<u32, u64> = HashMap::new();
+        for exe in self.executables.values() {
+            if let TableState::Loaded(id) = exe.state {
+                let rows = sampler.table_rows(id);
+                for &pid in &exe.users {
+                    *held.entry(pid).or_default() += rows;
+                }
+            }
+        }
+        for pid in askers {
+            held.entry(*pid).or_default();
+        }
+        let share = sampler.unwind_capacity().rows_total / held.len().max(1) as u64;
+        if askers.iter().any(|pid| held.get(pid).copied().unwrap_or(0) > share) {
+            return None;
+        }
+        self.executables
+            .iter()
+            .filter(|(k, e)| *k != asking && e.users.is_disjoint(askers))
+            .filter(|(_, e)| !e.users.is_empty() && e.users.iter().all(|pid| held.get(pid).copied().unwrap_or(0) > share))
+            .filter_map(|(k, e)| match e.state {
+                TableState::Loaded(id) => Some((sampler.table_rows(id), k)),
+                _ => None,
+            })
+            .max_by_key(|&(rows, _)| rows)
             .map(|(_, k)| k.clone())
     }
 
@@ -412,7 +456,6 @@ impl ProcessTracker {
 
     /// The executable behind a mapping: known, or probed now and queued for its table.
     fn executable_for(&mut self, pid: u32, entry: &MapsEntry) -> Option<ExecutableKey> {
-        let inode_key = (entry.dev.clone(), entry.inode);
         let vdso = entry.path == "[vdso]";
         if entry.inode == 0 && !vdso {
             return None; // anonymous code (JIT): frame pointers and stack scans only
@@ -420,19 +463,24 @@ impl ProcessTracker {
         // map_files reaches the mapped file even when it was deleted or is in another mount
         // namespace (a container).
         let path = PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", entry.start, entry.end));
-        if !vdso {
-            if let Some(key) = self.keys_by_inode.get(&inode_key).cloned() {
-                if let Some(exe) = self.executables.get_mut(&key) {
-                    if !exe.paths.contains(&path) {
-                        exe.paths.insert(0, path);
-                        exe.paths.truncate(PATHS_PER_FILE);
-                    }
-                    return Some(key);
-                }
-            }
-        }
         if vdso {
             return self.vdso(pid, entry);
+        }
+        let inode_key = match std::fs::metadata(&path) {
+            Ok(m) => FileId::from(&m),
+            Err(e) => {
+                tracing::debug!(path = %entry.path, error = %e, "cannot stat the mapped file");
+                return None;
+            }
+        };
+        if let Some(key) = self.keys_by_inode.get(&inode_key).cloned() {
+            if let Some(exe) = self.executables.get_mut(&key) {
+                if !exe.paths.contains(&path) {
+                    exe.paths.insert(0, path);
+                    exe.paths.truncate(PATHS_PER_FILE);
+                }
+                return Some(key);
+            }
         }
         let probe = match ElfProbe::of_file(&path) {
             Ok(p) => p,
@@ -454,7 +502,7 @@ impl ProcessTracker {
             self.stats.files_without_cfi += 1;
             TableState::NoTable
         } else if probe.cfi_bytes <= EAGER_CFI_BYTES {
-            self.builder.background(BuildJob { key: key.clone(), paths: vec![path.clone()], cfi_bytes: probe.cfi_bytes, image: None, urgent: false });
+            self.builder.background(BuildJob { key: key.clone(), paths: vec![path.clone()], cfi_bytes: probe.cfi_bytes, image: None, urgent: false, startup: false });
             TableState::Queued { urgent: false }
         } else {
             TableState::Unbuilt
@@ -481,7 +529,7 @@ impl ProcessTracker {
             return Some(key);
         }
         let segments = ElfProbe::segments_of(&data).unwrap_or_default();
-        self.builder.background(BuildJob { key: key.clone(), paths: Vec::new(), cfi_bytes: 0, image: Some(data), urgent: false });
+        self.builder.background(BuildJob { key: key.clone(), paths: Vec::new(), cfi_bytes: 0, image: Some(data), urgent: false, startup: false });
         let exe = Executable {
             state: TableState::Queued { urgent: false },
             segments,

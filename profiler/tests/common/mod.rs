@@ -6,7 +6,7 @@ pub mod cuda;
 pub mod receiver;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output};
 
 pub const GPUFLAME: &str = env!("CARGO_BIN_EXE_gpuflame");
 
@@ -125,7 +125,19 @@ pub struct Recording {
 
 impl Recording {
     pub fn start(args: &[&str]) -> Recording {
-        let mut child = Command::new(GPUFLAME).arg("-v").args(args).stderr(std::process::Stdio::piped()).spawn().expect("running gpuflame");
+        Self::start_with_env(args, &[])
+    }
+
+    /// The same, with environment variables set (a name with no value: removed).
+    pub fn start_with_env(args: &[&str], env: &[(&str, Option<&str>)]) -> Recording {
+        let mut command = Command::new(GPUFLAME);
+        for (name, value) in env {
+            match value {
+                Some(v) => command.env(name, v),
+                None => command.env_remove(name),
+            };
+        }
+        let mut child = command.arg("-v").args(args).stderr(std::process::Stdio::piped()).spawn().expect("running gpuflame");
         let stderr = child.stderr.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         let reader = std::thread::spawn(move || {
@@ -149,4 +161,24 @@ impl Recording {
         let stderr = self.reader.take().map(|r| r.join().unwrap_or_default()).unwrap_or_default();
         (status, stderr)
     }
+}
+
+/// A child process killed and reaped when the test lets go of it, even on a failed assertion.
+pub struct Killed(pub Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The control process `comm` (tests/programs/chain.c) has at least `min` samples and 95% of them
+/// carry main;a;b;c.
+pub fn control_samples_complete(stacks: &[Stack], comm: &str, min: u64) {
+    let control: Vec<Stack> = stacks.iter().filter(|s| s.comm() == comm).cloned().collect();
+    let all = total(&control);
+    let good: u64 = control.iter().filter(|s| s.has_sequence(&["main", "a", "b", "c"])).map(|s| s.count).sum();
+    assert!(all >= min, "expected samples of the control process {comm}, got {all}");
+    assert!(good * 100 >= all * 95, "only {good} of {all} samples of {comm} carry main;a;b;c:\n{}", describe(&control));
 }

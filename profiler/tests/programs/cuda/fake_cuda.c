@@ -13,6 +13,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
@@ -124,11 +126,19 @@ static void launch_cost(void)
 	while ((b.tv_sec - a.tv_sec) * 1000000000LL + (b.tv_nsec - a.tv_nsec) < ns);
 }
 
+/* FAKE_CUDA_SYNC_FUTEX_MS: a synchronisation blocks on a futex that nobody wakes for that long, as
+ * the real driver's blocking sync waits for the GPU. */
 static void sync_wait(void)
 {
-	unsigned long long us = env_ull("FAKE_CUDA_SYNC_US", 0);
+	unsigned long long us = env_ull("FAKE_CUDA_SYNC_US", 0), ms = env_ull("FAKE_CUDA_SYNC_FUTEX_MS", 0);
+	static int never;
+
 	if (us)
 		usleep(us);
+	if (ms) {
+		struct timespec t = { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L };
+		syscall(SYS_futex, &never, FUTEX_WAIT_PRIVATE, 0, &t, NULL, 0);
+	}
 }
 
 /* As the real driver does at initialisation: load the CUPTI injection library that

@@ -1,0 +1,124 @@
+//! Off-CPU time by stack: the stacks at which target threads left the CPU, joined with the time
+//! each wait lasted. Not every switch-out is unwound (see `OffCpuSampling`); the time of the
+//! others is counted per thread and spread over that thread's unwound waits in proportion.
+
+use std::collections::{HashMap, HashSet};
+
+use gpuflame_bpf::{OffCpuEnd, OffCpuStack};
+use gpuflame_pyframes::Interpreter;
+use gpuflame_symbolizer::MappedFile;
+
+use crate::aggregate::{CpuAggregator, StackKey, StackValues, TailFrame};
+
+/// The frame of a thread's off-CPU time that no unwound wait of the window can carry.
+const NOT_UNWOUND: &str = "[off-cpu: waits not unwound]";
+
+#[derive(Default)]
+struct ThreadTime {
+    pid: u32,
+    comm: String,
+    unwound_ns: u64,
+    not_unwound_ns: u64,
+}
+
+#[derive(Default)]
+pub struct OffCpuAggregator {
+    /// tid → its current wait's number and stack, until the wait's end arrives.
+    pending: HashMap<u32, (u64, StackKey)>,
+    unwound: HashMap<StackKey, u64>,
+    threads: HashMap<u32, ThreadTime>,
+    /// Ends whose stack record never came (dropped, or sent before the recording).
+    pub unmatched_ns: u64,
+    /// Processes that exited since the last window.
+    gone: HashSet<u32>,
+}
+
+/// The totals of one window, for reports and the profile's comment.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OffCpuTotals {
+    pub unwound_ns: u64,
+    pub not_unwound_ns: u64,
+}
+
+impl OffCpuTotals {
+    pub fn describe(&self) -> String {
+        let total = self.unwound_ns + self.not_unwound_ns;
+        let share = if total > 0 { self.unwound_ns as f64 * 100.0 / total as f64 } else { 100.0 };
+        format!(
+            "off-CPU time of {:.3} s, {share:.1}% of it in waits that were unwound; the time of the others is spread over the unwound waits of the same thread in proportion (scaled)",
+            total as f64 / 1e9
+        )
+    }
+}
+
+impl OffCpuAggregator {
+    pub fn stack(&mut self, stacks: &mut CpuAggregator, o: &OffCpuStack, files: Option<&[MappedFile]>, python: Option<&Interpreter>) {
+        let mut key = stacks.stack(&o.sample, files, python, false);
+        key.leaf = Some(o.state.label());
+        self.pending.insert(o.sample.tid, (o.wait, key));
+    }
+
+    pub fn end(&mut self, end: &OffCpuEnd) {
+        let thread = self.threads.entry(end.tid).or_default();
+        thread.pid = end.pid;
+        if thread.comm.is_empty() {
+            thread.comm = end.comm.clone();
+        }
+        thread.not_unwound_ns += end.not_unwound_ns;
+        if end.wait == 0 {
+            return;
+        }
+        match self.pending.remove(&end.tid) {
+            Some((wait, key)) if wait == end.wait => {
+                thread.unwound_ns += end.duration_ns;
+                *self.unwound.entry(key).or_default() += end.duration_ns;
+            }
+            _ => {
+                // Its stack was dropped: the time still counts, as not unwound.
+                thread.not_unwound_ns += end.duration_ns;
+                self.unmatched_ns += end.duration_ns;
+            }
+        }
+    }
+
+    /// The process exited: its waits still pending will never end, but only once the window is
+    /// over: the exit comes on another ring buffer than the samples, and can be read before the
+    /// end of a wait that its thread sent on its way out.
+    pub fn thread_gone(&mut self, pid: u32) {
+        self.gone.insert(pid);
+    }
+
+    /// Off-CPU nanoseconds per stack since the last call, scaled per thread.
+    pub fn take_values(&mut self) -> (StackValues, OffCpuTotals) {
+        let gone = std::mem::take(&mut self.gone);
+        if !gone.is_empty() {
+            self.pending.retain(|_, (_, k)| !gone.contains(&k.pid));
+        }
+        let unwound = std::mem::take(&mut self.unwound);
+        let threads = std::mem::take(&mut self.threads);
+        let mut totals = OffCpuTotals::default();
+        let mut values: StackValues = Vec::with_capacity(unwound.len() + 1);
+        for (key, ns) in unwound {
+            let scale = threads.get(&key.tid).map_or(1.0, |t| (t.unwound_ns + t.not_unwound_ns) as f64 / t.unwound_ns.max(1) as f64);
+            values.push((key, None, vec![(ns as f64 * scale).round() as i64]));
+        }
+        for (tid, t) in threads {
+            totals.unwound_ns += t.unwound_ns;
+            totals.not_unwound_ns += t.not_unwound_ns;
+            if t.unwound_ns == 0 && t.not_unwound_ns > 0 {
+                let key = StackKey {
+                    pid: t.pid,
+                    tid,
+                    comm: t.comm,
+                    kernel: Vec::new(),
+                    user: Vec::new(),
+                    truncated: false,
+                    tail: vec![TailFrame::Function(NOT_UNWOUND.into())],
+                    leaf: None,
+                };
+                values.push((key, None, vec![t.not_unwound_ns as i64]));
+            }
+        }
+        (values, totals)
+    }
+}
