@@ -5,8 +5,16 @@
  * the launch's correlation id (gpuflame captures the stack there, for a sample of launches), and
  * gpuflame_cupti_kernels() once per batch of kernel records (start, end, device, stream,
  * correlation id, kernel name id, graph id and node). Without gpuflame attached these are plain
- * function calls. The process is never stopped or slowed beyond CUPTI's own cost; records beyond a
- * rate bound (GPUFLAME_CUPTI_MAX_RATE per second, default 500000) are dropped and counted.
+ * function calls. Records beyond a rate bound (GPUFLAME_CUPTI_MAX_RATE per second, default
+ * 500000) are dropped and counted.
+ *
+ * With GPUFLAME_CUPTI_WAIT_MS set (gpuflame record sets it), initialisation waits up to that long
+ * for gpuflame to say that it has the unwind tables of the files just loaded (this library, CUPTI):
+ * a program launches its first kernels within milliseconds of cuInit, before gpuflame could read
+ * its new mappings, and those launches would have no stack. gpuflame says so by writing 1 to the
+ * word whose address gpuflame_cupti_status(STATUS_WAITING, &word) gave it. Past the limit, or
+ * without gpuflame, the program goes on; otherwise it is never stopped or slowed beyond CUPTI's
+ * own cost.
  *
  * CUPTI is opened at run time (GPUFLAME_CUPTI_PATH, else libcupti.so.13, .so.12, .so), so the
  * library builds without the CUDA toolkit. The few CUPTI types used are declared here with the
@@ -60,6 +68,7 @@ struct gpuflame_kernel {
 #define STATUS_NO_CUPTI 1
 #define STATUS_OTHER_SUBSCRIBER 2
 #define STATUS_CUPTI_ERROR 3
+#define STATUS_WAITING 4 /* with the address of the word gpuflame sets when it is ready */
 
 static struct {
 	CUptiResult (*subscribe)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *);
@@ -96,9 +105,9 @@ EXPORT NOINLINE void gpuflame_cupti_name(uint32_t id, const char *name)
 	__asm__ volatile("" : : "r"(id), "r"(name) : "memory");
 }
 
-EXPORT NOINLINE void gpuflame_cupti_status(uint32_t code)
+EXPORT NOINLINE void gpuflame_cupti_status(uint32_t code, volatile uint32_t *ready)
 {
-	__asm__ volatile("" : : "r"(code) : "memory");
+	__asm__ volatile("" : : "r"(code), "r"(ready) : "memory");
 }
 
 /* --- */
@@ -161,7 +170,7 @@ static void buffer_completed(void *ctx, uint32_t stream, uint8_t *buffer, size_t
 	(void)ctx;
 	(void)stream;
 	(void)size;
-	gpuflame_cupti_status(status);
+	gpuflame_cupti_status(status, NULL);
 	while (cupti.next_record(buffer, valid, &record) == CUPTI_SUCCESS) {
 		const uint8_t *r = record;
 		uint32_t kind;
@@ -217,7 +226,7 @@ static void *announce(void *arg)
 {
 	(void)arg;
 	for (int i = 0; i < 5; i++) {
-		gpuflame_cupti_status(status);
+		gpuflame_cupti_status(status, NULL);
 		sleep(1);
 	}
 	return NULL;
@@ -245,6 +254,24 @@ static void *open_cupti(void)
 		if ((h = dlopen(names_to_try[i], RTLD_NOW | RTLD_GLOBAL)))
 			return h;
 	return NULL;
+}
+
+/* See the top of the file: gives gpuflame the time to read this process's new libraries. */
+static void wait_for_gpuflame(void)
+{
+	static volatile uint32_t ready;
+	const char *env = getenv("GPUFLAME_CUPTI_WAIT_MS");
+	long limit_ms = env && *env ? strtol(env, NULL, 10) : 0;
+	uint64_t deadline;
+
+	if (limit_ms <= 0)
+		return;
+	if (limit_ms > 10000)
+		limit_ms = 10000;
+	deadline = now_ns() + (uint64_t)limit_ms * 1000000ULL;
+	gpuflame_cupti_status(STATUS_WAITING, &ready);
+	while (!ready && now_ns() < deadline)
+		usleep(1000);
 }
 
 EXPORT int InitializeInjection(void)
@@ -285,5 +312,6 @@ EXPORT int InitializeInjection(void)
 	if (cupti.flush_period)
 		cupti.flush_period(200); /* ms: records reach gpuflame within a fraction of a second */
 	atexit(flush_at_exit);
+	wait_for_gpuflame();
 	return 1;
 }

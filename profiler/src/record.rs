@@ -12,7 +12,7 @@ use gpuflame_bpf::{Counters, Targets, UnwindCapacity};
 use crate::output::{self, Format};
 use crate::outfile::{self, Output};
 use crate::process::ProcessTracker;
-use crate::cuda::{human_bytes, injection, Coverage, CudaProfiles, DutyCycle};
+use crate::cuda::{human_bytes, injection, ready, Coverage, CudaProfiles, DutyCycle};
 use crate::profile_kind::ProfileKind;
 use crate::session::{CudaOptions, CudaState, Session, SessionConfig};
 use crate::status::StatusLine;
@@ -152,6 +152,9 @@ fn record(opts: &RecordOptions, format: Format, outputs: &[(ProfileKind, Output)
                     c.hooks.hook_path(&session.sampler, &lib);
                 }
                 env.push((injection::INJECTION_VAR.to_string(), lib.display().to_string()));
+                if std::env::var_os(ready::WAIT_VAR).is_none() {
+                    env.push((ready::WAIT_VAR.to_string(), ready::WAIT_MS.to_string()));
+                }
             }
         }
         let gated = GatedChild::spawn(&opts.command, &env)?;

@@ -5,12 +5,13 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime};
 
-use gpuflame_bpf::{BpfError, CpuSampler, Event, OffCpuSampling, ProcessEventKind, SamplerConfig, Targets};
+use gpuflame_bpf::{BpfError, CpuSampler, CudaApi, Event, OffCpuSampling, ProcessEventKind, SamplerConfig, Targets};
 
 use crate::aggregate::CpuAggregator;
 use crate::offcpu::OffCpuAggregator;
 use crate::profile::Profile;
 use crate::profile_kind::ProfileKind;
+use crate::cuda::ready::{WaitingProcesses, STATUS_WAITING};
 use crate::cuda::{CudaHookManager, CudaProfiles, DutyCycle, OomReport};
 use crate::process::ProcessTracker;
 use crate::UserError;
@@ -44,6 +45,8 @@ pub struct SessionConfig {
 pub struct CudaState {
     pub hooks: CudaHookManager,
     pub profiles: CudaProfiles,
+    /// Programs held at CUDA initialisation until their tables are in.
+    pub waiting: WaitingProcesses,
 }
 
 pub struct Session {
@@ -86,7 +89,7 @@ impl Session {
         // Small files' tables come in tens of ms: waiting a little for them makes the first
         // samples complete; big ones load when samples ask, while sampling runs.
         tracker.wait_for_tables(&mut sampler, PRELOAD_WAIT);
-        let mut cuda = config.cuda.map(|c| CudaState { hooks: CudaHookManager::new(c.launches, c.duty), profiles: CudaProfiles::default() });
+        let mut cuda = config.cuda.map(|c| CudaState { hooks: CudaHookManager::new(c.launches, c.duty), profiles: CudaProfiles::default(), waiting: WaitingProcesses::default() });
         if let Some(c) = cuda.as_mut() {
             c.hooks.calibrate(&sampler);
             c.profiles.set_trap_cost(c.hooks.trap_cost());
@@ -121,14 +124,17 @@ impl Session {
         loop {
             let now = Instant::now();
             let toggle = self.cuda.as_ref().and_then(|c| c.hooks.next_toggle(now));
-            // Tables being built are loaded as they come, not at the end of the wait.
-            let tables = if self.tracker.building() { TABLE_POLL } else { Duration::MAX };
+            // Tables being built are loaded as they come, not at the end of the wait; a program
+            // waiting for them is answered as soon as they are in.
+            let waiting = self.cuda.as_ref().is_some_and(|c| !c.waiting.is_empty());
+            let tables = if self.tracker.building() || waiting { TABLE_POLL } else { Duration::MAX };
             let wait = deadline.saturating_duration_since(now).min(toggle.unwrap_or(Duration::MAX)).min(tables);
             let events = self.sampler.poll(wait)?;
             self.handle(events);
             self.tracker.poll_tables(&mut self.sampler);
             if let Some(c) = self.cuda.as_mut() {
                 c.hooks.tick(&self.sampler);
+                c.waiting.answer(|pid| self.tracker.tables_settled(pid));
             }
             if Instant::now() >= deadline {
                 return Ok(());
@@ -196,11 +202,18 @@ impl Session {
                         c.profiles.process_exited(ev.pid);
                     } else if let Some(entries) = self.tracker.exec_entries(ev.pid) {
                         c.hooks.process_mapped(&self.sampler, ev.pid, entries, seen);
+                        if c.hooks.maps_cuda(ev.pid) {
+                            self.tracker.build_soon(ev.pid);
+                        }
                     }
                 }
                 Event::Cuda(call) => {
                     let Some(c) = self.cuda.as_mut() else { continue };
                     let pid = call.sample.pid;
+                    if call.api == CudaApi::CuptiStatus && call.result == STATUS_WAITING {
+                        self.tracker.hurry(&mut self.sampler, pid);
+                        c.waiting.add(pid, call.addr);
+                    }
                     if let Some(oom) = c.profiles.add(&call, &mut self.aggregator, self.tracker.files(pid), self.tracker.python(pid)) {
                         self.ooms.push(oom);
                     }

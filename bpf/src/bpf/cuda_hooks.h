@@ -157,6 +157,7 @@ static __always_inline void cupti_enter(struct pt_regs *ctx, __u64 id, __u32 api
 	default: /* CUPTI_STATUS */
 		e->kind = EVENT_CUDA_CALL;
 		e->result = PT_REGS_PARM1(ctx) & 0xffffffff;
+		e->addr = PT_REGS_PARM2(ctx);
 		break;
 	}
 	if (bpf_ringbuf_output(&samples, e, size, 0))

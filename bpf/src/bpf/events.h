@@ -130,7 +130,8 @@ enum cuda_api {
 	CUPTI_LAUNCH = 43,         /* (correlation id, callback id): a launch, stack wanted */
 	CUPTI_KERNELS = 44,        /* (records, count, dropped so far): kernel activity records */
 	CUPTI_NAME = 45,           /* (name id, name) */
-	CUPTI_STATUS = 46,         /* (code): 0 active, 1 no libcupti, 2 another subscriber, 3 error */
+	CUPTI_STATUS = 46,         /* (code, ready word): 0 active, 1 no libcupti, 2 another subscriber,
+	                            * 3 error, 4 waiting for gpuflame to set the ready word */
 	CUDA_API_MAX = 47,
 };
 

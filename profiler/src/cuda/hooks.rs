@@ -209,6 +209,11 @@ impl CudaHookManager {
         self.files.retain(|_, f| !f.users.is_empty());
     }
 
+    /// Whether the process maps a file whose CUDA functions are hooked.
+    pub fn maps_cuda(&self, pid: u32) -> bool {
+        self.files.values().any(|f| f.users.contains_key(&pid))
+    }
+
     /// Searches a mapped file for CUDA once, and hooks what it finds; `path` reaches the file.
     fn hook_file(&mut self, sampler: &CpuSampler, pid: u32, entry: &MapsEntry, path: PathBuf, seen_at: Instant) {
         let key = (entry.dev.clone(), entry.inode);
@@ -262,7 +267,7 @@ impl CudaHookManager {
         let dev = meta.dev();
         // As /proc/PID/maps writes devices.
         let key = (format!("{:02x}:{:02x}", libc::major(dev), libc::minor(dev)), meta.ino());
-        let entry = MapsEntry { start: 0, end: 0, executable: true, offset: 0, dev: key.0.clone(), inode: key.1, path: path.display().to_string() };
+        let entry = MapsEntry { start: 0, end: 0, executable: true, writable: false, offset: 0, dev: key.0.clone(), inode: key.1, path: path.display().to_string() };
         self.hook_file(sampler, 0, &entry, path.to_path_buf(), std::time::Instant::now());
     }
 

@@ -6,6 +6,7 @@ mod gputime;
 pub mod hbm;
 pub mod hooks;
 pub mod injection;
+pub mod ready;
 
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -67,7 +68,8 @@ impl CudaProfiles {
     pub fn add(&mut self, call: &CudaCall, stacks: &mut CpuAggregator, files: Option<&[MappedFile]>, python: Option<&Interpreter>) -> Option<OomReport> {
         let pid = call.sample.pid;
         if call.api == CudaApi::CuptiStatus {
-            if call.result != 0 && self.cupti_failures.insert(pid, call.result).is_none() {
+            // Waiting for gpuflame is not a failure: the session answers it.
+            if call.result != 0 && call.result != ready::STATUS_WAITING && self.cupti_failures.insert(pid, call.result).is_none() {
                 let why = match call.result {
                     1 => "libcupti was not found (set GPUFLAME_CUPTI_PATH)",
                     2 => "another CUPTI subscriber is active (the PyTorch profiler or Nsight?)",

@@ -6,6 +6,7 @@ pub struct MapsEntry {
     pub start: u64,
     pub end: u64,
     pub executable: bool,
+    pub writable: bool,
     pub offset: u64,
     /// "major:minor" as the kernel prints it, and the inode: the file's identity.
     pub dev: String,
@@ -33,6 +34,7 @@ fn parse_line(line: &str) -> Option<MapsEntry> {
         start: u64::from_str_radix(start, 16).ok()?,
         end: u64::from_str_radix(end, 16).ok()?,
         executable: perms.as_bytes().get(2) == Some(&b'x'),
+        writable: perms.as_bytes().get(1) == Some(&b'w'),
         offset: u64::from_str_radix(offset, 16).ok()?,
         dev: dev.to_string(),
         inode: inode.parse().ok()?,
