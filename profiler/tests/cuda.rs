@@ -155,10 +155,12 @@ fn sampled_launch_counts_are_scaled_and_labelled() {
     let truth: i64 = ["runtime_launches", "ex_launches", "graph_launches"].iter().map(|k| kv[*k].parse::<i64>().unwrap()).sum();
     let estimate = profile.total();
     // Hooks cost this VM about as much as these launches, which makes the estimate coarse (see
-    // BENCHMARKS.md); what must hold is that the windows' counts are scaled up to the right order.
+    // BENCHMARKS.md); what must hold is that the windows' counts are scaled up to the right order
+    // (unscaled they are ~1/50 of the truth). Within 3x: with three or four 10 ms windows, a
+    // program preempted inside one by the parallel tests came out at 0.43x once in 11 runs.
     let observed = stderr.lines().find_map(|l| l.split("launches_seen=").nth(1)?.split_whitespace().next()?.parse::<i64>().ok()).unwrap_or(0);
     assert!(observed > 0 && observed < truth / 5, "the hooks saw {observed} of {truth} launches: they were not duty-cycled\n{stderr}");
-    assert!((truth / 2..=truth * 2).contains(&estimate), "estimated {estimate} launches for {truth}\n{stderr}");
+    assert!((truth / 3..=truth * 3).contains(&estimate), "estimated {estimate} launches for {truth}\n{stderr}");
     assert!(profile.comments.iter().any(|c| c.starts_with("sampled:")), "{:?}", profile.comments);
 }
 
@@ -273,4 +275,29 @@ fn another_cupti_subscriber_means_no_gpu_time_and_one_line() {
     assert!(ours.len() <= 1 && library.len() == 1, "{stderr}");
     assert_eq!(total(&read_folded(Path::new(&fx.path("g.gpu-time.folded")))), 0);
     assert_eq!(total(&read_folded(Path::new(&fx.path("g.gpu-launches.folded")))), 100 + 50 + 10, "gpu-launches stands in");
+}
+
+#[test]
+fn without_gpuflame_the_injection_library_waits_only_as_long_as_asked() {
+    // A service started by hand with GPUFLAME_CUPTI_WAIT_MS, and no gpuflame running to answer.
+    let fx = Fixture::build();
+    let lib = fx.path("libgpuflame_cupti.so");
+    gpuflame_ok(&["cupti-library", &lib], 0);
+    let started = std::time::Instant::now();
+    let out = std::process::Command::new(&fx.app)
+        .args(["launches", "10"])
+        .env("CUDA_INJECTION64_PATH", &lib)
+        .env("GPUFLAME_CUPTI_PATH", fx.path("libcupti.so.13"))
+        .env("GPUFLAME_CUPTI_WAIT_MS", "400")
+        .env("FAKE_CUDA_INIT_MS", "0")
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(took >= std::time::Duration::from_millis(400) && took < std::time::Duration::from_secs(3), "took {took:?}");
+    // Unset, it does not wait at all.
+    let started = std::time::Instant::now();
+    let out = std::process::Command::new(&fx.app).args(["launches", "10"]).env("CUDA_INJECTION64_PATH", &lib).env("GPUFLAME_CUPTI_PATH", fx.path("libcupti.so.13")).env("FAKE_CUDA_INIT_MS", "0").output().unwrap();
+    assert!(out.status.success());
+    assert!(started.elapsed() < std::time::Duration::from_millis(300), "took {:?}", started.elapsed());
 }
