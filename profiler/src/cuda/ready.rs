@@ -73,7 +73,7 @@ fn set_ready(pid: u32, word: u64) -> io::Result<()> {
         let name = e.path.rsplit('/').next().unwrap_or("");
         e.writable && name.starts_with("libgpuflame_cupti") && e.start <= word && word.saturating_add(4) <= e.end
     });
-    if !ours || word % 4 != 0 {
+    if !ours || !word.is_multiple_of(4) {
         return Err(io::Error::other(format!("{word:#x} is not in the injection library's data")));
     }
     let one = 1u32.to_ne_bytes();
