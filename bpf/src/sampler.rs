@@ -407,8 +407,10 @@ impl CpuSampler {
     }
 
     /// Loads an executable's table; its rules must be loaded.
-    pub fn insert_table(&mut self, table: &CompactTable) -> Result<TableId, BpfError> {
-        self.unwind.insert_table(&self.skel.maps.unwind_shards, &self.skel.maps.page_index, &self.skel.maps.unwind_tables, table)
+    /// `in_use`: a sample asked for it, so it counts as used now; a table built ahead of need
+    /// counts as never used, the first to make room.
+    pub fn insert_table(&mut self, table: &CompactTable, in_use: bool) -> Result<TableId, BpfError> {
+        self.unwind.insert_table(&self.skel.maps.unwind_shards, &self.skel.maps.page_index, &self.skel.maps.unwind_tables, table, in_use)
     }
 
     /// When a sample last used the table (boot-time ns, to the second), or 0 if never.

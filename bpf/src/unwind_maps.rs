@@ -169,7 +169,7 @@ impl UnwindMaps {
         Ok(())
     }
 
-    pub(crate) fn insert_table(&mut self, shards_map: &MapMut<'_>, index_map: &MapMut<'_>, tables_map: &MapMut<'_>, table: &CompactTable) -> Result<TableId, BpfError> {
+    pub(crate) fn insert_table(&mut self, shards_map: &MapMut<'_>, index_map: &MapMut<'_>, tables_map: &MapMut<'_>, table: &CompactTable, in_use: bool) -> Result<TableId, BpfError> {
         let block_count = table.len().div_ceil(ROWS_PER_BLOCK) as u32;
         let page_count = block_count.div_ceil(BLOCKS_PER_PAGE);
         if page_count as usize > self.free_pages.len() {
@@ -211,7 +211,11 @@ impl UnwindMaps {
             let values: Vec<u8> = pages.iter().flat_map(|p| p.to_ne_bytes()).collect();
             written = index_map.update_batch(&keys, &values, page_count, MapFlags::ANY, MapFlags::ANY).map_err(map_err("page_index"));
         }
-        let info = types::table_info { base: table.base, first_page: first_slot, block_count, last_used: 0 };
+        // A table a sample asked for counts as used now: with 0 it was the least recently used
+        // of all until a sample reached it, and the next table asked for evicted it first (a
+        // process started beside a table hog never kept libc's).
+        let last_used = if in_use { monotonic_ns() } else { 0 };
+        let info = types::table_info { base: table.base, first_page: first_slot, block_count, last_used };
         let written = written.and_then(|()| tables_map.update(&id.to_ne_bytes(), as_bytes(&info), MapFlags::ANY).map_err(map_err("unwind_tables")));
         if let Err(e) = written {
             self.slots.release(first_slot, page_count);
@@ -326,6 +330,16 @@ impl UnwindMaps {
     }
 }
 
+/// CLOCK_MONOTONIC in ns: the clock of bpf_ktime_get_ns(), which stamps the tables' use.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid timespec for the call to fill.
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) } != 0 {
+        return 0;
+    }
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -340,3 +354,4 @@ mod tests {
         assert_eq!(end.cfa_kind, 5);
     }
 }
+

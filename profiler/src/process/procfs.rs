@@ -1,4 +1,4 @@
-//! Small readers of /proc and clocks that the tracker uses: a process's memory, its mapped files
+//! Small readers of /proc that the tracker uses: a process's memory, its mapped files
 //! through map_files.
 
 use std::fs;
@@ -6,16 +6,6 @@ use std::fs;
 use gpuflame_symbolizer::ModuleFile;
 
 use super::maps::MapsEntry;
-
-/// CLOCK_MONOTONIC in ns: the clock of bpf_ktime_get_ns(), which stamps the tables' use.
-pub(super) fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: ts is a valid timespec for the call to fill.
-    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) } != 0 {
-        return 0;
-    }
-    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
-}
 
 pub(super) fn read_process_memory(pid: u32, addr: u64, len: u64) -> Option<Vec<u8>> {
     use std::io::{Read, Seek, SeekFrom};

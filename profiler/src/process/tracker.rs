@@ -8,7 +8,7 @@ use std::fs;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use gpuflame_bpf::{BpfError, CpuSampler, ExecMapping, MappingTable, ProcessEvent, ProcessEventKind, PythonProcess, TableId};
+use gpuflame_bpf::{monotonic_ns, BpfError, CpuSampler, ExecMapping, MappingTable, ProcessEvent, ProcessEventKind, PythonProcess, TableId};
 use gpuflame_elfread::FileId;
 use gpuflame_pyframes::{find_interpreter_with, Interpreter, Mapping};
 use gpuflame_symbolizer::MappedFile;
@@ -16,7 +16,7 @@ use gpuflame_unwind::{load_bias, CompactTable, ElfProbe, ExecutableKey, LoadSegm
 
 use super::builder::{BuildJob, Built, TableBuilder};
 use super::maps::{parse_maps, MapsEntry};
-use super::procfs::{monotonic_ns, open_map_file, open_mapped_file, process_exiting, read_process_memory};
+use super::procfs::{open_map_file, open_mapped_file, process_exiting, read_process_memory};
 
 /// Files with at most this much CFI are built as soon as they are seen (~150k rows, ~10 ms: libc,
 /// libstdc++, libpython, a distribution's python executable); bigger ones (OpenBLAS 1.5 MiB,
@@ -181,7 +181,10 @@ impl ProcessTracker {
         }
         for key in &keys {
             if let Some(exe) = self.executables.get_mut(key) {
-                exe.users.insert(pid);
+                // A new process changes the shares: a table refused room may get it now.
+                if exe.users.insert(pid) {
+                    exe.retry_after = None;
+                }
             }
         }
         self.files.insert(pid, files);
@@ -353,7 +356,7 @@ impl ProcessTracker {
     /// the working set when the budget is full.
     fn insert(&mut self, sampler: &mut CpuSampler, key: &ExecutableKey, table: &CompactTable, urgent: bool) -> Option<TableId> {
         loop {
-            match sampler.insert_table(table) {
+            match sampler.insert_table(table, urgent) {
                 Ok(id) => return Some(id),
                 Err(BpfError::UnwindFull(why)) => {
                     let victim = if urgent && sampler.table_could_fit(table.len()) {
@@ -399,16 +402,22 @@ impl ProcessTracker {
     }
 
     /// With the whole budget in the working set: a table of a process that holds more than its
-    /// share of the budget (the budget over the processes holding tables), when none of the
-    /// asking file's processes uses it. So a process cannot keep others' tables out by mapping
-    /// and running more code than fits, and a process over its share never evicts another's
-    /// working set: it can only wait for its own tables to age.
+    /// share of the budget (the budget over the processes holding tables; a table mapped by
+    /// several processes counts for each in part), when none of the
+    /// asking file's processes within their share uses it. So a process cannot keep others'
+    /// tables out by mapping and running more code than fits, and a process over its share never
+    /// evicts another's working set: it can only wait for its own tables to age. A file that
+    /// both map (libc) is asked for on behalf of the one within its share: the other mapping it
+    /// too does not shield that one's tables (it did, and a process started beside a table hog
+    /// never got libc's table).
     fn fair_share_victim(&self, sampler: &CpuSampler, asking: &ExecutableKey) -> Option<ExecutableKey> {
         let askers = &self.executables.get(asking)?.users;
         let mut held: HashMap<u32, u64> = HashMap::new();
         for exe in self.executables.values() {
             if let TableState::Loaded(id) = exe.state {
-                let rows = sampler.table_rows(id);
+                // A table several processes map is held by each in part: libc's 28k rows put
+                // every process over its share once three held tables.
+                let rows = sampler.table_rows(id) / exe.users.len().max(1) as u64;
                 for &pid in &exe.users {
                     *held.entry(pid).or_default() += rows;
                 }
@@ -418,12 +427,13 @@ impl ProcessTracker {
             held.entry(*pid).or_default();
         }
         let share = sampler.unwind_capacity().rows_total / held.len().max(1) as u64;
-        if askers.iter().any(|pid| held.get(pid).copied().unwrap_or(0) > share) {
+        let within: HashSet<u32> = askers.iter().copied().filter(|pid| held.get(pid).copied().unwrap_or(0) <= share).collect();
+        if within.is_empty() {
             return None;
         }
         self.executables
             .iter()
-            .filter(|(k, e)| *k != asking && e.users.is_disjoint(askers))
+            .filter(|(k, e)| *k != asking && e.users.is_disjoint(&within))
             .filter(|(_, e)| !e.users.is_empty() && e.users.iter().all(|pid| held.get(pid).copied().unwrap_or(0) > share))
             .filter_map(|(k, e)| match e.state {
                 TableState::Loaded(id) => Some((sampler.table_rows(id), k)),
