@@ -231,6 +231,10 @@ fn debuginfod_down_or_silent_costs_at_most_a_second_and_one_warning() {
     const DURATION_S: f64 = 3.0;
     let empty = d.join("empty");
 
+    // What a recording takes without debuginfod, the end's symbolization included (libc's
+    // separate debug file, read by this debug build: up to 1.1 s here): a server that is down or
+    // silent may add at most a second to it.
+    let mut baseline = None;
     for (what, port) in [("none configured", None), ("down", Some(down_port)), ("silent", Some(silent_port))] {
         let mut target = Command::new(&dfd).arg("60").spawn().unwrap();
         let out = d.join(format!("{}.folded", what.replace(' ', "-")));
@@ -252,8 +256,10 @@ fn debuginfod_down_or_silent_costs_at_most_a_second_and_one_warning() {
         assert!(all >= 50, "expected up to 300 samples (fewer on a busy machine), got {all}");
         assert_eq!(with_names, 0, "no server has the debug info, yet the program was named");
         // Sampling starts a little before the log line the recording waits for: the end may
-        // come a bit less than DURATION_S after it, and must come within a second of it.
-        assert!(took <= DURATION_S + 1.0, "debuginfod {what}: the recording ended {took:.2} s after sampling began (duration {DURATION_S} s)\n{stderr}");
+        // come a bit less than DURATION_S after it.
+        let limit = *baseline.get_or_insert(took.max(DURATION_S)) + 1.0;
+        assert!(took <= DURATION_S + 3.0, "debuginfod {what}: the recording ended {took:.2} s after sampling began (duration {DURATION_S} s)\n{stderr}");
+        assert!(took <= limit, "debuginfod {what}: the recording ended {took:.2} s after sampling began, over a second more than without debuginfod\n{stderr}");
         let expected = usize::from(port.is_some());
         assert_eq!(warnings.len(), expected, "debuginfod {what}: expected {expected} warning(s):\n{stderr}");
     }
