@@ -397,8 +397,8 @@ static long leaf_file_of_vma(struct task_struct *task, struct vm_area_struct *vm
 	return 0;
 }
 
-/* The file under the leaf of a sample whose process or mapping user space has not read yet: a
- * process living a few hundred microseconds is gone before it can, and the leaf is then named
+/* The file under the leaf of a sample whose process, mapping or table user space has not read
+ * yet: a process living a few hundred microseconds is gone before it can, and the leaf is then named
  * from the file identity alone. Only in the sampler: the VMA lookup takes the mmap lock (trylock),
  * which the scheduler's and the uprobes' contexts must not. */
 static __always_inline void note_leaf_file(struct native_unwind_state *st)
@@ -462,8 +462,11 @@ __noinline long unwind_one(struct native_unwind_state *st)
 	m = &proc->mappings[idx & (MAX_PROCESS_MAPPINGS - 1)];
 	if (m->flags & MAPPING_TABLE_PENDING) {
 		/* No frame-pointer step here: in code built without them it skips callers and makes
-		 * a stack that looks whole; a stop is honest and the table comes within ~100 ms. */
+		 * a stack that looks whole; a stop is honest and the table comes within ~100 ms. The
+		 * leaf's file too: a process of a few hundred microseconds, read once, is gone before
+		 * the table and its names come (1 in 7 samples of a storm of them stayed unnamed). */
 		ask_table(st, m->begin);
+		note_leaf_file(st);
 		return stop(st, UNWIND_NO_TABLE_YET);
 	}
 	if (!(m->flags & MAPPING_HAS_TABLE))

@@ -174,8 +174,13 @@ impl ProcessTracker {
         }
         // Maps read while the process exits, its files already out of reach: what was read
         // before stays, as for a process whose maps are empty (symbols of its last records were
-        // lost to such a read 1 run in 5 on a loaded machine).
-        if unreadable > 0 && process_exiting(pid) {
+        // lost to such a read 1 run in 5 on a loaded machine). Only if it is the same program:
+        // what was read before an exec would name the new program's samples wrongly (a storm of
+        // short processes, first read as their parent's fork).
+        let same_mappings = self.entries.get(&pid).is_some_and(|old| {
+            old.len() == entries.len() && old.iter().zip(&entries).all(|(a, b)| (a.start, a.end, a.inode) == (b.start, b.end, b.inode))
+        });
+        if unreadable > 0 && same_mappings && process_exiting(pid) {
             self.exited(sampler, pid);
             return;
         }
