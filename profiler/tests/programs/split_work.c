@@ -2,6 +2,7 @@
  * both under main -> step (compute may be a tail call): two runs with other percentages make a differential profile. */
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 static volatile unsigned long sink;
 
@@ -30,6 +31,10 @@ __attribute__((noinline)) void step(double share)
 
 int main(int argc, char **argv)
 {
+	/* Asleep while the recording builds this program's tables at low priority: the stacks of
+	 * both runs must be whole for their frames to match (under load, a run whose first samples
+	 * stopped at the leaf drew parse nearly white instead of blue). */
+	usleep(300000);
 	double end = now() + (argc > 1 ? atof(argv[1]) : 2.0);
 	double share = (argc > 2 ? atof(argv[2]) : 50.0) / 100.0;
 	while (now() < end)
