@@ -8,15 +8,17 @@ use std::fs;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use gpuflame_bpf::{monotonic_ns, BpfError, CpuSampler, ExecMapping, MappingTable, ProcessEvent, ProcessEventKind, PythonProcess, TableId};
+use gpuflame_bpf::{CpuSampler, ExecMapping, MappingTable, ProcessEvent, ProcessEventKind, PythonProcess, TableId};
 use gpuflame_elfread::FileId;
 use gpuflame_pyframes::{find_interpreter_with, Interpreter, Mapping};
 use gpuflame_symbolizer::MappedFile;
-use gpuflame_unwind::{load_bias, CompactTable, ElfProbe, ExecutableKey, LoadSegment};
+use gpuflame_unwind::{load_bias, ElfProbe, ExecutableKey, LoadSegment};
 
 use super::builder::{BuildJob, Built, TableBuilder};
 use super::maps::{parse_maps, MapsEntry};
 use super::procfs::{open_map_file, open_mapped_file, process_exiting, read_process_memory};
+
+mod room;
 
 /// Files with at most this much CFI are built as soon as they are seen (~150k rows, ~10 ms: libc,
 /// libstdc++, libpython, a distribution's python executable); bigger ones (OpenBLAS 1.5 MiB,
@@ -159,10 +161,20 @@ impl ProcessTracker {
         let mut files = Vec::new();
         let mut unreadable = 0;
         for entry in &entries {
-            let key = self.executable_for(pid, entry);
-            unreadable += usize::from(key.is_none() && entry.inode != 0);
+            let mut key = self.executable_for(pid, entry);
+            let mut file_read_before = None;
+            if key.is_none() && entry.inode != 0 {
+                // Out of reach now (the process is exiting, or its files are): the same mapping
+                // read before keeps its table and file.
+                match self.read_before(pid, entry) {
+                    Some((k, f)) => (key, file_read_before) = (Some(k), f),
+                    None => unreadable += 1,
+                }
+            }
             if let Some(key) = &key {
-                if entry.path.starts_with('/') {
+                if let Some(file) = file_read_before {
+                    files.push(file);
+                } else if entry.path.starts_with('/') {
                     let build_id = key.build_id().map(<[u8]>::to_vec);
                     let path = PathBuf::from(entry.path.strip_suffix(" (deleted)").unwrap_or(&entry.path));
                     let file = open_mapped_file(pid, entry);
@@ -201,6 +213,16 @@ impl ProcessTracker {
         if let Some(old) = old {
             self.release_unused(sampler, pid, &old);
         }
+    }
+
+    /// The key and file of `entry` as the last read of the process's maps found them: the same
+    /// range of the same file at the same offset.
+    fn read_before(&self, pid: u32, entry: &MapsEntry) -> Option<(ExecutableKey, Option<MappedFile>)> {
+        let same = |e: &MapsEntry| (e.start, e.end, e.offset, e.inode, &e.dev) == (entry.start, entry.end, entry.offset, entry.inode, &entry.dev);
+        let i = self.entries.get(&pid)?.iter().position(same)?;
+        let key = self.entry_keys.get(&pid)?.get(i)?.clone()?;
+        let file = self.files.get(&pid).and_then(|files| files.iter().find(|f| (f.start, f.end) == (entry.start, entry.end)).cloned());
+        Some((key, file))
     }
 
     /// Describes the process's executable mappings to BPF as the tables stand now.
@@ -249,10 +271,7 @@ impl ProcessTracker {
             return;
         }
         match exe.state {
-            TableState::Unbuilt | TableState::Queued { urgent: false } => {
-                exe.state = TableState::Queued { urgent: true };
-                self.builder.urgent(BuildJob { key, paths: exe.paths.clone(), cfi_bytes: exe.cfi_bytes, image: None, urgent: true, startup: false });
-            }
+            TableState::Unbuilt | TableState::Queued { urgent: false } => self.build_now(key),
             TableState::Queued { urgent: true } => {}
             // BPF's copy of the process is older than the table: tell it again.
             TableState::Loaded { .. } | TableState::NoTable => self.push_process(sampler, pid),
@@ -273,12 +292,17 @@ impl ProcessTracker {
     pub fn build_soon(&mut self, pid: u32) {
         let keys = self.processes.get(&pid).cloned().unwrap_or_default();
         for key in keys {
-            let Some(exe) = self.executables.get_mut(&key) else { continue };
-            if exe.state == (TableState::Queued { urgent: false }) {
-                exe.state = TableState::Queued { urgent: true };
-                self.builder.urgent(BuildJob { key, paths: exe.paths.clone(), cfi_bytes: exe.cfi_bytes, image: None, urgent: true, startup: false });
+            if self.executables.get(&key).is_some_and(|exe| exe.state == (TableState::Queued { urgent: false })) {
+                self.build_now(key);
             }
         }
+    }
+
+    /// Queues the file's table ahead of the background builds, at normal priority.
+    fn build_now(&mut self, key: ExecutableKey) {
+        let Some(exe) = self.executables.get_mut(&key) else { return };
+        exe.state = TableState::Queued { urgent: true };
+        self.builder.urgent(BuildJob { key, paths: exe.paths.clone(), cfi_bytes: exe.cfi_bytes, image: None, urgent: true, startup: false });
     }
 
     /// Whether no table of the process's files waits to be built. Files big enough to be built
@@ -351,113 +375,6 @@ impl ProcessTracker {
         };
         let Some(exe) = self.executables.get_mut(&built.key) else { return };
         exe.state = state;
-        let users: Vec<u32> = exe.users.iter().copied().collect();
-        for pid in users {
-            self.push_process(sampler, pid);
-        }
-    }
-
-    /// Puts a table into BPF; a table a sample needs evicts the least recently used ones outside
-    /// the working set when the budget is full.
-    fn insert(&mut self, sampler: &mut CpuSampler, key: &ExecutableKey, table: &CompactTable, urgent: bool) -> Option<TableId> {
-        loop {
-            match sampler.insert_table(table, urgent) {
-                Ok(id) => return Some(id),
-                Err(BpfError::UnwindFull(why)) => {
-                    let victim = if urgent && sampler.table_could_fit(table.len()) {
-                        self.lru_victim(sampler, key).or_else(|| self.fair_share_victim(sampler, key))
-                    } else {
-                        None
-                    };
-                    match victim {
-                        Some(victim) => self.evict_for_room(sampler, &victim),
-                        None => {
-                            // Built ahead of need, it waits for a sample to ask; asked for, it
-                            // is not asked for again for a while.
-                            if let Some(exe) = self.executables.get_mut(key).filter(|_| urgent) {
-                                exe.retry_after = Some(Instant::now() + NO_ROOM_RETRY);
-                                tracing::debug!(file = %exe.name, %why, "no room for an unwind table");
-                                self.stats.no_room.insert(exe.name.clone());
-                            }
-                            return None;
-                        }
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot load an unwind table");
-                    return None;
-                }
-            }
-        }
-    }
-
-    /// The loaded table used least recently, if it is outside the working set.
-    fn lru_victim(&self, sampler: &CpuSampler, except: &ExecutableKey) -> Option<ExecutableKey> {
-        let now = monotonic_ns();
-        self.executables
-            .iter()
-            .filter(|(k, _)| *k != except)
-            .filter_map(|(k, e)| match e.state {
-                TableState::Loaded(id) => Some((sampler.table_last_used(id), k)),
-                _ => None,
-            })
-            .filter(|&(used, _)| now.saturating_sub(used) > WORKING_SET.as_nanos() as u64)
-            .min_by_key(|&(used, _)| used)
-            .map(|(_, k)| k.clone())
-    }
-
-    /// With the whole budget in the working set: a table of a process that holds more than its
-    /// share of the budget (the budget over the processes holding tables; a table mapped by
-    /// several processes counts for each in part), when none of the
-    /// asking file's processes within their share uses it. So a process cannot keep others'
-    /// tables out by mapping and running more code than fits, and a process over its share never
-    /// evicts another's working set: it can only wait for its own tables to age. A file that
-    /// both map (libc) is asked for on behalf of the one within its share: the other mapping it
-    /// too does not shield that one's tables (it did, and a process started beside a table hog
-    /// never got libc's table).
-    fn fair_share_victim(&self, sampler: &CpuSampler, asking: &ExecutableKey) -> Option<ExecutableKey> {
-        let askers = &self.executables.get(asking)?.users;
-        let mut held: HashMap<u32, u64> = HashMap::new();
-        for exe in self.executables.values() {
-            if let TableState::Loaded(id) = exe.state {
-                // A table several processes map is held by each in part: libc's 28k rows put
-                // every process over its share once three held tables.
-                let rows = sampler.table_rows(id) / exe.users.len().max(1) as u64;
-                for &pid in &exe.users {
-                    *held.entry(pid).or_default() += rows;
-                }
-            }
-        }
-        for pid in askers {
-            held.entry(*pid).or_default();
-        }
-        let share = sampler.unwind_capacity().rows_total / held.len().max(1) as u64;
-        let within: HashSet<u32> = askers.iter().copied().filter(|pid| held.get(pid).copied().unwrap_or(0) <= share).collect();
-        if within.is_empty() {
-            return None;
-        }
-        self.executables
-            .iter()
-            .filter(|(k, e)| *k != asking && e.users.is_disjoint(&within))
-            .filter(|(_, e)| !e.users.is_empty() && e.users.iter().all(|pid| held.get(pid).copied().unwrap_or(0) > share))
-            .filter_map(|(k, e)| match e.state {
-                TableState::Loaded(id) => Some((sampler.table_rows(id), k)),
-                _ => None,
-            })
-            .max_by_key(|&(rows, _)| rows)
-            .map(|(_, k)| k.clone())
-    }
-
-    fn evict_for_room(&mut self, sampler: &mut CpuSampler, key: &ExecutableKey) {
-        let Some(exe) = self.executables.get_mut(key) else { return };
-        if let TableState::Loaded(id) = exe.state {
-            if let Err(e) = sampler.remove_table(id) {
-                tracing::warn!(error = %e, "cannot evict an unwind table");
-            }
-        }
-        exe.state = TableState::Unbuilt;
-        tracing::debug!(file = %exe.name, "unwind table evicted for room");
-        self.stats.tables_evicted_for_room += 1;
         let users: Vec<u32> = exe.users.iter().copied().collect();
         for pid in users {
             self.push_process(sampler, pid);
