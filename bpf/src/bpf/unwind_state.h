@@ -1,0 +1,48 @@
+/* The state of one native unwind walk, shared by the unwinder's steps. */
+#ifndef GPUFLAME_UNWIND_STATE_H
+#define GPUFLAME_UNWIND_STATE_H
+
+#include "maps.h"
+#include "python_walk.h"
+
+#define UNWIND_CONTINUE 0
+#define UNWIND_STOP 1
+
+struct native_unwind_state {
+	__u64 ip;
+	__u64 sp;
+	__u64 bp;
+	__u32 pid;
+	__u32 tid;
+	__u32 frames;
+	__u32 status;
+	__u32 asked_refresh;
+	__u32 leaf_done;
+	__u32 slot; /* the sample_scratch entry being filled */
+	__u32 scans; /* stack scans done for code without CFI */
+	__u64 xol;  /* the process's uprobe page (return trampoline), or 0 */
+	__u64 now;
+	struct py_walk py;
+};
+
+static __always_inline void ask_refresh(struct native_unwind_state *st)
+{
+	__u64 now = bpf_ktime_get_ns(), *last;
+
+	if (st->asked_refresh)
+		return;
+	st->asked_refresh = 1;
+	last = bpf_map_lookup_elem(&refresh_requested, &st->pid);
+	if (last && now - *last < 100000000ULL) /* at most ten times a second per process */
+		return;
+	bpf_map_update_elem(&refresh_requested, &st->pid, &now, BPF_ANY);
+	send_process_event(st->pid, PROCESS_UNKNOWN);
+}
+
+static __always_inline int stop(struct native_unwind_state *st, enum unwind_status status)
+{
+	st->status = status;
+	return UNWIND_STOP;
+}
+
+#endif
