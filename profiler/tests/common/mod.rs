@@ -1,6 +1,7 @@
 //! Helpers for the integration tests: build test programs, run gpuflame, read folded stacks.
 #![allow(dead_code)]
 
+pub mod agent;
 pub mod bounded;
 pub mod cuda;
 pub mod receiver;
