@@ -565,6 +565,11 @@ impl ProcessTracker {
     }
 
     /// The file mappings of a process (sorted by start), also for a while after it exited.
+    /// Whether a Python interpreter runs in some tracked process.
+    pub fn has_python(&self) -> bool {
+        !self.pythons.is_empty()
+    }
+
     pub fn files(&self, pid: u32) -> Option<&[MappedFile]> {
         self.files.get(&pid).map(Vec::as_slice)
     }
