@@ -41,7 +41,10 @@ const MAIN_ENTRY: &[F] = &[F::Is("_start")];
 const THREAD_ENTRY: &[F] = &[F::Is("clone3"), F::Is("__clone3")];
 /// A stripped executable's _start has no name.
 const STRIPPED_ENTRY: &[F] = &[F::Starts("[unknown] (stripped_O2+0x")];
-const SECONDS: &str = "8";
+/// How long the programs spin: longer than the recording may end, since they are killed after it.
+/// A program that exits inside the recording has samples in its exit path, without its chain: a
+/// CI run's recording, started late on a loaded machine, ran past 8 s and caught cpp_O2's exit.
+const SECONDS: &str = "60";
 
 fn no_fp(opt: &str) -> Vec<&str> {
     vec![opt, "-g", "-fomit-frame-pointer"]
