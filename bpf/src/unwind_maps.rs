@@ -354,4 +354,3 @@ mod tests {
         assert_eq!(end.cfa_kind, 5);
     }
 }
-

@@ -23,8 +23,6 @@ fn alone_with_the_machine() -> std::sync::MutexGuard<'static, ()> {
     STORM.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-
-
 #[test]
 fn files_truncated_while_read_do_not_crash_gpuflame() {
     require_bpf();

@@ -1,6 +1,6 @@
 //! Python code objects → function, file and line, read from the process's memory while it runs.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
@@ -36,12 +36,13 @@ pub struct NameTag {
 #[derive(Default)]
 pub struct PythonSymbolizer {
     memory: HashMap<u32, File>,
-    code: HashMap<(u32, u64, u32, u16), Option<Arc<Code>>>,
-    /// The first line and name tag of the code object last read at each address. A frame whose
-    /// key was read before another object's at the same address is read again: the address was
-    /// reused since, and the 16-bit tag of a later object can equal the earlier one's (a thread
-    /// running gen_43 took gen_20's cached name in 1 of ~30 runs of the code-reuse test).
-    latest: HashMap<(u32, u64), (u32, u16)>,
+    /// The code object last read at each address, with the first line and name tag it was read
+    /// for. Only the last: a frame of an earlier object at a reused address is read again, since
+    /// the 16-bit tag of a later object can equal the earlier one's (a thread running gen_43 took
+    /// gen_20's cached name in 1 of ~30 runs of the code-reuse test).
+    code: HashMap<(u32, u64), (u32, u16, Arc<Code>)>,
+    /// Frames whose code object could not be read, or was no longer the one sampled.
+    unreadable: HashSet<(u32, u64, u32, u16)>,
     /// Type objects known to be `code`, per process.
     code_types: HashMap<u32, u64>,
     /// Frames that could not be named (unreadable, or no longer the code object sampled).
@@ -74,17 +75,24 @@ impl PythonSymbolizer {
     /// The frame of code object `code` in process `pid` at instruction `lasti`.
     pub fn resolve(&mut self, pid: u32, offsets: &PyOffsets, code: u64, name: NameTag, first_line: u32, lasti: u32) -> PyFrame {
         let key = (pid, code, first_line, name.tag);
-        let reused_since = self.latest.get(&(pid, code)).is_some_and(|&l| l != (first_line, name.tag));
-        if !self.code.contains_key(&key) || (reused_since && self.code.get(&key).is_some_and(Option::is_some)) {
-            let read = self.read_code(pid, offsets, code, name).map(Arc::new);
-            if read.is_some() {
-                self.latest.insert((pid, code), (first_line, name.tag));
-            }
-            if let Some(Some(old)) = self.code.insert(key, read) {
-                self.line_table_bytes = self.line_table_bytes.saturating_sub(old.line_table.len());
-            }
-        }
-        match self.code.get(&key).and_then(|c| c.clone()) {
+        let cached = self.code.get(&(pid, code)).filter(|(l, t, _)| (*l, *t) == (first_line, name.tag)).map(|(_, _, c)| Arc::clone(c));
+        let found = match cached {
+            Some(c) => Some(c),
+            None if self.unreadable.contains(&key) => None,
+            None => match self.read_code(pid, offsets, code, name).map(Arc::new) {
+                Some(c) => {
+                    if let Some((_, _, old)) = self.code.insert((pid, code), (first_line, name.tag, Arc::clone(&c))) {
+                        self.line_table_bytes = self.line_table_bytes.saturating_sub(old.line_table.len());
+                    }
+                    Some(c)
+                }
+                None => {
+                    self.unreadable.insert(key);
+                    None
+                }
+            },
+        };
+        match found {
             Some(c) => PyFrame {
                 function: Arc::clone(&c.function),
                 file: Arc::clone(&c.file),
@@ -101,11 +109,11 @@ impl PythonSymbolizer {
     pub fn forget_process(&mut self, pid: u32) {
         self.memory.remove(&pid);
         self.code_types.remove(&pid);
-        self.latest.retain(|(p, _), _| *p != pid);
+        self.unreadable.retain(|(p, _, _, _)| *p != pid);
         let mut freed = 0;
-        self.code.retain(|(p, _, _, _), code| {
+        self.code.retain(|(p, _), (_, _, code)| {
             if *p == pid {
-                freed += code.as_ref().map_or(0, |c| c.line_table.len());
+                freed += code.line_table.len();
             }
             *p != pid
         });

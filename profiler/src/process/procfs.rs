@@ -46,8 +46,3 @@ pub(super) fn open_map_file(pid: u32, entries: &[MapsEntry], start: u64) -> Resu
     let entry = entries.iter().find(|e| e.start == start).ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))?;
     gpuflame_elfread::open_regular(std::path::Path::new(&format!("/proc/{pid}/map_files/{:x}-{:x}", entry.start, entry.end)))
 }
-
-/// Whether the process is exiting or gone: its memory is released (no maps left, no executable).
-pub(super) fn process_exiting(pid: u32) -> bool {
-    fs::read_to_string(format!("/proc/{pid}/maps")).map_or(true, |t| t.trim().is_empty()) || fs::read_link(format!("/proc/{pid}/exe")).is_err()
-}

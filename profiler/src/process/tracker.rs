@@ -16,7 +16,7 @@ use gpuflame_unwind::{load_bias, ElfProbe, ExecutableKey, LoadSegment};
 
 use super::builder::{BuildJob, Built, TableBuilder};
 use super::maps::{parse_maps, MapsEntry};
-use super::procfs::{open_map_file, open_mapped_file, process_exiting, read_process_memory};
+use super::procfs::{open_map_file, open_mapped_file, read_process_memory};
 
 mod room;
 
@@ -159,18 +159,16 @@ impl ProcessTracker {
         let mut keys = Vec::new();
         let mut entry_keys = Vec::with_capacity(entries.len());
         let mut files = Vec::new();
-        let mut unreadable = 0;
         for entry in &entries {
-            let mut key = self.executable_for(pid, entry);
+            // A file out of reach now (the process is exiting, or its files are) keeps what the
+            // same mapping read before had: its symbols were lost to such reads 1 run in 5 on a
+            // loaded machine. What was read before an exec is no such mapping.
             let mut file_read_before = None;
-            if key.is_none() && entry.inode != 0 {
-                // Out of reach now (the process is exiting, or its files are): the same mapping
-                // read before keeps its table and file.
-                match self.read_before(pid, entry) {
-                    Some((k, f)) => (key, file_read_before) = (Some(k), f),
-                    None => unreadable += 1,
-                }
-            }
+            let key = self.executable_for(pid, entry).or_else(|| {
+                let (key, file) = self.read_before(pid, entry)?;
+                file_read_before = file;
+                Some(key)
+            });
             if let Some(key) = &key {
                 if let Some(file) = file_read_before {
                     files.push(file);
@@ -183,18 +181,6 @@ impl ProcessTracker {
                 keys.push(key.clone());
             }
             entry_keys.push(key);
-        }
-        // Maps read while the process exits, its files already out of reach: what was read
-        // before stays, as for a process whose maps are empty (symbols of its last records were
-        // lost to such a read 1 run in 5 on a loaded machine). Only if it is the same program:
-        // what was read before an exec would name the new program's samples wrongly (a storm of
-        // short processes, first read as their parent's fork).
-        let same_mappings = self.entries.get(&pid).is_some_and(|old| {
-            old.len() == entries.len() && old.iter().zip(&entries).all(|(a, b)| (a.start, a.end, a.inode) == (b.start, b.end, b.inode))
-        });
-        if unreadable > 0 && same_mappings && process_exiting(pid) {
-            self.exited(sampler, pid);
-            return;
         }
         for key in &keys {
             if let Some(exe) = self.executables.get_mut(key) {
@@ -564,12 +550,12 @@ impl ProcessTracker {
         self.pythons.get(&pid)
     }
 
-    /// The file mappings of a process (sorted by start), also for a while after it exited.
     /// Whether a Python interpreter runs in some tracked process.
     pub fn has_python(&self) -> bool {
         !self.pythons.is_empty()
     }
 
+    /// The file mappings of a process (sorted by start), also for a while after it exited.
     pub fn files(&self, pid: u32) -> Option<&[MappedFile]> {
         self.files.get(&pid).map(Vec::as_slice)
     }
