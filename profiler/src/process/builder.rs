@@ -1,6 +1,9 @@
-//! Builds unwind tables on a thread of its own, so that neither sampling nor the event loop waits
+//! Builds unwind tables on threads of their own, so that neither sampling nor the event loop waits
 //! for a 100 MB `.eh_frame`. Files that samples need come first; small files are built ahead of
-//! need, smallest first; big files only when a sample asks for them.
+//! need, smallest first; big files only when a sample asks for them. Small and big files have a
+//! thread each, so that a table of milliseconds never waits seconds behind a big one (an 80 MiB
+//! `.eh_frame` that any user can map took 2.7 s, and stacks of every other new program stopped at
+//! their leaf for as long).
 
 use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::path::PathBuf;
@@ -80,22 +83,87 @@ impl Queue {
 }
 
 pub struct TableBuilder {
-    shared: Arc<(Mutex<Queue>, Condvar)>,
+    /// Files with up to [`SMALL_CFI_BYTES`] of CFI, and in-memory images.
+    small: Lane,
+    big: Lane,
     results: Receiver<Built>,
-    thread: Option<JoinHandle<()>>,
 }
 
 impl TableBuilder {
     pub fn start() -> Self {
-        let shared = Arc::new((Mutex::new(Queue::default()), Condvar::new()));
         let (tx, results) = mpsc::channel();
+        // Both threads intern into one rule table, which the tables' rule indices refer to.
+        let rules = Arc::new(Mutex::new(RuleTable::default()));
+        let small = Lane::start("gpuflame-tables", tx.clone(), Arc::clone(&rules));
+        let big = Lane::start("gpuflame-tables-big", tx, rules);
+        TableBuilder { small, big, results }
+    }
+
+    fn lane(&self, job: &BuildJob) -> &Lane {
+        if job.image.is_some() || job.cfi_bytes <= SMALL_CFI_BYTES {
+            &self.small
+        } else {
+            &self.big
+        }
+    }
+
+    /// Queues a table a sample needs, ahead of everything else.
+    pub fn urgent(&self, job: BuildJob) {
+        self.lane(&job).urgent(job);
+    }
+
+    /// See [`Lane::demand_at_low_priority`].
+    pub fn demand_at_low_priority(&self, low: bool) {
+        self.small.demand_at_low_priority(low);
+        self.big.demand_at_low_priority(low);
+    }
+
+    /// Queues a table to build when nothing urgent waits.
+    pub fn background(&self, job: BuildJob) {
+        self.lane(&job).background(job);
+    }
+
+    /// See [`Lane::promote_all`].
+    pub fn promote_all(&self) {
+        self.small.promote_all();
+        self.big.promote_all();
+    }
+
+    /// Tables built since the last call. Also raises a builder to normal priority when a table a
+    /// sample waits for has been building for [`ESCALATE_AFTER`].
+    pub fn finished(&self) -> Vec<Built> {
+        self.small.escalate();
+        self.big.escalate();
+        self.results.try_iter().collect()
+    }
+
+    /// Whether anything is queued or being built.
+    pub fn busy(&self) -> bool {
+        self.small.busy() || self.big.busy()
+    }
+
+    /// Waits up to `timeout` for the next finished table.
+    pub fn wait(&self, timeout: Duration) -> Option<Built> {
+        self.results.recv_timeout(timeout).ok()
+    }
+}
+
+/// One builder thread and its queue.
+struct Lane {
+    shared: Arc<(Mutex<Queue>, Condvar)>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Lane {
+    fn start(name: &str, results: Sender<Built>, rules: Arc<Mutex<RuleTable>>) -> Self {
+        let shared = Arc::new((Mutex::new(Queue::default()), Condvar::new()));
         let worker = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
-            .name("gpuflame-tables".into())
-            .spawn(move || build_loop(&worker, &tx))
-            .map_err(|e| tracing::warn!(error = %e, "cannot start the table builder; stacks stop at files without tables"))
+            .name(name.into())
+            .spawn(move || build_loop(&worker, &results, &rules))
+            .map_err(|e| tracing::warn!(error = %e, "cannot start a table builder; stacks stop at files without tables"))
             .ok();
-        TableBuilder { shared, results, thread }
+        Lane { shared, thread }
     }
 
     fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
@@ -103,8 +171,7 @@ impl TableBuilder {
         self.shared.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Queues a table a sample needs, ahead of everything else.
-    pub fn urgent(&self, mut job: BuildJob) {
+    fn urgent(&self, mut job: BuildJob) {
         job.urgent = true;
         let mut q = self.queue();
         let normal = !q.at_low_priority(&job);
@@ -138,12 +205,11 @@ impl TableBuilder {
     /// programs started with the recording, whose start-up (an `import torch` that maps 71
     /// files) competes for the CPU with the tables it makes samples ask for. Attached to running
     /// programs, their hot code is what the tables are for, at normal priority at once.
-    pub fn demand_at_low_priority(&self, low: bool) {
+    fn demand_at_low_priority(&self, low: bool) {
         self.queue().low_demand = low;
     }
 
-    /// Queues a table to build when nothing urgent waits.
-    pub fn background(&self, job: BuildJob) {
+    fn background(&self, job: BuildJob) {
         let mut q = self.queue();
         if q.building.as_ref() == Some(&job.key) || !q.queued.insert(job.key.clone()) {
             return;
@@ -156,7 +222,7 @@ impl TableBuilder {
 
     /// Makes everything queued urgent: at the start of a session the targets' tables are what
     /// the first samples need, and are worth the CPU at normal priority.
-    pub fn promote_all(&self) {
+    fn promote_all(&self) {
         let mut q = self.queue();
         // The table being built now, begun at low priority, is one of them.
         if let Some(tid) = q.tid {
@@ -173,9 +239,9 @@ impl TableBuilder {
         self.shared.1.notify_one();
     }
 
-    /// Tables built since the last call. Also raises the builder to normal priority when a
-    /// table a sample waits for has been building for [`ESCALATE_AFTER`].
-    pub fn finished(&self) -> Vec<Built> {
+    /// Raises the builder to normal priority when a table a sample waits for has been building
+    /// for [`ESCALATE_AFTER`].
+    fn escalate(&self) {
         let mut q = self.queue();
         if let (Some(since), Some(tid)) = (q.urgent_since, q.tid) {
             if since.elapsed() >= ESCALATE_AFTER {
@@ -183,23 +249,15 @@ impl TableBuilder {
                 q.urgent_since = None;
             }
         }
-        drop(q);
-        self.results.try_iter().collect()
     }
 
-    /// Whether anything is queued or being built.
-    pub fn busy(&self) -> bool {
+    fn busy(&self) -> bool {
         let q = self.queue();
         q.busy || !q.urgent.is_empty() || !q.background.is_empty()
     }
-
-    /// Waits up to `timeout` for the next finished table.
-    pub fn wait(&self, timeout: Duration) -> Option<Built> {
-        self.results.recv_timeout(timeout).ok()
-    }
 }
 
-impl Drop for TableBuilder {
+impl Drop for Lane {
     fn drop(&mut self) {
         self.queue().stop = true;
         self.shared.1.notify_all();
@@ -229,8 +287,7 @@ fn set_nice_of(tid: libc::pid_t, nice: i32) {
     }
 }
 
-fn build_loop(shared: &(Mutex<Queue>, Condvar), results: &Sender<Built>) {
-    let mut rules = RuleTable::default();
+fn build_loop(shared: &(Mutex<Queue>, Condvar), results: &Sender<Built>, rules: &Mutex<RuleTable>) {
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::gettid() };
     loop {
@@ -257,8 +314,12 @@ fn build_loop(shared: &(Mutex<Queue>, Condvar), results: &Sender<Built>) {
         // Set for every job: the event loop may have raised the last one.
         set_nice_of(tid, if low { LOW_NICE } else { 0 });
         let started = Instant::now();
+        let table = parse(&job);
+        // Compacted and sent under the rules' lock: each result carries the rules its table
+        // refers to, and the results arrive in the order the rules grew.
+        let mut rules = rules.lock().unwrap_or_else(|e| e.into_inner());
         let before = rules.len();
-        let table = build(&job, &mut rules);
+        let table = table.and_then(|t| CompactTable::new(&t, &mut rules).map_err(|e| e.to_string()));
         let built = Built { key: job.key, table, rules: (rules.len() != before).then(|| rules.clone()), elapsed: started.elapsed() };
         if results.send(built).is_err() {
             return;
@@ -266,15 +327,14 @@ fn build_loop(shared: &(Mutex<Queue>, Condvar), results: &Sender<Built>) {
     }
 }
 
-fn build(job: &BuildJob, rules: &mut RuleTable) -> Result<CompactTable, String> {
+fn parse(job: &BuildJob) -> Result<UnwindTable, String> {
     if let Some(image) = &job.image {
-        let table = UnwindTable::from_elf(image).map_err(|e| e.to_string())?;
-        return CompactTable::new(&table, rules).map_err(|e| e.to_string());
+        return UnwindTable::from_elf(image).map_err(|e| e.to_string());
     }
     let mut last = String::from("no process maps the file any more");
     for path in &job.paths {
         match UnwindTable::from_path(path) {
-            Ok(table) => return CompactTable::new(&table, rules).map_err(|e| e.to_string()),
+            Ok(table) => return Ok(table),
             Err(e) => last = e.to_string(),
         }
     }

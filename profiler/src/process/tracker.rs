@@ -1,5 +1,5 @@
 //! Keeps BPF's view of target processes current: their executable mappings, and one unwind table
-//! per executable file, shared by every process that maps it. Tables are built on a thread of
+//! per executable file, shared by every process that maps it. Tables are built on threads of
 //! their own ([`TableBuilder`]): small files ahead of need, big ones when a sample first needs
 //! them; the least recently used are evicted when the memory budget is reached.
 

@@ -180,6 +180,7 @@ pub fn control_samples_complete(stacks: &[Stack], comm: &str, min: u64) {
     let control: Vec<Stack> = stacks.iter().filter(|s| s.comm() == comm).cloned().collect();
     let all = total(&control);
     let good: u64 = control.iter().filter(|s| s.has_sequence(&["main", "a", "b", "c"])).map(|s| s.count).sum();
+    eprintln!("{comm}: {good} of {all} samples carry main;a;b;c");
     assert!(all >= min, "expected samples of the control process {comm}, got {all}");
     assert!(good * 100 >= all * 95, "only {good} of {all} samples of {comm} carry main;a;b;c:\n{}", describe(&control));
 }
