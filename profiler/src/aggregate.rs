@@ -34,6 +34,19 @@ fn gap_label(status: UnwindStatus) -> &'static str {
     }
 }
 
+/// The frame at the root of a user stack that does not reach its base: without it, a stack that
+/// stopped at its leaf (the first samples of a program, before its table is loaded) reads as if
+/// the leaf were called from nowhere, and sits beside the program's real root. A stack with
+/// Python frames after a gap is marked at the gap instead.
+fn root_marker(status: UnwindStatus, user: &[UserKey]) -> Option<&'static str> {
+    match status {
+        UnwindStatus::Truncated => Some("[truncated]"),
+        UnwindStatus::EndOfStack | UnwindStatus::ZeroReturnAddress | UnwindStatus::KernelThread | UnwindStatus::InExec => None,
+        _ if user.is_empty() || user.iter().any(|f| matches!(f, UserKey::Gap(_))) => None,
+        status => Some(gap_label(status)),
+    }
+}
+
 /// Symbols cached across windows before the caches are dropped and rebuilt.
 const SYMBOL_CACHE_LIMIT: usize = 200_000;
 
@@ -45,8 +58,9 @@ pub struct StackKey {
     /// Leaf first, as sampled.
     pub(crate) kernel: Vec<u64>,
     pub(crate) user: Vec<UserKey>,
-    /// The unwinder stopped at its depth limit: the root of the stack is missing.
-    pub(crate) truncated: bool,
+    /// What stands at the root in place of the stack's missing base: `[truncated]` at the
+    /// unwinder's depth limit, or why the native walk stopped early (see [`root_marker`]).
+    pub(crate) root: Option<&'static str>,
     /// Frames below the user leaf that the stack does not have: the CUDA function that was
     /// called, the kernel it launched.
     pub(crate) tail: Vec<TailFrame>,
@@ -189,8 +203,8 @@ impl CpuAggregator {
             tid: sample.tid,
             comm: sample.comm.clone(),
             kernel: call_sites(sample.kernel_stack.frames()),
+            root: root_marker(sample.unwind, &user),
             user,
-            truncated: sample.unwind == UnwindStatus::Truncated,
             tail: Vec::new(),
             leaf: None,
         }
@@ -294,8 +308,8 @@ impl CpuAggregator {
         let mut kernel_locations: HashMap<u64, usize> = HashMap::new();
         for (key, device, vals) in &values {
             let mut stack = Vec::with_capacity(key.user.len() + key.kernel.len() + key.tail.len() + 1);
-            if key.truncated {
-                let location = Location { mapping: None, address: 0, kernel: false, lines: vec![Line::function("[truncated]")] };
+            if let Some(root) = key.root {
+                let location = Location { mapping: None, address: 0, kernel: false, lines: vec![Line::function(root)] };
                 stack.push(b.location(profile, location));
             }
             for frame in key.user.iter().rev() {

@@ -112,7 +112,7 @@ impl OffCpuAggregator {
                     comm: t.comm,
                     kernel: Vec::new(),
                     user: Vec::new(),
-                    truncated: false,
+                    root: None,
                     tail: vec![TailFrame::Function(NOT_UNWOUND.into())],
                     leaf: None,
                 };

@@ -131,7 +131,7 @@ impl GpuTime {
                         comm,
                         kernel: Vec::new(),
                         user: Vec::new(),
-                        truncated: false,
+                        root: None,
                         tail: vec![TailFrame::Function("[launch stack not sampled]".into()), kernel],
                         leaf: None,
                     };

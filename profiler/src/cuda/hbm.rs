@@ -174,7 +174,7 @@ mod tests {
     use super::*;
 
     fn site(n: u32) -> Rc<Site> {
-        let stack = StackKey { pid: 1, tid: n, comm: "t".into(), kernel: vec![], user: vec![], truncated: false, tail: vec![], leaf: None };
+        let stack = StackKey { pid: 1, tid: n, comm: "t".into(), kernel: vec![], user: vec![], root: None, tail: vec![], leaf: None };
         Rc::new(Site { stack, device: 0 })
     }
 
