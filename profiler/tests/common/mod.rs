@@ -84,6 +84,13 @@ impl Stack {
         self.frames[first_kernel..].iter().all(|f| f.ends_with("_[k]"))
     }
 
+    /// The stack stopped where the program's files were not known to the unwinder yet: its maps
+    /// not read, or a table not loaded (marked at the root). A program started with the
+    /// recording has such stacks for its first ~10-200 ms, depending on the machine's load.
+    pub fn before_tables(&self) -> bool {
+        matches!(self.user().first(), Some(&"[native: unwind table not loaded yet]" | &"[native: unknown code]"))
+    }
+
     pub fn has_sequence(&self, seq: &[&str]) -> bool {
         let user = self.user();
         user.windows(seq.len()).any(|w| w == seq)
@@ -174,13 +181,22 @@ impl Drop for Killed {
     }
 }
 
-/// The control process `comm` (tests/programs/chain.c) has at least `min` samples and 95% of them
-/// carry main;a;b;c.
+/// The control process `comm` (tests/programs/chain.c) has at least `min` samples, and 95% of
+/// them carry main;a;b;c; see [`complete_once_tables_are_in`].
 pub fn control_samples_complete(stacks: &[Stack], comm: &str, min: u64) {
     let control: Vec<Stack> = stacks.iter().filter(|s| s.comm() == comm).cloned().collect();
-    let all = total(&control);
-    let good: u64 = control.iter().filter(|s| s.has_sequence(&["main", "a", "b", "c"])).map(|s| s.count).sum();
-    eprintln!("{comm}: {good} of {all} samples carry main;a;b;c");
-    assert!(all >= min, "expected samples of the control process {comm}, got {all}");
-    assert!(good * 100 >= all * 95, "only {good} of {all} samples of {comm} carry main;a;b;c:\n{}", describe(&control));
+    assert!(total(&control) >= min, "expected samples of the control process {comm}, got {}", total(&control));
+    complete_once_tables_are_in(&control, &["main", "a", "b", "c"]);
+}
+
+/// 95% of `stacks` carry `seq`, not counting those marked as taken before the program's tables
+/// were in (a matter of how soon they come, which depends on the machine's load: 34 samples of
+/// 393 in one CI run, 0-3 on a quiet machine), and those are at most 15%.
+pub fn complete_once_tables_are_in(stacks: &[Stack], seq: &[&str]) {
+    let all = total(stacks);
+    let early: u64 = stacks.iter().filter(|s| s.before_tables()).map(|s| s.count).sum();
+    let good: u64 = stacks.iter().filter(|s| !s.before_tables() && s.has_sequence(seq)).map(|s| s.count).sum();
+    eprintln!("{good} of {all} samples carry {}; {early} before the tables", seq.join(";"));
+    assert!(early * 100 <= all * 15, "{early} of {all} samples before the tables were in:\n{}", describe(stacks));
+    assert!(good * 100 >= (all - early) * 95, "only {good} of {all} samples carry {} ({early} before the tables):\n{}", seq.join(";"), describe(stacks));
 }
