@@ -68,6 +68,14 @@ pub struct StackKey {
     pub(crate) leaf: Option<&'static str>,
 }
 
+impl StackKey {
+    /// Native frames that no file of the process was found to hold: its mappings were not read
+    /// while it lived (it exited before gpuflame caught up with it).
+    pub fn unplaced_frames(&self) -> usize {
+        self.user.iter().filter(|u| matches!(u, UserKey::Native(UserAddr::Unmapped { .. }))).count()
+    }
+}
+
 /// A frame under the leaf of a hooked call's stack.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum TailFrame {

@@ -354,6 +354,16 @@ impl OomWriter {
                 std::io::Write::flush(&mut w)
             });
             let stack = session.aggregator.describe(&report.stack);
+            let unplaced = report.stack.unplaced_frames();
+            if unplaced > 0 {
+                tracing::warn!(
+                    pid = report.pid,
+                    unplaced,
+                    frames = report.stack.user.len(),
+                    files_known = session.tracker.files(report.pid).map_or(0, <[_]>::len),
+                    "the out-of-memory stack has frames in no known file: the process's mappings were not read while it lived"
+                );
+            }
             match written {
                 Ok(()) => eprintln!(
                     "gpuflame: out of memory in pid {} ({}): {} of {} on device {} failed holding {}; stack: {stack}; in-use snapshot → {}",
