@@ -69,8 +69,8 @@ pub struct StackKey {
 }
 
 impl StackKey {
-    /// Native frames that no file of the process was found to hold: its mappings were not read
-    /// while it lived (it exited before gpuflame caught up with it).
+    /// Native frames that no file of the process was found to hold: anonymous code (a JIT), or
+    /// a process whose mappings were not read while it lived.
     pub fn unplaced_frames(&self) -> usize {
         self.user.iter().filter(|u| matches!(u, UserKey::Native(UserAddr::Unmapped { .. }))).count()
     }

@@ -361,7 +361,7 @@ impl OomWriter {
                     unplaced,
                     frames = report.stack.user.len(),
                     files_known = session.tracker.files(report.pid).map_or(0, <[_]>::len),
-                    "the out-of-memory stack has frames in no known file: the process's mappings were not read while it lived"
+                    "the out-of-memory stack has frames in no known file: anonymous code, or the process's mappings were not read while it lived"
                 );
             }
             match written {

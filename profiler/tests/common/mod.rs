@@ -189,14 +189,21 @@ pub fn control_samples_complete(stacks: &[Stack], comm: &str, min: u64) {
     complete_once_tables_are_in(&control, &["main", "a", "b", "c"]);
 }
 
+/// The samples of `stacks` marked as taken before their program's tables were in, which must be
+/// at most 15% of them.
+pub fn samples_before_tables(stacks: &[Stack]) -> u64 {
+    let (all, early) = (total(stacks), stacks.iter().filter(|s| s.before_tables()).map(|s| s.count).sum::<u64>());
+    assert!(early * 100 <= all * 15, "{early} of {all} samples before the tables were in:\n{}", describe(stacks));
+    early
+}
+
 /// 95% of `stacks` carry `seq`, not counting those marked as taken before the program's tables
 /// were in (a matter of how soon they come, which depends on the machine's load: 34 samples of
 /// 393 in one CI run, 0-3 on a quiet machine), and those are at most 15%.
 pub fn complete_once_tables_are_in(stacks: &[Stack], seq: &[&str]) {
     let all = total(stacks);
-    let early: u64 = stacks.iter().filter(|s| s.before_tables()).map(|s| s.count).sum();
+    let early = samples_before_tables(stacks);
     let good: u64 = stacks.iter().filter(|s| !s.before_tables() && s.has_sequence(seq)).map(|s| s.count).sum();
     eprintln!("{good} of {all} samples carry {}; {early} before the tables", seq.join(";"));
-    assert!(early * 100 <= all * 15, "{early} of {all} samples before the tables were in:\n{}", describe(stacks));
     assert!(good * 100 >= (all - early) * 95, "only {good} of {all} samples carry {} ({early} before the tables):\n{}", seq.join(";"), describe(stacks));
 }
