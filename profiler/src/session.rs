@@ -119,6 +119,7 @@ impl Session {
             sampler.enable_off_cpu()?;
         }
         let off_cpu = config.off_cpu.then(OffCpuAggregator::default);
+        report_ready(&mut tracker);
         Ok(Session { sampler, tracker, aggregator: CpuAggregator::new(), off_cpu, cuda, ooms: Vec::new(), frequency_hz })
     }
 
@@ -138,6 +139,7 @@ impl Session {
             let events = self.sampler.poll(wait)?;
             self.handle(events);
             self.tracker.poll_tables(&mut self.sampler);
+            self.report_ready();
             if let Some(c) = self.cuda.as_mut() {
                 c.hooks.tick(&self.sampler);
                 c.waiting.answer(|pid| self.tracker.tables_settled(pid));
@@ -146,6 +148,10 @@ impl Session {
                 return Ok(());
             }
         }
+    }
+
+    fn report_ready(&mut self) {
+        report_ready(&mut self.tracker);
     }
 
     /// Handles whatever is already in the buffers.
@@ -241,6 +247,16 @@ impl Session {
                 }
             }
         }
+    }
+}
+
+/// Says which processes' stacks can be whole from now on (see [`ProcessTracker::take_ready`]).
+fn report_ready(tracker: &mut ProcessTracker) {
+    if !tracing::enabled!(target: "gpuflame::ready", tracing::Level::DEBUG) {
+        return;
+    }
+    for (pid, mappings) in tracker.take_ready() {
+        tracing::debug!(target: "gpuflame::ready", pid, mappings, "unwind tables ready");
     }
 }
 

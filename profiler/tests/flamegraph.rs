@@ -120,8 +120,12 @@ fn diff_colours_what_grew_red_and_what_shrank_blue() {
     let exe = exe.to_str().unwrap();
     // The same program twice: 80% parsing before, 20% after.
     let (base, new) = (dir.path().join("base.pb.gz"), dir.path().join("new.folded"));
-    gpuflame_ok(&["record", "-F", "199", "-o", base.to_str().unwrap(), "--", exe, "2", "80"], 0);
-    gpuflame_ok(&["record", "-F", "199", "-o", new.to_str().unwrap(), "--", exe, "2", "20"], 0);
+    for (out, share) in [(&base, "80"), (&new, "20")] {
+        // Each run does its work once its stacks can be whole: frames match across the runs.
+        let gate = Gate::new(dir.path(), &format!("gate-{share}"));
+        let (status, stderr) = record_gated(&gate, &["record", "-F", "199", "-o", out.to_str().unwrap(), "--", exe, "2", share], 1);
+        assert!(status.success(), "{status:?}\n{stderr}");
+    }
     let diff = dir.path().join("diff.svg");
     let out = gpuflame_ok(&["diff", "-F", "199", base.to_str().unwrap(), new.to_str().unwrap(), "-o", diff.to_str().unwrap()], 0);
     let svg = std::fs::read_to_string(&diff).unwrap();

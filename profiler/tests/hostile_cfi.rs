@@ -8,7 +8,7 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 use std::thread::sleep;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
@@ -110,10 +110,11 @@ fn eighty_megabytes_of_cfi_cost_bounded_memory_and_stop_nothing() {
     let cfi_mib = std::fs::metadata(&elf).unwrap().len() >> 20;
 
     let out = dir.path().join("cfi.folded");
-    let started = Instant::now();
-    let recording = Recording::start(&["-v", "record", "-F", "199", "-d", "6", "-o", out.to_str().unwrap()]);
+    // Ended by Ctrl-C once the control program is done; tables asked for and loaded, debug.
+    let log = ("RUST_LOG", Some("info,gpuflame::ready=debug,gpuflame::process=debug"));
+    let recording = Recording::start_with_env(&["record", "-F", "199", "-o", out.to_str().unwrap()], &[log]);
     let gpuflame_pid = recording.child.id();
-    let _hostile = Killed(
+    let hostile = Killed(
         Command::new("setpriv")
             .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
             .arg(&runner)
@@ -124,34 +125,40 @@ fn eighty_megabytes_of_cfi_cost_bounded_memory_and_stop_nothing() {
     );
     // Started while the big table is being built: a new program's small tables must not wait
     // for it (they did, for 2.7 s in a CI run, and the control's stacks stopped at the leaf).
-    sleep(Duration::from_millis(700));
-    let control_run = Killed(Command::new(&control).arg("4").spawn().unwrap());
-    let mut peak_kib = 0;
-    while started.elapsed() < Duration::from_millis(6500) {
+    let big = "huge_cfi.so";
+    recording.wait_for_line(&format!("unwind table asked for by a sample file={}", elf.display()));
+    let gate = Gate::new(dir.path(), "gate");
+    let mut control = gate.spawn(Command::new(&control).arg("4"));
+    let control_ready = recording.wait_ready(control.0.id());
+    gate.open_when_ready(&recording, &[control.0.id()]);
+    let big_loaded = recording.position(&format!("unwind table loaded file={}", elf.display()));
+    assert!(big_loaded.is_none_or(|big| big > control_ready), "the control's tables came after {big}'s:\n{}", recording.log_text());
+    // The big table is built, and the hostile code runs with it for a while (~300 samples).
+    recording.wait_for_line(&format!("unwind table loaded file={}", elf.display()));
+    wait_cpu(hostile.0.id(), 1.5);
+    let mut peak_kib = vm_hwm_kib(gpuflame_pid);
+    while control.0.try_wait().unwrap().is_none() {
         peak_kib = peak_kib.max(vm_hwm_kib(gpuflame_pid));
         sleep(Duration::from_millis(100));
     }
-    let (status, stderr) = recording.finish();
-    let elapsed = started.elapsed();
-    drop(control_run);
+    peak_kib = peak_kib.max(vm_hwm_kib(gpuflame_pid));
+    // The end does not wait for anything that hangs (Recording::finish): a whole-machine
+    // recording ends once it has symbolized every sample, gpuflame's own among them (its debug
+    // build has 158 MB of DWARF: 2-2.5 s, a cost the README states).
+    let (status, stderr) = recording.interrupt();
+    drop(hostile);
     let tables = stderr.lines().find(|l| l.contains("unwind tables tables=")).unwrap_or("");
-    eprintln!("{cfi_mib} MiB file; gpuflame peak RSS {} MiB; ended after {:.1} s; {tables}", peak_kib >> 10, elapsed.as_secs_f64());
+    eprintln!("{cfi_mib} MiB file; gpuflame peak RSS {} MiB; {tables}", peak_kib >> 10);
     assert!(status.success(), "gpuflame failed:\n{stderr}");
-    // 6 s, the start (0.5 s), and the end: a whole-machine recording symbolizes gpuflame's own
-    // samples too, which for this test's debug build (158 MB, with DWARF) takes 2-2.5 s: a 2 s
-    // recording of an idle machine ends after 4.5 s here. An 80 MB table still being built at
-    // the end (2.3 s alone) must not add to that. 10.3-10.7 s in 5 runs beside the other test.
-    assert!(elapsed < Duration::from_secs(13), "a 6 s recording took {elapsed:?}");
     assert!(peak_kib >> 10 <= MAX_RSS_MIB, "gpuflame's RSS reached {} MiB (bound {MAX_RSS_MIB})", peak_kib >> 10);
 
     let stacks = read_folded(&out);
-    control_samples_complete(&stacks, "chain", 300);
+    control_samples_complete(&stacks, "chain", 100);
     // The hostile code itself: unwound from its table once built, to main.
     let hostile: Vec<Stack> = stacks.iter().filter(|s| s.comm() == "run_mapped").cloned().collect();
     let whole: u64 = hostile.iter().filter(|s| s.user().first() == Some(&"_start") && s.user().contains(&"main")).map(|s| s.count).sum();
-    let all = total(&hostile);
-    eprintln!("run_mapped: {whole} of {all} samples whole");
-    assert!(all >= 300 && whole * 2 >= all, "the mapped code's table was not used: {whole} of {all} whole:\n{}", describe(&hostile));
+    eprintln!("run_mapped: {whole} of {} samples whole", total(&hostile));
+    assert!(whole >= 200, "the mapped code's table was not used: {whole} of {} whole:\n{}", total(&hostile), describe(&hostile));
 }
 
 

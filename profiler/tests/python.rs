@@ -75,12 +75,18 @@ fn python_and_native_frames_interleave_on_every_interpreter() {
             failures.push(format!("{} is missing (scripts/setup.sh installs the interpreters these tests need)", python.display()));
             continue;
         }
-        let child = Killed(Command::new(&python).arg(script()).arg("6").spawn().unwrap());
-        sleep(Duration::from_millis(800));
+        // Held at its gate until the recording has its tables, then recorded for 2 s of its
+        // CPU time (~400 samples at 199 Hz).
+        let gate = Gate::new(dir.path(), &format!("gate-{}", python.to_string_lossy().replace('/', "-")));
+        let child = gate.spawn(Command::new(&python).arg(script()).arg("600"));
         let out = dir.path().join("py.folded");
         let pid = child.0.id().to_string();
-        gpuflame_ok(&["record", "--lines", "-F", "199", "-d", "3", "-p", &pid, "-o", out.to_str().unwrap()], 0);
+        let recording = Recording::start(&["record", "--lines", "-F", "199", "-p", &pid, "-o", out.to_str().unwrap()]);
+        gate.open_when_ready(&recording, &[child.0.id()]);
+        wait_cpu(child.0.id(), 2.0);
+        let (status, stderr) = recording.interrupt();
         drop(child);
+        assert!(status.success(), "{status:?}\n{stderr}");
         let stacks = read_folded(&out);
         let all = total(&stacks);
         let good: u64 = stacks.iter().filter(|s| correct(s)).map(|s| s.count).sum();
@@ -166,13 +172,17 @@ fn unsupported_python_is_profiled_natively_with_one_warning() {
         .and_then(|d| d.flatten().map(|e| e.path()).find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("3.7."))))
         .map(|p| p.join("bin/python3.7"))
         .expect("pyenv's Python 3.7 is needed for this test");
-    let child = Killed(Command::new(&python).args(["-c", "x = 0\nwhile True:\n    x += 1\n"]).spawn().unwrap());
-    sleep(Duration::from_millis(300));
     let dir = tempfile::tempdir().unwrap();
+    let gate = Gate::new(dir.path(), "gate");
+    let program = format!("import sys\nsys.path.insert(0, {:?})\nimport gate\ngate.gate()\nx = 0\nwhile True:\n    x += 1\n", program_dir());
+    let child = gate.spawn(Command::new(&python).args(["-c", &program]));
     let out = dir.path().join("py37.folded");
     let pid = child.0.id().to_string();
-    let output = gpuflame_ok(&["record", "--lines", "-F", "199", "-d", "1", "-p", &pid, "-o", out.to_str().unwrap()], 0);
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let recording = Recording::start(&["record", "--lines", "-F", "199", "-p", &pid, "-o", out.to_str().unwrap()]);
+    gate.open_when_ready(&recording, &[child.0.id()]);
+    wait_cpu(child.0.id(), 1.0);
+    let (status, stderr) = recording.interrupt();
+    assert!(status.success(), "{status:?}\n{stderr}");
     let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains("not supported")).collect();
     assert_eq!(warnings.len(), 1, "expected one warning:\n{stderr}");
     assert!(warnings[0].contains("Python 3.7") && warnings[0].contains("without Python frames"), "{}", warnings[0]);

@@ -148,15 +148,12 @@ impl Drop for Debuginfod {
     }
 }
 
-/// Samples of `comm` in the folded output once its tables were in, and how many of those carry
-/// main;a;b;c. The samples taken before (marked at the root, ~10% on a loaded CI machine: their
-/// leaf is named, the frames below it not unwound yet) are a matter of how soon tables come, not
-/// of naming; they must stay at most 15%.
+/// Samples of `comm` in the folded output, and how many of those carry main;a;b;c. The
+/// programs ran once their tables were in ([`Gate`]): a stack that is not named is not named.
 fn named_chain(stacks: &[Stack], comm: &str) -> (u64, u64) {
     let mine: Vec<Stack> = stacks.iter().filter(|s| s.comm() == comm).cloned().collect();
-    let early = samples_before_tables(&mine);
-    let named = mine.iter().filter(|s| !s.before_tables() && s.has_sequence(&["main", "a", "b", "c"])).map(|s| s.count).sum();
-    (total(&mine) - early, named)
+    let named = mine.iter().filter(|s| s.has_sequence(&["main", "a", "b", "c"])).map(|s| s.count).sum();
+    (total(&mine), named)
 }
 
 #[test]
@@ -177,14 +174,13 @@ fn stripped_programs_are_named_from_debug_files_minidebuginfo_and_debuginfod() {
     let script = format!("{} 3 & {} 3 & {} 3 & wait", link.display(), mini.display(), dfd.display());
     let record = |out: &Path, debug_dir: &Path, urls: Option<&str>| {
         let cache = d.join(format!("cache-{}", out.file_name().unwrap().to_string_lossy()));
-        let mut cmd = Command::new(GPUFLAME);
-        cmd.env("XDG_CACHE_HOME", &cache).env_remove("DEBUGINFOD_URLS");
-        if let Some(u) = urls {
-            cmd.env("DEBUGINFOD_URLS", u);
-        }
+        let gate = Gate::new(d, &format!("gate-{}", out.file_name().unwrap().to_str().unwrap()));
+        let env = [("XDG_CACHE_HOME", cache.to_str()), ("DEBUGINFOD_URLS", urls), gate.env_var()];
         let args = ["record", "-F", "199", "--debug-dir", debug_dir.to_str().unwrap(), "-o", out.to_str().unwrap(), "--", "sh", "-c", &script];
-        let status = cmd.args(args).status().expect("running gpuflame");
-        assert!(status.success(), "gpuflame {args:?}: {status:?}");
+        let recording = Recording::start_with_env(&args, &env);
+        gate.open_when_ready(&recording, &gate.arrivals(3));
+        let (status, stderr) = recording.finish();
+        assert!(status.success(), "gpuflame {args:?}: {status:?}\n{stderr}");
         read_folded(out)
     };
 
@@ -223,7 +219,7 @@ fn silent_server() -> (TcpListener, u16) {
 }
 
 #[test]
-fn debuginfod_down_or_silent_costs_at_most_a_second_and_one_warning() {
+fn debuginfod_down_or_silent_costs_one_bounded_wait_and_one_warning() {
     require_bpf();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
@@ -231,39 +227,36 @@ fn debuginfod_down_or_silent_costs_at_most_a_second_and_one_warning() {
     split_for_debuginfod(d, &dfd, &d.join("served"));
     let (_silent, silent_port) = silent_server();
     let down_port = free_port();
-    const DURATION_S: f64 = 3.0;
     let empty = d.join("empty");
 
-    // What a recording takes without debuginfod, the end's symbolization included (libc's
-    // separate debug file, read by this debug build: up to 1.1 s here): a server that is down or
-    // silent may add at most a second to it.
-    let mut baseline = None;
+    // The end of a recording waits for downloads still running until one deadline (0.8 s),
+    // whatever the number of files and servers; a server that never answers is said once.
+    // How long a recording takes is the machine's business: only a hang fails the test
+    // (Recording::finish), and which warning comes says whether the wait ended at the deadline.
     for (what, port) in [("none configured", None), ("down", Some(down_port)), ("silent", Some(silent_port))] {
-        let mut target = Command::new(&dfd).arg("60").spawn().unwrap();
+        let gate = Gate::new(d, &format!("gate-{}", what.replace(' ', "-")));
+        let target = gate.spawn(Command::new(&dfd).arg("60"));
         let out = d.join(format!("{}.folded", what.replace(' ', "-")));
         let cache = d.join(format!("cache-{}", what.replace(' ', "-")));
         let url = port.map(|p| format!("http://127.0.0.1:{p}"));
-        let pid = target.id().to_string();
+        let pid = target.0.id().to_string();
         let args = ["record", "-p", &pid, "-d", "3", "--debug-dir", empty.to_str().unwrap(), "-o", out.to_str().unwrap()];
         let recording = Recording::start_with_env(&args, &[("DEBUGINFOD_URLS", url.as_deref()), ("XDG_CACHE_HOME", cache.to_str())]);
-        let started = Instant::now();
+        gate.open_when_ready(&recording, &[target.0.id()]);
         let (status, stderr) = recording.finish();
-        let took = started.elapsed().as_secs_f64();
-        target.kill().ok();
-        target.wait().ok();
+        drop(target);
         assert!(status.success(), "{stderr}");
 
         let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains("WARN") && l.contains("debuginfod")).collect();
         let (all, with_names) = named_chain(&read_folded(&out), "sym_dfd");
-        println!("debuginfod {what}: recording of {DURATION_S} s ended {took:.2} s after sampling began; {} warnings; {with_names} of {all} samples named", warnings.len());
-        assert!(all >= 50, "expected up to 300 samples (fewer on a busy machine), got {all}");
+        println!("debuginfod {what}: {} warnings; {with_names} of {all} samples named", warnings.len());
+        assert!(all >= 50, "expected up to 600 samples (fewer on a busy machine), got {all}");
         assert_eq!(with_names, 0, "no server has the debug info, yet the program was named");
-        // Sampling starts a little before the log line the recording waits for: the end may
-        // come a bit less than DURATION_S after it.
-        let limit = *baseline.get_or_insert(took.max(DURATION_S)) + 1.0;
-        assert!(took <= DURATION_S + 3.0, "debuginfod {what}: the recording ended {took:.2} s after sampling began (duration {DURATION_S} s)\n{stderr}");
-        assert!(took <= limit, "debuginfod {what}: the recording ended {took:.2} s after sampling began, over a second more than without debuginfod\n{stderr}");
         let expected = usize::from(port.is_some());
         assert_eq!(warnings.len(), expected, "debuginfod {what}: expected {expected} warning(s):\n{stderr}");
+        if what == "silent" {
+            // Not the download's own stall timeout (15 s), which would end a wait without one.
+            assert!(warnings[0].contains("debuginfod has not answered in time"), "the end did not stop waiting at its deadline:\n{stderr}");
+        }
     }
 }

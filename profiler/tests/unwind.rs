@@ -206,10 +206,11 @@ fn library_dlopened_during_the_recording_gets_its_table() {
     let exe = build(dir.path(), "dlopener.c", "late_dlopen", &[no_fp("-O2"), vec!["-ldl"]].concat(), "cc");
     let out = dir.path().join("late.folded");
     // The library is opened 1 s into the recording and runs for 3 s.
-    let output = gpuflame_ok(
-        &["-v", "record", "-F", "199", "-o", out.to_str().unwrap(), "--", exe.to_str().unwrap(), lib.to_str().unwrap(), "3", "1"],
-        0,
-    );
+    // Held after the dlopen until the recording has the library's table: how soon it comes is
+    // a matter of speed (benches/), that it comes and is used is the test.
+    let gate = Gate::new(dir.path(), "gate");
+    let (status, log) = record_gated(&gate, &["record", "-F", "199", "-o", out.to_str().unwrap(), "--", exe.to_str().unwrap(), lib.to_str().unwrap(), "3", "1"], 1);
+    assert!(status.success(), "{status:?}\n{log}");
     let stacks = read_folded(&out);
     let in_lib: Vec<Stack> = stacks.iter().filter(|s| s.user().iter().any(|f| *f == "lib_spin" || f.contains("libchain.so"))).cloned().collect();
     let all = total(&in_lib);
@@ -220,10 +221,8 @@ fn library_dlopened_during_the_recording_gets_its_table() {
         .sum();
     eprintln!("late dlopen: {complete} of {all} samples in the library are complete");
     assert!(all >= 300, "expected ~600 samples in the library, got {all}");
-    // Samples before the table arrives are incomplete; it must arrive well within a second.
     assert!(complete * 100 >= all * 95, "only {complete} of {all}:\n{}", describe(&in_lib));
     // When the process exits, the tables only it used are evicted.
-    let log = String::from_utf8_lossy(&output.stderr);
     let evicted = log.lines().find(|l| l.contains("evicted=")).and_then(|l| l.split("evicted=").nth(1)).and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse::<u32>().ok());
     assert!(evicted.is_some_and(|n| n >= 2), "tables were not evicted:\n{log}");
 }

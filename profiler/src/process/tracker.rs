@@ -18,6 +18,7 @@ use super::builder::{BuildJob, Built, TableBuilder};
 use super::maps::{parse_maps, MapsEntry};
 use super::procfs::{open_map_file, open_mapped_file, read_process_memory};
 
+mod ready;
 mod room;
 
 /// Files with at most this much CFI are built as soon as they are seen (~150k rows, ~10 ms: libc,
@@ -92,6 +93,8 @@ pub struct ProcessTracker {
     entries: HashMap<u32, Vec<MapsEntry>>,
     entry_keys: HashMap<u32, Vec<Option<ExecutableKey>>>,
     python_warned: HashSet<u32>,
+    /// Processes whose mappings were read since their tables were last all in ([`Self::take_ready`]).
+    unready: HashSet<u32>,
     exited: Vec<(Instant, u32)>,
     started: Instant,
     pub stats: TrackerStats,
@@ -123,6 +126,7 @@ impl ProcessTracker {
             entries: HashMap::new(),
             entry_keys: HashMap::new(),
             python_warned: HashSet::new(),
+            unready: HashSet::new(),
             exited: Vec::new(),
             started: Instant::now(),
             stats: TrackerStats::default(),
@@ -194,6 +198,7 @@ impl ProcessTracker {
         self.find_python(sampler, pid, &entries);
         self.entries.insert(pid, entries);
         self.entry_keys.insert(pid, entry_keys);
+        self.unready.insert(pid);
         self.push_process(sampler, pid);
         let old = self.processes.insert(pid, keys);
         if let Some(old) = old {
@@ -288,6 +293,7 @@ impl ProcessTracker {
     fn build_now(&mut self, key: ExecutableKey) {
         let Some(exe) = self.executables.get_mut(&key) else { return };
         exe.state = TableState::Queued { urgent: true };
+        tracing::debug!(file = %exe.name, cfi_bytes = exe.cfi_bytes, "unwind table asked for by a sample");
         self.builder.urgent(BuildJob { key, paths: exe.paths.clone(), cfi_bytes: exe.cfi_bytes, image: None, urgent: true, startup: false });
     }
 
@@ -370,6 +376,7 @@ impl ProcessTracker {
     /// Forgets a process; evicts tables no other process uses.
     pub fn exited(&mut self, sampler: &mut CpuSampler, pid: u32) {
         sampler.remove_process(pid);
+        self.unready.remove(&pid);
         self.entries.remove(&pid);
         self.entry_keys.remove(&pid);
         let now = Instant::now();

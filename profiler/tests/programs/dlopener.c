@@ -1,9 +1,11 @@
-/* Waits argv[3] seconds (default 0), dlopen()s argv[1] and spins in its lib_entry for argv[2]
- * seconds. */
+/* Waits argv[3] seconds (default 0), dlopen()s argv[1], waits at the test's gate (gate.h) and
+ * spins in its lib_entry for argv[2] seconds of CPU time. */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
+
+#include "gate.h"
 
 static volatile unsigned long sink;
 
@@ -17,6 +19,7 @@ __attribute__((noinline)) int call_library(const char *path, double seconds)
 	void (*entry)(double) = (void (*)(double))dlsym(lib, "lib_entry");
 	if (!entry)
 		return 1;
+	gate();
 	entry(seconds);
 	sink++;
 	return 0;

@@ -1,10 +1,14 @@
-/* Spins for argv[1] seconds, argv[2] percent of each 10 ms of CPU time in parse() and the rest in
+/* Spins for argv[1] seconds, argv[2] percent of each step's CPU time in parse() and the rest in
  * compute(), both under main -> step (compute may be a tail call): two runs with other
  * percentages make a differential profile. CPU time, not wall time: on a loaded machine the
- * thread waits for the CPU in either function, and a wall-clock split came out 65/35 for 80/20. */
+ * thread waits for the CPU in either function, and a wall-clock split came out 65/35 for 80/20.
+ * Steps last 5-15 ms, drawn at random: steps of a fixed 10 ms ran in step with the 199 Hz
+ * sampler's two periods on a quiet machine, and a run of 20/80 was sampled 35/65. */
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "gate.h"
 
 static volatile unsigned long sink;
 
@@ -29,22 +33,22 @@ static double cpu_now(void) { return clock_s(CLOCK_THREAD_CPUTIME_ID); }
 __attribute__((noinline)) void parse(double end) { SPIN(end); sink++; }
 __attribute__((noinline)) void compute(double end) { SPIN(end); sink++; }
 
-__attribute__((noinline)) void step(double share)
+__attribute__((noinline)) void step(double share, double length)
 {
 	double start = cpu_now();
-	parse(start + 0.01 * share);
-	compute(start + 0.01);
+	parse(start + length * share);
+	compute(start + length);
 }
 
 int main(int argc, char **argv)
 {
-	/* Asleep while the recording builds this program's tables at low priority: the stacks of
-	 * both runs must be whole for their frames to match (under load, a run whose first samples
-	 * stopped at the leaf drew parse nearly white instead of blue). */
-	usleep(300000);
+	/* The stacks of both runs must be whole for their frames to match (under load, a run whose
+	 * first samples stopped at the leaf drew parse nearly white instead of blue). */
+	gate();
 	double end = now() + (argc > 1 ? atof(argv[1]) : 2.0);
 	double share = (argc > 2 ? atof(argv[2]) : 50.0) / 100.0;
+	srand48(getpid());
 	while (now() < end)
-		step(share);
+		step(share, 0.005 + 0.01 * drand48());
 	return 0;
 }
