@@ -275,6 +275,9 @@ static void wait_for_gpuflame(void)
 	gpuflame_cupti_status(STATUS_WAITING, &ready);
 	while (!ready && now_ns() < deadline)
 		usleep(1000);
+	/* A service started by hand with the variable and no gpuflame: say why it started late. */
+	if (!ready)
+		fprintf(stderr, "gpuflame CUPTI: no answer from gpuflame within %ld ms; going on\n", limit_ms);
 }
 
 EXPORT int InitializeInjection(void)

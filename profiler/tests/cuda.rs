@@ -298,11 +298,16 @@ fn without_gpuflame_the_injection_library_waits_only_as_long_as_asked() {
         .output()
         .unwrap();
     let took = started.elapsed();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(took >= std::time::Duration::from_millis(400) && took < std::time::Duration::from_secs(3), "took {took:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    // At least as long as asked (no clock runs fast); that the wait ended at its deadline, and
+    // not at the library's cap of 10 s or never, the library says.
+    assert!(took >= std::time::Duration::from_millis(400), "took {took:?}");
+    let said: Vec<&str> = stderr.lines().filter(|l| l.starts_with("gpuflame CUPTI: no answer from gpuflame")).collect();
+    assert_eq!(said, ["gpuflame CUPTI: no answer from gpuflame within 400 ms; going on"], "{stderr}");
     // Unset, it does not wait at all.
-    let started = std::time::Instant::now();
     let out = std::process::Command::new(&fx.app).args(["launches", "10"]).env("CUDA_INJECTION64_PATH", &lib).env("GPUFLAME_CUPTI_PATH", fx.path("libcupti.so.13")).env("FAKE_CUDA_INIT_MS", "0").output().unwrap();
-    assert!(out.status.success());
-    assert!(started.elapsed() < std::time::Duration::from_millis(300), "took {:?}", started.elapsed());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("no answer from gpuflame"), "it waited:\n{stderr}");
 }

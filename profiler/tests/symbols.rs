@@ -132,9 +132,9 @@ impl Debuginfod {
             .expect("debuginfod is needed (Debian's debuginfod package; scripts/setup.sh installs it)");
         let server = Debuginfod { child, port };
         let path = format!("/buildid/{build_id}/debuginfo");
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline = Instant::now() + HANG;
         while http_status(port, &path) != Some(200) {
-            assert!(Instant::now() < deadline, "debuginfod on port {port} did not serve {path} within 60 s");
+            assert!(Instant::now() < deadline, "debuginfod on port {port} did not serve {path}");
             std::thread::sleep(Duration::from_millis(200));
         }
         server

@@ -169,7 +169,10 @@ fn apply(line: &[u8], pods: &Pods, version: &mut String) -> Result<bool, String>
     }
     match event.kind.as_str() {
         "ADDED" | "MODIFIED" => pods.upsert(pod),
-        "DELETED" => pods.remove(&pod),
+        "DELETED" => {
+            tracing::info!(uid = %pod.metadata.uid.as_deref().unwrap_or(""), "Kubernetes pod deleted: its processes are labelled from their cgroups");
+            pods.remove(&pod);
+        }
         _ => {} // BOOKMARK: only the version
     }
     Ok(true)

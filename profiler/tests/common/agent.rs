@@ -62,7 +62,7 @@ impl Agent {
         // Loading the programs and every process's unwind tables takes a moment.
         let started = Instant::now();
         while !agent.lines.lock().unwrap().iter().any(|l| l.contains("profiling the whole machine")) {
-            assert!(started.elapsed() < Duration::from_secs(60), "the agent did not start:\n{}", agent.lines.lock().unwrap().join("\n"));
+            assert!(started.elapsed() < super::HANG, "the agent did not start:\n{}", agent.lines.lock().unwrap().join("\n"));
             sleep(Duration::from_millis(50));
         }
         agent
@@ -72,7 +72,20 @@ impl Agent {
     pub fn stop(mut self) -> String {
         // SAFETY: signalling our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let status = self.child.wait().unwrap();
+        // Its last window symbolized and delivered within --shutdown-timeout (10 s): only a
+        // hang runs past this.
+        let deadline = std::time::Instant::now() + super::HANG;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            if std::time::Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!("the agent still ran {:?} after SIGTERM (hung):\n{}", super::HANG, self.lines.lock().unwrap().join("\n"));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
         if let Some(r) = self.reader.take() {
             let _ = r.join();
         }
