@@ -1,11 +1,13 @@
 /* A process that exits while one of its threads sleeps: the thread blocks in
  * park_forever -> park_inner (nanosleep of an hour) and main exits after argv[1] ms (default 500).
- * Main naps first, twice 50 ms: a profiler that loads unwind tables when a stack needs them has
- * them by the time the thread parks (its one wait). */
+ * It waits at the test's gate first (gate.h), so that the recording has its tables by the time
+ * the thread parks (its one wait). */
 #include <pthread.h>
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "gate.h"
 
 volatile unsigned long sink;
 
@@ -28,11 +30,9 @@ int main(int argc, char **argv)
 {
 	long ms = argc > 1 ? atol(argv[1]) : 500;
 	struct timespec t = { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L };
-	struct timespec nap = { .tv_nsec = 50000000L };
 	pthread_t th;
 
-	nanosleep(&nap, NULL);
-	nanosleep(&nap, NULL);
+	gate();
 	pthread_create(&th, NULL, park_forever, NULL);
 	nanosleep(&t, NULL);
 	exit(0);

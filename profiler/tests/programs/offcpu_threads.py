@@ -6,6 +6,8 @@ import sys
 import threading
 import time
 
+import gate
+
 DURATION = float(sys.argv[1]) if len(sys.argv) > 1 else 2.0
 
 
@@ -37,6 +39,7 @@ def reader(fd):
 
 
 def main():
+    gate.gate()
     q = queue.Queue()
     r, w = os.pipe()
     threads = [
