@@ -127,20 +127,23 @@ fn programs_without_frame_pointers_unwind_to_their_thread_entry() {
     require_bpf();
     let dir = tempfile::tempdir().unwrap();
     let programs = programs(dir.path());
-    let mut running = Running(Vec::new());
-    for p in &programs {
-        running.0.push(Command::new(&p.exe).args(&p.args).arg(SECONDS).spawn().unwrap());
-    }
-    // Let every program reach its steady state (dlopen included) before recording.
-    sleep(Duration::from_millis(700));
+    // Every program at its gate, its code all mapped (dlopen included), until the recording has
+    // its tables; then recorded until each has had 0.4 s of CPU (~200 samples at 499 Hz).
+    let gate = Gate::new(dir.path(), "gate");
+    let running: Vec<Killed> = programs.iter().map(|p| gate.spawn(Command::new(&p.exe).args(&p.args).arg(SECONDS))).collect();
+    let pids: Vec<u32> = running.iter().map(|k| k.0.id()).collect();
     let out = dir.path().join("unwind.folded");
-    let mut args: Vec<String> = vec!["record".into(), "-F".into(), "499".into(), "-d".into(), "4".into(), "-o".into(), out.display().to_string()];
-    for c in &running.0 {
+    let mut args: Vec<String> = vec!["record".into(), "-F".into(), "499".into(), "-o".into(), out.display().to_string()];
+    for pid in &pids {
         args.push("-p".into());
-        args.push(c.id().to_string());
+        args.push(pid.to_string());
     }
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-    gpuflame_ok(&argv, 0);
+    let recording = Recording::start(&argv);
+    gate.open_when_ready(&recording, &pids);
+    wait_cpu_all(&pids, 0.4);
+    let (status, stderr) = recording.interrupt();
+    assert!(status.success(), "{status:?}\n{stderr}");
     drop(running);
 
     let stacks = read_folded(&out);

@@ -354,10 +354,18 @@ pub fn cpu_seconds(pid: u32) -> f64 {
 
 /// Waits until `pid` has used `seconds` more of CPU time than it had at the call.
 pub fn wait_cpu(pid: u32, seconds: f64) {
-    let (start, deadline) = (cpu_seconds(pid), std::time::Instant::now() + HANG);
-    while cpu_seconds(pid) < start + seconds {
-        assert!(std::time::Instant::now() < deadline, "pid {pid} did not get {seconds} s of CPU");
-        std::thread::sleep(std::time::Duration::from_millis(50));
+    wait_cpu_all(&[pid], seconds);
+}
+
+/// Waits until each of `pids` has used `seconds` more of CPU time than it had at the call.
+pub fn wait_cpu_all(pids: &[u32], seconds: f64) {
+    let deadline = std::time::Instant::now() + HANG;
+    let start: Vec<f64> = pids.iter().map(|&p| cpu_seconds(p)).collect();
+    for (&pid, start) in pids.iter().zip(start) {
+        while cpu_seconds(pid) < start + seconds {
+            assert!(std::time::Instant::now() < deadline, "pid {pid} did not get {seconds} s of CPU");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
     }
 }
 

@@ -2,6 +2,8 @@
 #include <chrono>
 #include <cstdlib>
 
+#include "gate.h"
+
 static volatile unsigned long sink;
 
 namespace gpuflame_test {
@@ -21,6 +23,7 @@ struct Outer {
 
 int main(int argc, char **argv)
 {
+	gate();
 	auto seconds = std::chrono::duration<double>(argc > 1 ? std::atof(argv[1]) : 2.0);
 	gpuflame_test::Outer::a(gpuflame_test::clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(seconds));
 	return 0;

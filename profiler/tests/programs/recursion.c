@@ -2,6 +2,8 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "gate.h"
+
 static volatile unsigned long sink;
 static double end;
 
@@ -33,6 +35,7 @@ LEVEL(5, r6) LEVEL(4, r5) LEVEL(3, r4) LEVEL(2, r3) LEVEL(1, r2) LEVEL(0, r1)
 
 int main(int argc, char **argv)
 {
+	gate();
 	end = now() + (argc > 1 ? atof(argv[1]) : 2.0);
 	r0();
 	return 0;

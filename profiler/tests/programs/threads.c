@@ -3,6 +3,8 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "gate.h"
+
 static volatile unsigned long sink;
 static double end;
 
@@ -26,6 +28,7 @@ __attribute__((noinline)) void *worker(void *arg) { a(); sink++; return arg; }
 int main(int argc, char **argv)
 {
 	pthread_t t[4];
+	gate();
 	end = now() + (argc > 1 ? atof(argv[1]) : 2.0);
 	for (int i = 0; i < 4; i++)
 		pthread_create(&t[i], NULL, worker, NULL);
