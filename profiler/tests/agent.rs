@@ -76,7 +76,12 @@ fn server_errors_then_recovery_deliver_every_window_exactly_once() {
     // The first five requests fail with 500.
     let receiver = Receiver::start(Box::new(|n| if n < 5 { 500 } else { 200 }));
     let child = agent(&["--server", &receiver.url(), "--window", "0.5", "-F", "49", "--max-backoff", "0.3"]);
-    sleep(Duration::from_secs(5));
+    // Until two windows of the steady process are stored, past the five failures.
+    let deadline = Instant::now() + HANG;
+    while receiver.received().iter().filter(|r| r.labels["service_name"] == "steady").count() < 2 {
+        assert!(Instant::now() < deadline, "no window delivered after the server's errors");
+        sleep(Duration::from_millis(100));
+    }
     let stats = summary(&child.stop());
     let mut seqs: Vec<u64> = receiver.received().iter().filter(|r| r.labels["service_name"] == "steady").map(|r| window_seq(&r.id)).collect();
     seqs.sort();
@@ -117,15 +122,26 @@ fn server_down_longer_than_the_queue_bound_drops_exactly_and_keeps_running() {
         "--metrics-addr",
         &metrics_port.to_string(),
     ]);
-    sleep(Duration::from_secs(6));
-    let metrics = http_get(metrics_port);
+    // Windows pile up until the bound drops some: as soon as the machine lets the agent close
+    // them (a loaded one closed none in 6 s).
+    let deadline = Instant::now() + HANG;
+    let metrics = loop {
+        let metrics = http_get(metrics_port);
+        if metric(&metrics, "gpuflame_profiles_dropped_total") > 0 || Instant::now() >= deadline {
+            break metrics;
+        }
+        sleep(Duration::from_millis(200));
+    };
     let max_bytes: u64 = metric(&metrics, "gpuflame_queue_bytes_max");
     let dropped_while_down = metric(&metrics, "gpuflame_profiles_dropped_total");
     assert!(max_bytes <= bound, "queue held {max_bytes} bytes, bound {bound}");
     assert!(dropped_while_down > 0, "the bound was never reached:\n{metrics}");
-    // The server comes back.
+    // The server comes back, and gets what the queue held and the windows after.
     let receiver = Receiver::start_on(&format!("127.0.0.1:{port}"), Box::new(|_| 200));
-    sleep(Duration::from_secs(3));
+    while receiver.received().len() < 3 {
+        assert!(Instant::now() < deadline, "nothing delivered once the server was back");
+        sleep(Duration::from_millis(100));
+    }
     let stats = summary(&child.stop());
     assert_clean(&receiver);
     assert_eq!(receiver.received().len() as u64, stats["pushed"], "{stats:?}");

@@ -7,7 +7,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Mutex;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
@@ -189,19 +189,6 @@ fn agent_command(receiver: &Receiver, port: u16, sa: &Path) -> Command {
     command
 }
 
-fn start_agent(receiver: &Receiver, port: u16, sa: &Path) -> Child {
-    agent_command(receiver, port, sa).stderr(Stdio::piped()).spawn().expect("starting the agent")
-}
-
-fn stop_agent(child: Child) -> String {
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let out = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "agent failed:\n{stderr}");
-    stderr
-}
-
 /// Waits until `service` has `windows` pushes: an agent on a loaded CI machine takes seconds to
 /// load its programs and build the machine's tables before its first window. Only a hang runs
 /// out the wait; the test's assertions say what was missing.
@@ -283,9 +270,9 @@ fn with_the_api_server_down_profiles_still_flow_with_cgroup_labels() {
     // A port nothing listens on.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let receiver = Receiver::start(Box::new(|_| 200));
-    let agent = start_agent(&receiver, closed, &sa);
+    let agent = common::agent::Agent::start(&mut agent_command(&receiver, closed, &sa));
     wait_for_windows(&receiver, "trainer", 3);
-    let stderr = stop_agent(agent);
+    let stderr = agent.stop();
     let got = receiver.received();
     let trainer = of_service(&got, "trainer");
     assert!(trainer.len() >= 3, "{:#?}\n{stderr}", got.iter().map(|r| &r.labels).collect::<Vec<_>>());

@@ -95,6 +95,17 @@ impl Agent {
     }
 }
 
+/// An agent that a failed test let go of is stopped: one left running profiled the whole
+/// machine for the rest of the suite.
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 pub fn agent(args: &[&str]) -> Agent {
     Agent::start(Command::new(GPUFLAME).arg("agent").args(args))
 }

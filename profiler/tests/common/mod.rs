@@ -264,6 +264,16 @@ impl Recording {
     }
 }
 
+/// A recording that a failed test let go of is killed, not left to profile the rest of the suite.
+impl Drop for Recording {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// Holds test programs at the start of their work until the recording has their tables
 /// (tests/programs/gate.h, and `gate()` in the Python programs): each program that reaches it
 /// with GPUFLAME_TEST_GATE=PATH set creates PATH.PID, then waits for PATH to exist.
