@@ -68,8 +68,10 @@ fn native_names_come_from_the_containers_binary_not_the_hosts() {
 
     // The whole machine: the process is found among all, as an agent finds containers.
     let folded = dir.path().join("machine.folded");
-    gpuflame_ok(&["record", "-F", "199", "-d", "3", "-o", folded.to_str().unwrap()], 0);
+    // 1.5 s of its CPU time at 199 Hz (~300 samples), however loaded the machine.
+    let (status, stderr) = record_for_cpu(&["record", "-F", "199", "-o", folded.to_str().unwrap()], pid, 1.5);
     drop(child);
+    assert!(status.success(), "{stderr}");
     let stacks: Vec<Stack> = read_folded(&folded).into_iter().filter(|s| s.comm() == "nschain").collect();
     let all = total(&stacks);
     assert!(all >= 150, "expected ~600 samples of nschain, got {all}:\n{}", describe(&stacks));
@@ -120,8 +122,9 @@ fn python_in_a_container_has_its_frames_and_its_libpythons_names() {
 
     let folded = dir.path().join("py.folded");
     let pid_arg = pid.to_string();
-    gpuflame_ok(&["record", "-F", "199", "-d", "3", "-p", &pid_arg, "-o", folded.to_str().unwrap()], 0);
+    let (status, stderr) = record_for_cpu(&["record", "-F", "199", "-p", &pid_arg, "-o", folded.to_str().unwrap()], pid, 1.5);
     drop(child);
+    assert!(status.success(), "{stderr}");
     let stacks = read_folded(&folded);
     let all = total(&stacks);
     assert!(all >= 150, "expected ~600 samples, got {all}:\n{}", describe(&stacks));
@@ -169,8 +172,9 @@ fn programs_not_at_their_path_are_named_from_the_mapped_file() {
 
     let folded = dir.path().join("moved.folded");
     let (a, b) = (from_memfd.0.id().to_string(), replaced.0.id().to_string());
-    gpuflame_ok(&["record", "-F", "199", "-d", "3", "-p", &a, "-p", &b, "-o", folded.to_str().unwrap()], 0);
+    let (status, stderr) = record_for_cpu_all(&["record", "-F", "199", "-p", &a, "-p", &b, "-o", folded.to_str().unwrap()], &[from_memfd.0.id(), replaced.0.id()], 1.5);
     drop((from_memfd, replaced));
+    assert!(status.success(), "{stderr}");
     let stacks = read_folded(&folded);
     for comm in ["chainmem", "renamed"] {
         let mine: Vec<Stack> = stacks.iter().filter(|s| s.comm() == comm || s.comm() == format!("memfd:{comm}")).cloned().collect();

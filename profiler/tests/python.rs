@@ -4,8 +4,6 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::thread::sleep;
-use std::time::Duration;
 
 use common::*;
 
@@ -126,16 +124,19 @@ fn same_python_frames_as_py_spy_dump() {
     let py_spy = py_spy();
     assert!(py_spy.exists(), "py-spy is needed (scripts/setup.sh installs it from PyPI)");
     let spin = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/pyspin.py");
-    let child = Killed(Command::new("/usr/bin/python3.11").arg(&spin).spawn().unwrap());
-    sleep(Duration::from_millis(500));
-    let pid = child.0.id().to_string();
     let dir = tempfile::tempdir().unwrap();
+    let gate = Gate::new(dir.path(), "gate");
+    let child = gate.spawn(Command::new("/usr/bin/python3.11").arg(&spin));
+    let pid = child.0.id().to_string();
     let out = dir.path().join("spin.folded");
-    let recorder = Command::new(GPUFLAME).args(["record", "--lines", "-F", "199", "-d", "2", "-p", &pid, "-o", out.to_str().unwrap()]).spawn().unwrap();
-    sleep(Duration::from_millis(1000));
+    let recording = Recording::start(&["record", "--lines", "-F", "199", "-p", &pid, "-o", out.to_str().unwrap()]);
+    gate.open_when_ready(&recording, &[child.0.id()]);
+    wait_cpu(child.0.id(), 0.5);
     let dump = Command::new(&py_spy).args(["dump", "--native", "--pid", &pid]).output().expect("running py-spy");
-    let rec = recorder.wait_with_output().unwrap();
-    assert!(rec.status.success());
+    // 1.5 s of its CPU time in all: ~300 samples at 199 Hz.
+    wait_cpu(child.0.id(), 1.0);
+    let (status, stderr) = recording.interrupt();
+    assert!(status.success(), "{stderr}");
     let dump = String::from_utf8_lossy(&dump.stdout).into_owned();
     let expected = py_spy_frames(&dump);
     assert_eq!(expected.iter().map(|f| f.0.as_str()).collect::<Vec<_>>(), ["<module>", "top", "middle", "leaf"], "py-spy dump:\n{dump}");

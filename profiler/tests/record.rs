@@ -30,11 +30,13 @@ fn syscall_heavy_program_shows_kernel_frames_under_the_syscall() {
     require_bpf();
     let dir = tempfile::tempdir().unwrap();
     let exe = build_c(dir.path(), "syscalls", FP_FLAGS);
-    let mut child = Command::new(&exe).arg("4").spawn().unwrap();
+    let child = Killed(Command::new(&exe).arg("60").spawn().unwrap());
     let out = dir.path().join("sys.folded");
-    let pid = child.id().to_string();
-    gpuflame_ok(&["record", "-p", &pid, "-d", "2", "-o", out.to_str().unwrap()], 0);
-    child.wait().unwrap();
+    let pid = child.0.id().to_string();
+    // 1 s of its CPU time at 199 Hz, however loaded the machine.
+    let (status, stderr) = record_for_cpu(&["record", "-F", "199", "-p", &pid, "-o", out.to_str().unwrap()], child.0.id(), 1.0);
+    drop(child);
+    assert!(status.success(), "{stderr}");
 
     let stacks = read_folded(&out);
     let all = total(&stacks);

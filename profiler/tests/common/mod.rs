@@ -382,8 +382,13 @@ pub fn wait_cpu_all(pids: &[u32], seconds: f64) {
 /// `gpuflame -v record ARGS` (with no duration) ended by Ctrl-C once `pid` has used `seconds`
 /// of CPU time: as many samples of it on a loaded machine as on a quiet one.
 pub fn record_for_cpu(args: &[&str], pid: u32, seconds: f64) -> (std::process::ExitStatus, String) {
+    record_for_cpu_all(args, &[pid], seconds)
+}
+
+/// The same, until each of `pids` has used `seconds` of CPU time.
+pub fn record_for_cpu_all(args: &[&str], pids: &[u32], seconds: f64) -> (std::process::ExitStatus, String) {
     let recording = Recording::start(args);
-    wait_cpu(pid, seconds);
+    wait_cpu_all(pids, seconds);
     recording.interrupt()
 }
 

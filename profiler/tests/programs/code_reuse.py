@@ -1,6 +1,7 @@
 # Generated functions, each run in a thread named after it and then dropped, so that the next
 # one's code object is likely allocated where the last one's was freed: a frame must never carry
-# another function's name (the thread name says which function runs).
+# another function's name (the thread name says which function runs). Each spins for its
+# thread's CPU time, and there are TOTAL / EACH of them: the same work on a loaded machine.
 import ctypes
 import sys
 import threading
@@ -11,7 +12,7 @@ PR_SET_NAME = 15
 SOURCE = """
 def {name}(until):
     x = 0
-    while time.time() < until:
+    while time.thread_time() < until:
         x += 1
     return x
 """
@@ -25,7 +26,7 @@ def run_generated(i, seconds):
 
     def body():
         libc.prctl(PR_SET_NAME, name.encode(), 0, 0, 0)
-        fn(time.time() + seconds)
+        fn(time.thread_time() + seconds)
 
     t = threading.Thread(target=body)
     t.start()
@@ -34,11 +35,8 @@ def run_generated(i, seconds):
 
 
 def main(total, each):
-    end = time.time() + total
-    i = 0
-    while time.time() < end:
+    for i in range(round(total / each)):
         run_generated(i, each)
-        i += 1
 
 
 main(float(sys.argv[1]), float(sys.argv[2]))
