@@ -215,7 +215,7 @@ fn pods_of_a_fake_node_are_named_and_labelled_and_a_deleted_pod_is_forgotten() {
     let (_api, port) = start_api(&node);
     let sa = service_account(&node);
     let receiver = Receiver::start(Box::new(|_| 200));
-    let agent = common::agent::Agent::start(&mut agent_command(&receiver, port, &sa).arg("-v"));
+    let agent = common::agent::Agent::start(agent_command(&receiver, port, &sa).arg("-v"));
     wait_for_windows(&receiver, "ml/main", 2);
     std::fs::write(node.dir.path().join("delete"), format!("{}\n", node.uid_b)).unwrap();
     // Once the agent says it saw the deletion, no window that starts after may name the pod;
