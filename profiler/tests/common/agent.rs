@@ -74,18 +74,8 @@ impl Agent {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         // Its last window symbolized and delivered within --shutdown-timeout (10 s): only a
         // hang runs past this.
-        let deadline = std::time::Instant::now() + super::HANG;
-        let status = loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                break status;
-            }
-            if std::time::Instant::now() >= deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                panic!("the agent still ran {:?} after SIGTERM (hung):\n{}", super::HANG, self.lines.lock().unwrap().join("\n"));
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        };
+        let status = super::wait_bounded(&mut self.child, super::HANG)
+            .unwrap_or_else(|| panic!("the agent still ran {:?} after SIGTERM (hung):\n{}", super::HANG, self.lines.lock().unwrap().join("\n")));
         if let Some(r) = self.reader.take() {
             let _ = r.join();
         }

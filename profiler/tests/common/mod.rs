@@ -245,22 +245,27 @@ impl Recording {
     /// still running [`HANG`] after its own end was asked for (its duration, its command's exit
     /// or a signal) is killed, and the test fails: it hung.
     pub fn finish(mut self) -> (std::process::ExitStatus, String) {
-        let deadline = std::time::Instant::now() + HANG;
-        let status = loop {
-            if let Some(status) = self.child.try_wait().expect("waiting for gpuflame") {
-                break status;
-            }
-            if std::time::Instant::now() >= deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                panic!("the recording still ran {HANG:?} after it was due to end (hung):\n{}", self.log.text());
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        };
+        let status = wait_bounded(&mut self.child, HANG).unwrap_or_else(|| panic!("the recording still ran {HANG:?} after it was due to end (hung):\n{}", self.log.text()));
         if let Some(r) = self.reader.take() {
             let _ = r.join();
         }
         (status, self.log.text())
+    }
+}
+
+/// Waits for the child; None if it runs past `limit` (it is killed then).
+pub fn wait_bounded(child: &mut Child, limit: std::time::Duration) -> Option<std::process::ExitStatus> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
 
