@@ -5,6 +5,8 @@ pub mod aggregate;
 pub mod cli;
 pub mod convert;
 pub mod cuda;
+#[cfg(test)]
+mod golden;
 pub mod names;
 pub mod offcpu;
 pub mod outfile;

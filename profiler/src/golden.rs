@@ -1,0 +1,259 @@
+//! The folded, pprof and SVG output of a fixed recording, against files kept in
+//! `profiler/tests/golden/`: what the writers make of the same events may not change when the
+//! code that aggregates them does. `GPUFLAME_BLESS=1 cargo test -p gpuflame --lib golden` writes
+//! the files anew (only when a change of output is meant).
+//!
+//! The events name no file and no live process, so that nothing on the machine changes them:
+//! native frames are unmapped addresses, and the kernel and Python frames come in a second input,
+//! a profile built by hand.
+
+use std::path::PathBuf;
+use std::time::{Duration, UNIX_EPOCH};
+
+use gpuflame_bpf::{CudaApi, CudaCall, Event, GpuKernel, GpuKernelBatch, GpuKernelName, KernelName, OffCpuEnd, OffCpuStack, OffCpuState, Sample, StackRead, UnwindStatus, UserFrame};
+
+use crate::output::{self, Detail, Format, Rendering};
+use crate::profile::{Labels, Line, Location, Mapping, Profile, ProfileBuilder, KERNEL_MAPPING, PYTHON_MAPPING};
+use crate::profile_kind::ProfileKind;
+
+/// No process has this PID (above the kernel's largest, 2^22).
+const PID: u32 = 4_300_001;
+const TID: u32 = 4_300_002;
+
+fn sample(tid: u32, comm: &str, user: &[u64], unwind: UnwindStatus) -> Sample {
+    Sample {
+        timestamp_ns: 1_000,
+        pid: PID,
+        tid,
+        cpu: 0,
+        comm: comm.into(),
+        kernel_stack: StackRead::Frames(Vec::new()),
+        user_stack: user.iter().map(|&a| UserFrame::Native(a)).collect(),
+        unwind,
+        leaf_file: None,
+    }
+}
+
+fn call(api: CudaApi, user: &[u64], size: u64, addr: u64, result: i32, duration_ns: u64) -> Event {
+    Event::Cuda(CudaCall {
+        sample: sample(PID, "trainer", user, UnwindStatus::EndOfStack),
+        api,
+        result,
+        device: 1,
+        duration_ns,
+        size,
+        addr,
+        handle: 0,
+        hook_ns: 500,
+    })
+}
+
+/// A training step's worth of everything: CPU samples (whole, cut at a gap, truncated),
+/// off-CPU waits (unwound and not), allocations and frees, launches by stub and by handle, an
+/// out-of-memory failure, CUPTI launches and their kernels.
+pub(crate) fn events() -> Vec<Event> {
+    let main = [0x40_1010, 0x40_2020, 0x40_3030];
+    let mut out = Vec::new();
+    for _ in 0..3 {
+        out.push(Event::Sample(sample(PID, "trainer", &main, UnwindStatus::EndOfStack)));
+    }
+    out.push(Event::Sample(sample(TID, "loader", &[0x50_0000, 0x50_0100], UnwindStatus::EndOfStack)));
+    let mut gap = sample(TID, "loader", &[0x50_0000], UnwindStatus::NoTableYet);
+    gap.user_stack.push(UserFrame::Gap);
+    out.push(Event::Sample(gap));
+    out.push(Event::Sample(sample(PID, "trainer", &[0x40_9999], UnwindStatus::Truncated)));
+    out.push(Event::Sample(sample(PID, "trainer", &[0x40_8888], UnwindStatus::NoRow)));
+
+    out.push(Event::OffCpu(OffCpuStack { sample: sample(TID, "loader", &[0x50_0200, 0x50_0100], UnwindStatus::EndOfStack), wait: 1, state: OffCpuState::Sleeping }));
+    let end = |tid, comm: &str, wait, duration_ns, not_unwound_ns| Event::OffCpuEnd(OffCpuEnd { pid: PID, tid, comm: comm.into(), wait, duration_ns, not_unwound_ns });
+    out.push(end(TID, "loader", 1, 30_000_000, 10_000_000));
+    out.push(end(PID, "trainer", 0, 0, 7_000_000));
+
+    let alloc_site = [0x40_4040, 0x40_2020, 0x40_3030];
+    out.push(call(CudaApi::CudaMalloc, &alloc_site, 1 << 20, 0x7000_0000, 0, 2_000));
+    out.push(call(CudaApi::CudaMalloc, &alloc_site, 4 << 20, 0x7010_0000, 0, 2_000));
+    out.push(call(CudaApi::CuMemAlloc, &[0x40_5050, 0x40_3030], 2 << 20, 0x7100_0000, 0, 3_000));
+    out.push(call(CudaApi::CudaFree, &[0x40_6060, 0x40_3030], 0, 0x7000_0000, 0, 1_000));
+    out.push(Event::KernelName(KernelName { pid: PID, handle: 0xabc0, name: "gemm_kernel".into() }));
+    for _ in 0..2 {
+        out.push(call(CudaApi::CuLaunchKernel, &[0x40_7070, 0x40_3030], 0, 0xabc0, 0, 4_000));
+    }
+    out.push(call(CudaApi::CudaLaunchKernel, &[0x40_7171, 0x40_3030], 0, 0x40_0500, 0, 4_000));
+    out.push(call(CudaApi::CudaDeviceSynchronize, &[0x40_7272, 0x40_3030], 0, 0, 0, 9_000_000));
+    // Out of memory: 8 GiB asked for while 6 MiB are held.
+    out.push(call(CudaApi::CudaMalloc, &alloc_site, 8 << 30, 0, 2, 5_000));
+
+    out.push(Event::GpuKernelName(GpuKernelName { pid: PID, id: 3, name: "flash_attn_fwd".into() }));
+    let mut cupti = call(CudaApi::CuptiLaunch, &[0x40_8080, 0x40_3030], 0, 77, 0, 0);
+    if let Event::Cuda(c) = &mut cupti {
+        c.addr = 77;
+    }
+    out.push(cupti);
+    let kernel = |correlation, name_id, ns: u64| GpuKernel { start: 1_000, end: 1_000 + ns, correlation, device: 0, stream: 7, name_id, graph: 0, graph_node: 0 };
+    out.push(Event::GpuKernels(GpuKernelBatch {
+        pid: PID,
+        comm: "trainer".into(),
+        // One by correlation, one by kernel and call site, one never seen launched.
+        kernels: vec![kernel(77, 3, 500_000), kernel(78, 3, 250_000), kernel(90, 4, 125_000)],
+        dropped_total: 2,
+    }));
+    out
+}
+
+/// Kernel frames and Python frames, which events cannot give without a machine's symbols or a
+/// live interpreter.
+pub(crate) fn hand_built() -> Profile {
+    let mut profile = Profile::cpu(99);
+    profile.time_nanos = 1_700_000_000_000_000_000;
+    profile.duration_nanos = 5_000_000_000;
+    let mut b = ProfileBuilder::default();
+    let python = b.mapping(&mut profile, Mapping { path: PYTHON_MAPPING.into(), build_id: None });
+    let kernel = b.mapping(&mut profile, Mapping { path: KERNEL_MAPPING.into(), build_id: None });
+    let libc = b.mapping(&mut profile, Mapping { path: "/usr/lib/libc.so.6".into(), build_id: Some("abcd".into()) });
+    let py = |f: &str, file: &str, line| Location { mapping: Some(python), address: 0, kernel: false, lines: vec![Line { function: f.into(), file: Some(file.into()), line: Some(line) }] };
+    let module = b.location(&mut profile, py("<module>", "/srv/app/train.py", 3));
+    let step = b.location(&mut profile, py("step", "/venv/lib/python3.11/site-packages/torch/nn.py", 41));
+    let unknown = b.location(&mut profile, Location { mapping: Some(python), address: 0, kernel: false, lines: vec![Line::function("[unknown python]")] });
+    let read = b.location(&mut profile, Location { mapping: Some(libc), address: 0x1234, kernel: false, lines: vec![Line { function: "read".into(), file: Some("read.c".into()), line: Some(9) }] });
+    let ksys = b.location(&mut profile, Location { mapping: Some(kernel), address: 0xffff_ffff_8100_0000, kernel: true, lines: vec![Line::function("ksys_read")] });
+    let malloc = b.location(&mut profile, Location { mapping: None, address: 0, kernel: false, lines: vec![Line::function("cudaMalloc")] });
+    let gpu = b.location(&mut profile, Location { mapping: None, address: 0, kernel: false, lines: vec![Line::function("[gpu] gemm")] });
+    let labels = |pid| Labels { pid: Some(pid), tid: Some(pid), comm: Some("python3".into()), device: None };
+    b.add(vec![module, step, read, ksys], labels(11), 5 * profile.period);
+    b.add(vec![module, step, malloc], labels(11), 2 * profile.period);
+    b.add(vec![module, unknown, gpu], labels(12), profile.period);
+    b.finish(&mut profile);
+    profile.comments.push("command: python3 train.py".into());
+    profile
+}
+
+/// The profiles of [`events`], as `record` makes them at the end of a recording: every kind,
+/// and the out-of-memory snapshot.
+fn recorded() -> Vec<(String, Profile)> {
+    use crate::aggregate::CpuAggregator;
+    use crate::cuda::{Coverage, CudaProfiles};
+    use crate::offcpu::OffCpuAggregator;
+
+    let files: &[gpuflame_symbolizer::MappedFile] = &[];
+    let mut stacks = CpuAggregator::new();
+    let mut off = OffCpuAggregator::default();
+    let mut cuda = CudaProfiles::default();
+    let mut ooms = Vec::new();
+    for event in events() {
+        match event {
+            Event::Sample(s) => stacks.add(&s, Some(files), None),
+            Event::OffCpu(o) => off.stack(&mut stacks, &o, Some(files), None),
+            Event::OffCpuEnd(e) => off.end(&e),
+            Event::Cuda(c) => ooms.extend(cuda.add(&c, &mut stacks, Some(files), None)),
+            Event::KernelName(k) => cuda.kernel_named(k),
+            Event::GpuKernels(b) => cuda.gpu_kernels(&b),
+            Event::GpuKernelName(n) => cuda.gpu_kernel_named(n),
+            Event::Process(_) => {}
+        }
+    }
+    let start = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    let duration = Duration::from_secs(5);
+    let coverage = Coverage { attached: duration, elapsed: duration, exact: true, trap_cost: Duration::from_nanos(700) };
+    let mut out: Vec<(String, Profile)> = Vec::new();
+    for oom in &ooms {
+        out.push(("oom".into(), CudaProfiles::oom_snapshot(&mut stacks, oom, start)));
+    }
+    let mut profiles = cuda.take_profiles(&mut stacks, &ProfileKind::ALL, coverage, start, duration);
+    let session_frequency = 99;
+    let cpu = stacks.take_cpu_values(session_frequency);
+    let (off_values, totals) = off.take_values();
+    let mut profile = Profile::cpu(session_frequency);
+    stacks.build(&mut profile, cpu.clone(), start, duration);
+    profiles.push((ProfileKind::Cpu, profile));
+    let mut profile = Profile::of(ProfileKind::OffCpu.sample_types());
+    profile.comments.push(totals.describe());
+    stacks.build(&mut profile, off_values.clone(), start, duration);
+    profiles.push((ProfileKind::OffCpu, profile));
+    let mut profile = Profile::of(ProfileKind::Wall.sample_types());
+    profile.comments.push(format!("wall: CPU samples at {session_frequency} Hz (each one period of time) and off-CPU time"));
+    profile.comments.push(totals.describe());
+    let mut values = cpu;
+    values.extend(off_values);
+    stacks.build(&mut profile, values, start, duration);
+    profiles.push((ProfileKind::Wall, profile));
+    out.extend(profiles.into_iter().map(|(k, p)| (k.name().to_string(), p)));
+    out
+}
+
+/// A profile as text, each sample with its whole stack, in sorted order: equal for equal
+/// profiles whatever order their tables are in.
+fn canonical(p: &Profile) -> String {
+    let mut out = format!(
+        "sample types: {:?}\nperiod: {} {:?}\ntime: {} duration: {}\ncomments: {:?}\n",
+        p.sample_types, p.period, p.period_type, p.time_nanos, p.duration_nanos, p.comments
+    );
+    let mut samples: Vec<String> = p
+        .samples
+        .iter()
+        .map(|s| {
+            let frames: Vec<String> = s
+                .stack
+                .iter()
+                .map(|&l| {
+                    let loc = &p.locations[l];
+                    let mapping = loc.mapping.map(|m| &p.mappings[m]);
+                    format!("{:?} {:#x} kernel={} {:?}", mapping, loc.address, loc.kernel, loc.lines)
+                })
+                .collect();
+            format!("{:?} {:?}\n  {}", s.values, s.labels, frames.join("\n  "))
+        })
+        .collect();
+    samples.sort();
+    out.push_str(&samples.join("\n"));
+    out.push('\n');
+    out
+}
+
+fn golden_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
+}
+
+/// Every output of `profile` against its file; the names of those that differ.
+fn compare(name: &str, profile: &Profile, bless: bool) -> Vec<String> {
+    let mut differ = Vec::new();
+    for (format, ext) in [(Format::Folded, "folded"), (Format::Pprof, "pprof.txt"), (Format::Svg, "svg")] {
+        for detail in [Detail::Functions, Detail::Lines] {
+            if detail == Detail::Lines && format == Format::Pprof {
+                continue;
+            }
+            let title = format!("golden · {name}");
+            let mut bytes = Vec::new();
+            output::write(profile, format, &Rendering { title: &title, detail }, &mut bytes).expect("writing to memory");
+            if format == Format::Pprof {
+                // Locations are numbered in the order a hash map gives them: what is compared is
+                // what the file says, read back.
+                let read = output::pprof::read(&bytes).expect("reading the pprof back");
+                bytes = canonical(&read).into_bytes();
+            }
+            let file = golden_dir().join(format!("{name}{}.{ext}", if detail == Detail::Lines { ".lines" } else { "" }));
+            if bless {
+                std::fs::create_dir_all(golden_dir()).expect("golden dir");
+                std::fs::write(&file, &bytes).expect("writing a golden file");
+            } else if std::fs::read(&file).ok().as_deref() != Some(bytes.as_slice()) {
+                let got = std::env::temp_dir().join(format!("{name}.{ext}.got"));
+                let _ = std::fs::write(&got, &bytes);
+                differ.push(format!("{} (this run's output: {})", file.display(), got.display()));
+            }
+        }
+    }
+    differ
+}
+
+#[test]
+fn outputs_of_a_fixed_recording_stay_the_same() {
+    let bless = std::env::var_os("GPUFLAME_BLESS").is_some();
+    let recorded = recorded();
+    let names: Vec<&str> = recorded.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["oom", "hbm-alloc", "hbm-inuse", "gpu-launches", "cuda-api", "gpu-time", "cpu", "off-cpu", "wall"]);
+    let mut differ = compare("hand-built", &hand_built(), bless);
+    for (name, profile) in &recorded {
+        assert!(!profile.samples.is_empty(), "{name} has no samples");
+        differ.extend(compare(name, profile, bless));
+    }
+    assert!(differ.is_empty(), "output changed:\n{}", differ.join("\n"));
+}
