@@ -155,15 +155,17 @@ pub struct CudaCall {
     /// Who called, when (at return), and the caller's stack; no kernel part.
     pub sample: Sample,
     pub api: CudaApi,
-    /// The CUresult or cudaError_t: 0 is success.
+    /// The CUresult or cudaError_t: 0 is success. [`CudaApi::CuptiStatus`]: the status code.
     pub result: i32,
     pub device: u32,
     pub duration_ns: u64,
     /// Bytes asked for (allocations, cuMemMap/cuMemUnmap).
     pub size: u64,
     /// The device pointer or handle allocated or freed; the address mapped; the kernel launched.
+    /// [`CudaApi::CuptiLaunch`]: the correlation id; [`CudaApi::CuptiStatus`]: the address of the
+    /// ready word.
     pub addr: u64,
-    /// cuMemMap: the handle mapped at `addr`.
+    /// cuMemMap: the handle mapped at `addr`. [`CudaApi::CuptiLaunch`]: the callback id.
     pub handle: u64,
     /// What the return hook's program took, unwinding included: part of what hooking cost.
     pub hook_ns: u64,
@@ -190,5 +192,34 @@ mod tests {
         assert_eq!(CudaApi::ALL.len() as u32 + 1, raw::CUDA_API_MAX.0);
         assert_eq!(std::mem::size_of::<crate::skel::types::cupti_kernel>(), 48);
         assert_eq!(CudaApi::from_raw(0), None);
+    }
+
+    /// The C enum's number of a class.
+    fn class_raw(class: CudaClass) -> u32 {
+        use crate::skel::types::cuda_class as c;
+        match class {
+            CudaClass::Alloc => c::CUDA_CLASS_ALLOC.0,
+            CudaClass::Free => c::CUDA_CLASS_FREE.0,
+            CudaClass::Map => c::CUDA_CLASS_MAP.0,
+            CudaClass::Launch => c::CUDA_CLASS_LAUNCH.0,
+            CudaClass::Api => c::CUDA_CLASS_API.0,
+            CudaClass::Meta => c::CUDA_CLASS_META.0,
+            CudaClass::Cupti => c::CUDA_CLASS_CUPTI.0,
+        }
+    }
+
+    /// The class the hooks give each call (which calls nest, which records wake user space) is
+    /// the table cuda_class_by_api in the compiled object: read out of it, not out of the text.
+    #[test]
+    fn the_programs_classes_are_the_rust_ones() {
+        use libbpf_rs::skel::SkelBuilder;
+        let mut storage = std::mem::MaybeUninit::uninit();
+        let open = crate::skel::CpuSamplerSkelBuilder::default().open(&mut storage).expect("the object opens");
+        let table = open.maps.rodata_data.as_deref().expect("the object has a .rodata").cuda_class_by_api;
+        for v in 0..raw::CUDA_API_MAX.0 {
+            // Numbers of no function (CUDA_API_NONE) are bookkeeping to the hooks: nothing nests.
+            let class = CudaApi::from_raw(v).map_or(CudaClass::Meta, CudaApi::class);
+            assert_eq!(u32::from(table[v as usize]), class_raw(class), "{:?} (api {v})", CudaApi::from_raw(v));
+        }
     }
 }

@@ -12,6 +12,9 @@ use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuild
 
 use gpuflame_unwind::{CompactTable, RuleTable};
 
+use crate::calibrate;
+use crate::config::{SamplerConfig, Targets};
+use crate::counters::{self, Counters};
 use crate::cuda::CudaApi;
 use crate::error::{is_permission, BpfError};
 use crate::events::{self, Event};
@@ -20,107 +23,6 @@ use crate::skel::{types, CpuSamplerSkel, CpuSamplerSkelBuilder};
 use crate::unwind_maps::{ExecMapping, PythonProcess, TableId, UnwindCapacity, UnwindMaps};
 
 const BTF_PATH: &str = "/sys/kernel/btf/vmlinux";
-
-/// Which processes are sampled. The filter runs in BPF: samples of other processes never reach
-/// user space.
-#[derive(Debug, Clone)]
-pub enum Targets {
-    /// Every process on the machine (the idle task excluded).
-    All,
-    /// These processes with all their threads; with `follow_forks`, every process they start too.
-    Processes { pids: Vec<u32>, follow_forks: bool },
-}
-
-#[derive(Debug, Clone)]
-pub struct SamplerConfig {
-    /// Samples per second on each CPU.
-    pub frequency_hz: u64,
-    pub targets: Targets,
-    /// Kernel memory the unwind tables may take, in bytes (6 per row). Shards of 6 MiB are
-    /// created as tables load, so an idle or small machine uses far less.
-    pub unwind_memory: u64,
-    /// How switch-outs are unwound for off-CPU time (attached by [`CpuSampler::enable_off_cpu`]).
-    pub off_cpu: OffCpuSampling,
-}
-
-/// Which switch-outs of target threads are unwound; the others' time is still counted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OffCpuSampling {
-    /// A thread has `thread_burst` unwinds, and gets one back each `thread_interval`: a thread
-    /// that switches out less often than that has every wait unwound.
-    pub thread_interval: Duration,
-    pub thread_burst: u64,
-    /// Unwinds per second and CPU at most, over all threads.
-    pub cpu_rate: u64,
-    /// Unwinds a CPU may do at once after an idle spell.
-    pub cpu_burst: u64,
-}
-
-impl Default for OffCpuSampling {
-    fn default() -> Self {
-        OffCpuSampling { thread_interval: Duration::from_millis(10), thread_burst: 16, cpu_rate: 2000, cpu_burst: 64 }
-    }
-}
-
-/// The off-CPU programs' counters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct OffCpuCounters {
-    /// Switch-outs of target threads.
-    pub switches: u64,
-    /// Of them, unwound.
-    pub unwound: u64,
-    /// Not unwound because their CPU's budget was spent.
-    pub over_budget: u64,
-    /// Records dropped: the ring buffer was full.
-    pub lost: u64,
-    /// Threads not followed: their state could not be made (no memory).
-    pub threads_full: u64,
-    /// Threads given off-CPU state, and of them released at their exit.
-    pub followed: u64,
-    pub released: u64,
-}
-
-impl SamplerConfig {
-    /// 256 MiB, 44M rows: tables load on demand, so this holds the hot files of many different
-    /// PyTorch builds at once (all 71 files of one torch process take 11M rows, 66 MiB).
-    pub const DEFAULT_UNWIND_MEMORY: u64 = 256 << 20;
-    /// Bytes of kernel memory per unwind row.
-    pub const BYTES_PER_ROW: u64 = 6;
-}
-
-/// The sampler's counters, summed over CPUs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Counters {
-    /// Samples of target processes taken in BPF.
-    pub samples: u64,
-    /// Samples dropped because the ring buffer was full.
-    pub lost: u64,
-    pub kernel_stack_failed: u64,
-    pub user_stack_failed: u64,
-    /// New descendants that did not fit into the target map.
-    pub targets_full: u64,
-    pub unwind: UnwindCounters,
-    /// Process events dropped because their ring buffer was full.
-    pub process_events_lost: u64,
-    /// Code mappings not reported because their process mapped code faster than its budget.
-    pub mmap_throttled: u64,
-    pub python: PythonCounters,
-    pub cuda: CudaCounters,
-    pub off_cpu: OffCpuCounters,
-}
-
-/// The CUDA hooks' counters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CudaCounters {
-    /// Outermost hooked calls seen returning.
-    pub calls: u64,
-    /// Records dropped because the ring buffer was full.
-    pub lost: u64,
-    /// Calls not followed because the table of calls in flight was full.
-    pub table_full: u64,
-    /// Records dropped because another hook reused their scratch space (preemption).
-    pub races: u64,
-}
 
 /// Hooks on the CUDA functions of one file, in every process that maps it. Dropping it detaches
 /// them.
@@ -138,39 +40,6 @@ impl CudaHooks {
             tracing::debug!(error = %e, "cannot detach on a thread of its own");
         }
     }
-}
-
-/// The Python walker's counters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PythonCounters {
-    pub frames: u64,
-    /// Samples of Python processes whose thread state was not found.
-    pub no_thread: u64,
-    pub read_faults: u64,
-    /// Samples whose Python frames were kept after the native walk stopped early.
-    pub after_gap: u64,
-    /// Samples that had no room for all their Python frames.
-    pub truncated: u64,
-}
-
-/// Why user stacks ended early, by reason; and frames stepped by frame pointers.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct UnwindCounters {
-    pub no_process: u64,
-    pub no_mapping: u64,
-    pub no_row: u64,
-    pub bad_cfa: u64,
-    pub read_fault: u64,
-    pub truncated: u64,
-    /// Stacks that stopped at a file whose table was not built yet.
-    pub no_table_yet: u64,
-    /// Stacks that stopped at code without CFI whose caller was not found.
-    pub bad_frame: u64,
-    pub frame_pointer_steps: u64,
-    /// Frame-pointer steps refused: rbp did not lead to a return address.
-    pub frame_pointer_rejected: u64,
-    /// Callers of code without CFI found by scanning the stack.
-    pub scanned_frames: u64,
 }
 
 /// A loaded and attached sampler. Dropping it detaches everything.
@@ -340,64 +209,9 @@ impl CpuSampler {
         *self.malformed.borrow()
     }
 
+    /// The programs' counters, summed over CPUs.
     pub fn counters(&self) -> Result<Counters, BpfError> {
-        let read = |c: types::counter| -> Result<u64, BpfError> {
-            let values = self
-                .skel
-                .maps
-                .counters
-                .lookup_percpu(&c.0.to_ne_bytes(), MapFlags::ANY)
-                .map_err(|source| BpfError::Map { map: "counters", source })?
-                .unwrap_or_default();
-            Ok(values
-                .iter()
-                .filter_map(|v| v.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_ne_bytes))
-                .sum())
-        };
-        Ok(Counters {
-            samples: read(types::counter::COUNTER_SAMPLES)?,
-            lost: read(types::counter::COUNTER_LOST)?,
-            kernel_stack_failed: read(types::counter::COUNTER_KSTACK_FAILED)?,
-            user_stack_failed: read(types::counter::COUNTER_USTACK_FAILED)?,
-            targets_full: read(types::counter::COUNTER_TARGETS_FULL)?,
-            unwind: UnwindCounters {
-                no_process: read(types::counter::COUNTER_UNWIND_NO_PROCESS)?,
-                no_mapping: read(types::counter::COUNTER_UNWIND_NO_MAPPING)?,
-                no_row: read(types::counter::COUNTER_UNWIND_NO_ROW)?,
-                bad_cfa: read(types::counter::COUNTER_UNWIND_BAD_CFA)?,
-                read_fault: read(types::counter::COUNTER_UNWIND_READ_FAULT)?,
-                truncated: read(types::counter::COUNTER_UNWIND_TRUNCATED)?,
-                no_table_yet: read(types::counter::COUNTER_UNWIND_NO_TABLE_YET)?,
-                bad_frame: read(types::counter::COUNTER_UNWIND_BAD_FRAME)?,
-                frame_pointer_steps: read(types::counter::COUNTER_UNWIND_FP_FALLBACK)?,
-                frame_pointer_rejected: read(types::counter::COUNTER_UNWIND_FP_REJECTED)?,
-                scanned_frames: read(types::counter::COUNTER_UNWIND_SCANNED)?,
-            },
-            process_events_lost: read(types::counter::COUNTER_PROCESS_EVENTS_LOST)?,
-            mmap_throttled: read(types::counter::COUNTER_MMAP_THROTTLED)?,
-            python: PythonCounters {
-                frames: read(types::counter::COUNTER_PY_FRAMES)?,
-                no_thread: read(types::counter::COUNTER_PY_NO_THREAD)?,
-                read_faults: read(types::counter::COUNTER_PY_READ_FAULT)?,
-                after_gap: read(types::counter::COUNTER_PY_AFTER_GAP)?,
-                truncated: read(types::counter::COUNTER_PY_TRUNCATED)?,
-            },
-            cuda: CudaCounters {
-                calls: read(types::counter::COUNTER_CUDA_CALLS)?,
-                lost: read(types::counter::COUNTER_CUDA_LOST)?,
-                table_full: read(types::counter::COUNTER_CUDA_CALLS_FULL)?,
-                races: read(types::counter::COUNTER_CUDA_RACE)?,
-            },
-            off_cpu: OffCpuCounters {
-                switches: read(types::counter::COUNTER_OFFCPU_SWITCHES)?,
-                unwound: read(types::counter::COUNTER_OFFCPU_UNWOUND)?,
-                over_budget: read(types::counter::COUNTER_OFFCPU_BUDGET)?,
-                lost: read(types::counter::COUNTER_OFFCPU_LOST)?,
-                threads_full: read(types::counter::COUNTER_OFFCPU_FULL)?,
-                followed: read(types::counter::COUNTER_OFFCPU_FOLLOWED)?,
-                released: read(types::counter::COUNTER_OFFCPU_RELEASED)?,
-            },
-        })
+        counters::read_map(&self.skel.maps.counters)
     }
 
     /// Loads the rules added to `rules` since the last call; call before inserting tables that
@@ -459,32 +273,8 @@ impl CpuSampler {
 
     /// What a hooked call costs on this machine beyond its programs: the entry and return traps,
     /// measured on a function of this process with programs that do nothing.
-    pub fn calibrate_trap_cost(&self) -> Result<std::time::Duration, BpfError> {
-        const CALLS: u32 = 500;
-        const BATCHES: usize = 7;
-        let offset = calibration_offset().ok_or_else(|| BpfError::Attach {
-            what: "the calibration probe".into(),
-            source: libbpf_rs::Error::from(std::io::Error::other("gpuflame_calibration_point not found in /proc/self/exe")),
-        })?;
-        let time = || {
-            let start = std::time::Instant::now();
-            for i in 0..CALLS {
-                std::hint::black_box(gpuflame_calibration_point(std::hint::black_box(i)));
-            }
-            start.elapsed()
-        };
-        let bare = (0..BATCHES).map(|_| time()).min().unwrap_or_default();
-        let opts = UprobeMultiOpts { offsets: vec![offset], session: true, ..Default::default() };
-        let _link = self
-            .skel
-            .progs
-            .on_calibrate
-            .attach_uprobe_multi_with_opts(-1, "/proc/self/exe", "", opts)
-            .map_err(|source| attach_error("the calibration probe", source))?;
-        // The median batch: a VM's traps cost more now and then.
-        let mut probed: Vec<std::time::Duration> = (0..BATCHES).map(|_| time()).collect();
-        probed.sort();
-        Ok(probed[BATCHES / 2].saturating_sub(bare) / CALLS)
+    pub fn calibrate_trap_cost(&self) -> Result<Duration, BpfError> {
+        calibrate::trap_cost(&self.skel.progs.on_calibrate)
     }
 
     /// Tells the Python walker where the process's interpreter is.
@@ -517,7 +307,7 @@ fn run_stats(fd: i32) -> Option<(u64, u64)> {
     (ret == 0).then_some((info.run_cnt, info.run_time_ns))
 }
 
-fn attach_error(what: &str, source: libbpf_rs::Error) -> BpfError {
+pub(crate) fn attach_error(what: &str, source: libbpf_rs::Error) -> BpfError {
     if is_permission(&source) {
         BpfError::PermissionDenied
     } else {
@@ -525,23 +315,3 @@ fn attach_error(what: &str, source: libbpf_rs::Error) -> BpfError {
     }
 }
 
-
-/// A function for [`CpuSampler::calibrate_trap_cost`] to hook: exported so that its symbol stays.
-#[no_mangle]
-#[inline(never)]
-pub extern "C" fn gpuflame_calibration_point(x: u32) -> u32 {
-    std::hint::black_box(x.wrapping_mul(3))
-}
-
-/// The file offset of [`gpuflame_calibration_point`] in the running executable.
-fn calibration_offset() -> Option<usize> {
-    use object::{Object, ObjectSegment, ObjectSymbol};
-    let data = std::fs::read("/proc/self/exe").ok()?;
-    let elf = object::File::parse(&*data).ok()?;
-    let sym = elf.symbols().chain(elf.dynamic_symbols()).find(|s| s.name() == Ok("gpuflame_calibration_point"))?;
-    let addr = sym.address();
-    elf.segments().find_map(|seg| {
-        let (offset, size) = seg.file_range();
-        (addr >= seg.address() && addr < seg.address() + size).then(|| (addr - seg.address() + offset) as usize)
-    })
-}

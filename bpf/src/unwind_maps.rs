@@ -10,7 +10,7 @@ use gpuflame_unwind::{CfaRule, CompactTable, RbpRule, RuleTable, UnwindRule};
 use libbpf_rs::{MapCore, MapFlags, MapHandle, MapMut, MapType};
 
 use crate::blocks::BlockAllocator;
-use crate::events::as_bytes;
+use crate::pod::as_bytes;
 use crate::skel::types;
 use crate::BpfError;
 
@@ -230,8 +230,7 @@ impl UnwindMaps {
     /// When a sample last used the table (boot-time ns, to the second), or 0.
     pub(crate) fn last_used(tables_map: &MapMut<'_>, id: TableId) -> u64 {
         let Ok(Some(bytes)) = tables_map.lookup(&id.0.to_ne_bytes(), MapFlags::ANY) else { return 0 };
-        // SAFETY: table_info is generated from BTF and plain old data.
-        unsafe { crate::events::read_pod::<types::table_info>(&bytes) }.map_or(0, |t| t.last_used)
+        crate::pod::read_pod::<types::table_info>(&bytes).map_or(0, |t| t.last_used)
     }
 
     /// Rows of budget a loaded table takes (whole pages).

@@ -22,7 +22,7 @@
 char LICENSE[] SEC("license") = "GPL";
 
 /* Keep these types in the object's BTF so that libbpf-cargo generates their Rust mirror. */
-struct sample_event layout_sample_event = {};
+struct event_record layout_event_record = {};
 struct process_event layout_process_event = {};
 enum counter layout_counter = COUNTER_SAMPLES;
 enum unwind_status layout_unwind_status = UNWIND_END_OF_STACK;
@@ -33,6 +33,7 @@ struct py_process layout_py_process = {};
 enum py_frame_kind layout_py_frame_kind = PY_FRAME_OBJECT;
 enum event_kind layout_event_kind = EVENT_CPU_SAMPLE;
 enum cuda_api layout_cuda_api = CUDA_API_NONE;
+enum cuda_class layout_cuda_class = CUDA_CLASS_ALLOC;
 struct cupti_kernel layout_cupti_kernel = {};
 enum exec_mapping_flags layout_mapping_flags = MAPPING_HAS_TABLE;
 enum shard_layout layout_shard_layout = SHARD_BLOCKS;
@@ -44,7 +45,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32, slot = SCRATCH_SAMPLER;
-	struct sample_event *e;
+	struct event_record *e;
 	__u64 flags;
 
 	if (!is_target(tgid))
@@ -54,16 +55,16 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	e = bpf_map_lookup_elem(&sample_scratch, &slot);
 	if (!e)
 		return 0;
-	e->kind = EVENT_CPU_SAMPLE;
-	e->timestamp_ns = bpf_ktime_get_boot_ns();
-	e->pid = tgid;
-	e->tid = (__u32)id;
-	e->cpu = bpf_get_smp_processor_id();
-	bpf_get_current_comm(e->comm, sizeof(e->comm));
+	e->header.kind = EVENT_CPU_SAMPLE;
+	e->header.timestamp_ns = bpf_ktime_get_boot_ns();
+	e->header.pid = tgid;
+	e->header.tid = (__u32)id;
+	e->header.cpu = bpf_get_smp_processor_id();
+	bpf_get_current_comm(e->header.comm, sizeof(e->header.comm));
 
 	/* A sample taken in user mode has no kernel part; only real failures are counted. */
-	e->kernel_stack_bytes = bpf_get_stack(ctx, e->kernel_stack, sizeof(e->kernel_stack), 0);
-	if (e->kernel_stack_bytes < 0 && e->kernel_stack_bytes != -EFAULT)
+	e->stack.kernel_stack_bytes = bpf_get_stack(ctx, e->kernel_stack, sizeof(e->kernel_stack), 0);
+	if (e->stack.kernel_stack_bytes < 0 && e->stack.kernel_stack_bytes != -EFAULT)
 		count(COUNTER_KSTACK_FAILED);
 	unwind_user_stack(e, slot);
 

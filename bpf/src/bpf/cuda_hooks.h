@@ -6,6 +6,7 @@
 #ifndef GPUFLAME_CUDA_HOOKS_H
 #define GPUFLAME_CUDA_HOOKS_H
 
+#include "cuda_api.h"
 #include "maps.h"
 #include "native_unwind.h"
 #include "targets.h"
@@ -41,21 +42,71 @@ struct {
 	__type(value, __u32);
 } cuda_devices SEC(".maps");
 
+/* Each function's class, by its number: a table rather than ranges of the numbering, so that the
+ * Rust side can read it out of the object and hold it to its own list (CudaApi::class). Every
+ * number has its entry: one left out would read as CUDA_CLASS_ALLOC, and fail that test. A power
+ * of two long, so that a mask shows the verifier the index in bounds (a compare of one register
+ * does not bound the copy of it that the compiler may index with). */
+#define CUDA_CLASS_TABLE 64
+_Static_assert(CUDA_API_MAX <= CUDA_CLASS_TABLE, "cuda_class_by_api has no room for every api");
+
+const volatile __u8 cuda_class_by_api[CUDA_CLASS_TABLE] = {
+	[CUDA_API_NONE] = CUDA_CLASS_META,
+	[CUDA_MALLOC] = CUDA_CLASS_ALLOC,
+	[CUDA_MALLOC_ASYNC] = CUDA_CLASS_ALLOC,
+	[CUDA_MALLOC_MANAGED] = CUDA_CLASS_ALLOC,
+	[CU_MEM_ALLOC] = CUDA_CLASS_ALLOC,
+	[CU_MEM_ALLOC_ASYNC] = CUDA_CLASS_ALLOC,
+	[CU_MEM_ALLOC_MANAGED] = CUDA_CLASS_ALLOC,
+	[CU_MEM_CREATE] = CUDA_CLASS_ALLOC,
+	[CUDA_FREE] = CUDA_CLASS_FREE,
+	[CUDA_FREE_ASYNC] = CUDA_CLASS_FREE,
+	[CU_MEM_FREE] = CUDA_CLASS_FREE,
+	[CU_MEM_FREE_ASYNC] = CUDA_CLASS_FREE,
+	[CU_MEM_RELEASE] = CUDA_CLASS_FREE,
+	[CU_MEM_MAP] = CUDA_CLASS_MAP,
+	[CU_MEM_UNMAP] = CUDA_CLASS_MAP,
+	[CUDA_LAUNCH_KERNEL] = CUDA_CLASS_LAUNCH,
+	[CUDA_LAUNCH_KERNEL_PTSZ] = CUDA_CLASS_LAUNCH,
+	[CUDA_LAUNCH_KERNEL_EXC] = CUDA_CLASS_LAUNCH,
+	[CUDA_LAUNCH_KERNEL_EXC_PTSZ] = CUDA_CLASS_LAUNCH,
+	[CU_LAUNCH_KERNEL] = CUDA_CLASS_LAUNCH,
+	[CU_LAUNCH_KERNEL_PTSZ] = CUDA_CLASS_LAUNCH,
+	[CU_LAUNCH_KERNEL_EX] = CUDA_CLASS_LAUNCH,
+	[CU_LAUNCH_KERNEL_EX_PTSZ] = CUDA_CLASS_LAUNCH,
+	[CUDA_GRAPH_LAUNCH] = CUDA_CLASS_LAUNCH,
+	[CUDA_GRAPH_LAUNCH_PTSZ] = CUDA_CLASS_LAUNCH,
+	[CU_GRAPH_LAUNCH] = CUDA_CLASS_LAUNCH,
+	[CU_GRAPH_LAUNCH_PTSZ] = CUDA_CLASS_LAUNCH,
+	[CUDA_DEVICE_SYNCHRONIZE] = CUDA_CLASS_API,
+	[CUDA_STREAM_SYNCHRONIZE] = CUDA_CLASS_API,
+	[CUDA_EVENT_SYNCHRONIZE] = CUDA_CLASS_API,
+	[CUDA_MEMCPY] = CUDA_CLASS_API,
+	[CUDA_MEMCPY_ASYNC] = CUDA_CLASS_API,
+	[CU_CTX_SYNCHRONIZE] = CUDA_CLASS_API,
+	[CU_STREAM_SYNCHRONIZE] = CUDA_CLASS_API,
+	[CU_EVENT_SYNCHRONIZE] = CUDA_CLASS_API,
+	[CU_MEMCPY_HTOD] = CUDA_CLASS_API,
+	[CU_MEMCPY_DTOH] = CUDA_CLASS_API,
+	[CU_MEMCPY_DTOD] = CUDA_CLASS_API,
+	[CU_MEMCPY_ASYNC] = CUDA_CLASS_API,
+	[CU_MEMCPY_HTOD_ASYNC] = CUDA_CLASS_API,
+	[CU_MEMCPY_DTOH_ASYNC] = CUDA_CLASS_API,
+	[CU_MODULE_GET_FUNCTION] = CUDA_CLASS_META,
+	[CUDA_SET_DEVICE] = CUDA_CLASS_META,
+	[CUPTI_LAUNCH] = CUDA_CLASS_CUPTI,
+	[CUPTI_KERNELS] = CUDA_CLASS_CUPTI,
+	[CUPTI_NAME] = CUDA_CLASS_CUPTI,
+	[CUPTI_STATUS] = CUDA_CLASS_CUPTI,
+};
+
 static __always_inline enum cuda_class cuda_class_of(__u32 api)
 {
-	if (api >= CUDA_MALLOC && api <= CU_MEM_CREATE)
-		return CUDA_CLASS_ALLOC;
-	if (api >= CUDA_FREE && api <= CU_MEM_RELEASE)
-		return CUDA_CLASS_FREE;
-	if (api == CU_MEM_MAP || api == CU_MEM_UNMAP)
-		return CUDA_CLASS_MAP;
-	if (api >= CUDA_LAUNCH_KERNEL && api <= CU_GRAPH_LAUNCH_PTSZ)
-		return CUDA_CLASS_LAUNCH;
-	if (api >= CUDA_DEVICE_SYNCHRONIZE && api <= CU_MEMCPY_DTOH_ASYNC)
-		return CUDA_CLASS_API;
-	if (api >= CUPTI_LAUNCH && api <= CUPTI_STATUS)
-		return CUDA_CLASS_CUPTI;
-	return CUDA_CLASS_META;
+	if (api >= CUDA_API_MAX)
+		return CUDA_CLASS_META;
+	/* Else the compiler, knowing api < CUDA_API_MAX, drops the mask the verifier needs. */
+	barrier_var(api);
+	return cuda_class_by_api[api & (CUDA_CLASS_TABLE - 1)];
 }
 
 extern bool bpf_session_is_return(void) __ksym;
@@ -67,61 +118,52 @@ int on_calibrate(struct pt_regs *ctx)
 	return 0;
 }
 
-/* An EVENT_CUPTI_KERNELS record: a sample_event's fields up to its user stack, then records. */
+/* An EVENT_CUPTI_KERNELS record: the fixed part of an event_record, then the records, which are
+ * too many for the scratch entry's stack. */
 struct cupti_kernels_event {
-	struct {
-		__u8 bytes[offsetof(struct sample_event, user_stack)];
-	} header;
+	__u8 fixed[EVENT_FIXED_BYTES];
 	__u8 records[CUPTI_BATCH_MASK + 1];
 };
 
-static __always_inline void fill_header(struct sample_event *e, __u64 id, __u32 api)
+/* The header of a record of the current thread; its stack zeroed, for the kinds that have none
+ * (those that have one unwind into it). */
+static __always_inline void cuda_header(struct event_record *e, __u32 kind, __u64 id)
 {
-	e->pid = id >> 32;
-	e->tid = (__u32)id;
-	e->cpu = bpf_get_smp_processor_id();
-	e->timestamp_ns = bpf_ktime_get_boot_ns();
-	e->api = api;
-	e->result = 0;
-	e->device = 0;
-	e->duration_ns = 0;
-	e->kernel_stack_bytes = 0;
-	e->size = 0;
-	e->addr = 0;
-	e->aux = 0;
-	e->hook_ns = 0;
-	e->user_frames = 0;
-	bpf_get_current_comm(e->comm, sizeof(e->comm));
+	e->header.kind = kind;
+	e->header.pid = id >> 32;
+	e->header.tid = (__u32)id;
+	e->header.cpu = bpf_get_smp_processor_id();
+	e->header.timestamp_ns = bpf_ktime_get_boot_ns();
+	bpf_get_current_comm(e->header.comm, sizeof(e->header.comm));
+	__builtin_memset(&e->stack, 0, sizeof(e->stack));
 }
 
 /* The injection library's calls: everything is in their arguments, so they are sent at entry. */
 static __always_inline void cupti_enter(struct pt_regs *ctx, __u64 id, __u32 api)
 {
 	__u32 slot = SCRATCH_CUDA, n, frames, bytes;
-	struct sample_event *e = bpf_map_lookup_elem(&sample_scratch, &slot);
-	__u64 size = offsetof(struct sample_event, user_stack);
+	struct event_record *e = bpf_map_lookup_elem(&sample_scratch, &slot);
+	__u64 size = EVENT_FIXED_BYTES;
 	long len;
 
 	if (!e)
 		return;
-	fill_header(e, id, api);
 	switch (api) {
 	case CUPTI_LAUNCH:
-		e->kind = EVENT_CUDA_CALL;
-		e->addr = PT_REGS_PARM1(ctx) & 0xffffffff;
-		e->aux = PT_REGS_PARM2(ctx) & 0xffffffff;
+		cuda_header(e, EVENT_CUPTI_LAUNCH, id);
+		e->payload.cupti_launch.correlation = PT_REGS_PARM1(ctx);
+		e->payload.cupti_launch.callback = PT_REGS_PARM2(ctx);
 		unwind_user_stack(e, slot);
-		if (e->tid != (__u32)id || e->api != api) {
+		if (e->header.tid != (__u32)id || e->header.kind != EVENT_CUPTI_LAUNCH) {
 			count(COUNTER_CUDA_RACE);
 			return;
 		}
-		frames = e->user_frames;
+		frames = e->stack.user_frames;
 		if (frames > MAX_USER_FRAMES)
 			frames = MAX_USER_FRAMES;
 		size += (__u64)frames * sizeof(__u64);
 		break;
 	case CUPTI_KERNELS: {
-		/* Too big for the scratch entry: built in the ring buffer itself. */
 		struct cupti_kernels_event *r;
 
 		n = PT_REGS_PARM2(ctx);
@@ -136,28 +178,30 @@ static __always_inline void cupti_enter(struct pt_regs *ctx, __u64 id, __u32 api
 			count(COUNTER_CUDA_LOST);
 			return;
 		}
-		e->kind = EVENT_CUPTI_KERNELS;
-		e->size = PT_REGS_PARM3(ctx);
-		e->user_frames = n;
-		__builtin_memcpy(&r->header, e, sizeof(r->header));
+		cuda_header(e, EVENT_CUPTI_KERNELS, id);
+		e->payload.cupti_kernels.count = n;
+		e->payload.cupti_kernels._pad = 0;
+		e->payload.cupti_kernels.dropped_total = PT_REGS_PARM3(ctx);
+		__builtin_memcpy(r->fixed, e, sizeof(r->fixed));
 		if (bpf_probe_read_user(r->records, bytes, (void *)PT_REGS_PARM1(ctx)))
-			((struct sample_event *)r)->user_frames = 0;
+			((struct event_record *)r)->payload.cupti_kernels.count = 0;
 		bpf_ringbuf_submit(r, 0);
 		return;
 	}
 	case CUPTI_NAME:
-		e->kind = EVENT_CUPTI_NAME;
-		e->addr = PT_REGS_PARM1(ctx) & 0xffffffff;
+		cuda_header(e, EVENT_CUPTI_NAME, id);
+		e->payload.cupti_name.id = PT_REGS_PARM1(ctx);
 		len = bpf_probe_read_user_str(e->user_stack, CUDA_NAME_MAX, (void *)PT_REGS_PARM2(ctx));
 		if (len <= 1)
 			return;
-		e->size = len - 1;
+		e->payload.cupti_name.name_len = len - 1;
 		size += CUDA_NAME_MAX;
 		break;
 	default: /* CUPTI_STATUS */
-		e->kind = EVENT_CUDA_CALL;
-		e->result = PT_REGS_PARM1(ctx) & 0xffffffff;
-		e->addr = PT_REGS_PARM2(ctx);
+		cuda_header(e, EVENT_CUPTI_STATUS, id);
+		e->payload.cupti_status.code = PT_REGS_PARM1(ctx);
+		e->payload.cupti_status._pad = 0;
+		e->payload.cupti_status.ready_word = PT_REGS_PARM2(ctx);
 		break;
 	}
 	if (bpf_ringbuf_output(&samples, e, size, 0))
@@ -206,32 +250,33 @@ static __always_inline int cuda_enter(struct pt_regs *ctx)
 }
 
 /* The kernel handle cuModuleGetFunction returned, with its name. */
-static __always_inline void send_kernel_name(struct sample_event *e, struct cuda_call *call)
+static __always_inline void send_kernel_name(struct event_record *e, __u64 id, struct cuda_call *call)
 {
 	__u64 handle = 0;
 	long len;
 
 	if (bpf_probe_read_user(&handle, sizeof(handle), (void *)call->args[0]) || !handle)
 		return;
+	cuda_header(e, EVENT_CUDA_KERNEL, id);
 	len = bpf_probe_read_user_str(e->user_stack, CUDA_NAME_MAX, (void *)call->args[2]);
 	if (len <= 1)
 		return;
-	e->kind = EVENT_CUDA_KERNEL;
-	e->addr = handle;
-	e->size = len - 1;
-	e->user_frames = 0;
-	if (bpf_ringbuf_output(&samples, e, offsetof(struct sample_event, user_stack) + CUDA_NAME_MAX, 0))
+	e->payload.kernel_name.handle = handle;
+	e->payload.kernel_name.name_len = len - 1;
+	e->payload.kernel_name._pad = 0;
+	if (bpf_ringbuf_output(&samples, e, EVENT_FIXED_BYTES + CUDA_NAME_MAX, 0))
 		count(COUNTER_CUDA_LOST);
 }
 
 static __always_inline int cuda_return(struct pt_regs *ctx)
 {
 	__u64 id = bpf_get_current_pid_tgid(), now = bpf_ktime_get_ns(), size, flags;
-	__u32 tgid = id >> 32, tid = (__u32)id, api = (__u32)bpf_get_attach_cookie(ctx);
+	__u32 tid = (__u32)id, api = (__u32)bpf_get_attach_cookie(ctx);
 	__u32 slot = SCRATCH_CUDA, frames;
 	struct cuda_call_key key = { .tid = tid, .cls = cuda_class_of(api) };
 	struct cuda_call *found, call;
-	struct sample_event *e;
+	struct cuda_call_payload *c;
+	struct event_record *e;
 	__s32 result;
 
 	found = bpf_map_lookup_elem(&cuda_calls, &key);
@@ -252,42 +297,39 @@ static __always_inline int cuda_return(struct pt_regs *ctx)
 	e = bpf_map_lookup_elem(&sample_scratch, &slot);
 	if (!e)
 		return 0;
-	e->tid = tid;
-	e->pid = tgid;
-	e->cpu = bpf_get_smp_processor_id();
-	e->timestamp_ns = bpf_ktime_get_boot_ns();
-	e->api = api;
-	e->result = result;
-	e->device = call.device;
-	e->duration_ns = now - call.t0;
-	e->kernel_stack_bytes = 0;
-	e->aux = 0;
-	bpf_get_current_comm(e->comm, sizeof(e->comm));
 	if (api == CU_MODULE_GET_FUNCTION) {
 		if (result == 0)
-			send_kernel_name(e, &call);
+			send_kernel_name(e, id, &call);
 		return 0;
 	}
 
-	e->kind = EVENT_CUDA_CALL;
-	e->size = 0;
-	e->addr = 0;
+	cuda_header(e, EVENT_CUDA_CALL, id);
+	c = &e->payload.cuda_call;
+	c->api = api;
+	c->result = result;
+	c->device = call.device;
+	c->_pad = 0;
+	c->duration_ns = now - call.t0;
+	c->size = 0;
+	c->addr = 0;
+	c->handle = 0;
+	c->hook_ns = 0;
 	switch (cuda_class_of(api)) {
 	case CUDA_CLASS_ALLOC:
-		e->size = call.args[1];
-		if (result == 0 && bpf_probe_read_user(&e->addr, sizeof(e->addr), (void *)call.args[0]))
-			e->addr = 0;
+		c->size = call.args[1];
+		if (result == 0 && bpf_probe_read_user(&c->addr, sizeof(c->addr), (void *)call.args[0]))
+			c->addr = 0;
 		break;
 	case CUDA_CLASS_FREE:
-		e->addr = call.args[0];
+		c->addr = call.args[0];
 		break;
 	case CUDA_CLASS_MAP:
-		e->addr = call.args[0];
-		e->size = call.args[1];
-		e->aux = call.args[3];
+		c->addr = call.args[0];
+		c->size = call.args[1];
+		c->handle = call.args[3];
 		break;
 	case CUDA_CLASS_LAUNCH:
-		e->addr = (api == CUDA_LAUNCH_KERNEL_EXC || api == CUDA_LAUNCH_KERNEL_EXC_PTSZ ||
+		c->addr = (api == CUDA_LAUNCH_KERNEL_EXC || api == CUDA_LAUNCH_KERNEL_EXC_PTSZ ||
 			   api == CU_LAUNCH_KERNEL_EX || api == CU_LAUNCH_KERNEL_EX_PTSZ) ? call.args[1] : call.args[0];
 		break;
 	default:
@@ -296,15 +338,15 @@ static __always_inline int cuda_return(struct pt_regs *ctx)
 	unwind_user_stack(e, slot);
 	/* A hook on another thread of this CPU may have taken the scratch entry meanwhile (uprobe
 	 * programs can be preempted): such a record is dropped, and counted. */
-	if (e->tid != tid || e->api != api) {
+	if (e->header.tid != tid || e->header.kind != EVENT_CUDA_CALL || c->api != api) {
 		count(COUNTER_CUDA_RACE);
 		return 0;
 	}
-	e->hook_ns = bpf_ktime_get_ns() - now;
-	frames = e->user_frames;
+	c->hook_ns = bpf_ktime_get_ns() - now;
+	frames = e->stack.user_frames;
 	if (frames > MAX_USER_FRAMES)
 		frames = MAX_USER_FRAMES;
-	size = offsetof(struct sample_event, user_stack) + (__u64)frames * sizeof(__u64);
+	size = EVENT_FIXED_BYTES + (__u64)frames * sizeof(__u64);
 	/* Memory calls are rare, and user space must name their Python frames while the process
 	 * lives (and hear of an out-of-memory at once): they wake it. */
 	flags = cuda_class_of(api) <= CUDA_CLASS_MAP ||

@@ -27,143 +27,139 @@ enum unwind_status {
 				  * the new one's; no user stack */
 };
 
-/* What a record of the `samples` ring buffer is. */
+/* A record of the `samples` ring buffer: a header, how its stack came out, one payload chosen by
+ * the header's kind, then the stack. Each kind's data has a struct of its own and a name that says
+ * what it is, so that no field means one thing for one kind and another for the next. The Rust
+ * side decodes each payload by its own generated struct, naming every field: one added here and
+ * not read there does not compile. The record is one struct (the payloads
+ * a union) because every kind is built in the same per-CPU scratch entry, and the unwinder
+ * writes the stack of any of them at the same place. */
+
+/* What a record is: which member of its payload it carries, and what follows the fixed part. */
 enum event_kind {
-	EVENT_CPU_SAMPLE = 0,   /* a CPU-clock sample: both stacks */
-	EVENT_CUDA_CALL = 1,    /* a hooked CUDA call returned: api, result, arguments, duration, stack */
-	EVENT_CUDA_KERNEL = 2,  /* a kernel handle was named: addr = CUfunction, the name in user_stack */
-	EVENT_CUPTI_KERNELS = 3,/* kernel records (struct cupti_kernel) in user_stack; user_frames of
-				 * them; size = records dropped by the library so far */
-	EVENT_CUPTI_NAME = 4,   /* a kernel name id: addr = id, the name in user_stack */
-	EVENT_OFFCPU_STACK = 5, /* a target thread switched out: addr = its wait's number in the thread,
-				 * api = its state (prev_state); user_frames user slots, then
-				 * kernel_stack_bytes of kernel frames right after them */
-	EVENT_OFFCPU_END = 6,   /* a wait ended: addr = the wait's number (0: not unwound), duration_ns
-				 * its time off, aux the time of waits not unwound since the last record */
+	EVENT_CPU_SAMPLE = 0,   /* a CPU-clock sample: no payload; both stacks */
+	EVENT_CUDA_CALL = 1,    /* a hooked CUDA call returned: cuda_call; the caller's user stack */
+	EVENT_CUDA_KERNEL = 2,  /* cuModuleGetFunction named a kernel: kernel_name; the name */
+	EVENT_CUPTI_KERNELS = 3,/* kernel activity records: cupti_kernels; the records (struct
+				 * cupti_kernel), in a record of their own size (cuda_hooks.h) */
+	EVENT_CUPTI_NAME = 4,   /* the injection library named a kernel name id: cupti_name; the name */
+	EVENT_OFFCPU_STACK = 5, /* a target thread switched out: offcpu_stack; its user frames, then
+				 * stack.kernel_stack_bytes of kernel frames right after them */
+	EVENT_OFFCPU_END = 6,   /* a wait ended: offcpu_end; nothing after the fixed part */
+	EVENT_CUPTI_LAUNCH = 7, /* the injection library saw a launch: cupti_launch; its user stack */
+	EVENT_CUPTI_STATUS = 8, /* the injection library's state: cupti_status; nothing after */
 };
 
-/* One record of the `samples` ring buffer. CUDA records end after user_stack's used entries:
- * they have no kernel part, and most of their stack is short. */
-struct sample_event {
+/* Who and when: every record. */
+struct event_header {
 	__u32 kind; /* enum event_kind */
 	__u32 pid;
 	__u32 tid;
 	__u32 cpu;
-	__u64 timestamp_ns;
+	__u64 timestamp_ns; /* CLOCK_BOOTTIME */
+	char comm[COMM_LEN];
+};
+
+/* How the record's stack came out. Zero in the kinds without a stack. */
+struct event_stack {
 	/* Bytes as bpf_get_stack() returns them: negative is an error code, 0 an empty stack. */
 	__s32 kernel_stack_bytes;
-	__u32 user_frames;        /* entries of user_stack in use */
-	__u32 unwind_status;      /* enum unwind_status */
-	__u32 api;                /* enum cuda_api */
-	__s32 result;             /* the call's CUresult or cudaError_t */
-	__u32 device;             /* the calling thread's current device, or the one asked for */
-	__u64 duration_ns;        /* entry to return */
-	__u64 size;               /* bytes asked for; for EVENT_CUDA_KERNEL the name's length */
-	__u64 addr;               /* device pointer, memory handle, or kernel (function) */
-	__u64 aux;                /* cuMemMap: the handle mapped at addr */
-	__u64 hook_ns;            /* time the return hook's program took (unwinding included) */
+	__u32 user_frames;   /* entries of user_stack in use */
+	__u32 unwind_status; /* enum unwind_status */
 	/* The file under the user leaf, when the unwinder did not know the process or the mapping
-	 * (a process that may be gone before user space reads its maps): its inode, size, device (the
-	 * kernel's encoding) and the leaf's offset in it. leaf_ino 0: not taken. */
+	 * (a process that may be gone before user space reads its maps): its device (the kernel's
+	 * encoding), inode, size and the leaf's offset in it. leaf_ino 0: not taken. */
+	__u32 leaf_dev;
 	__u64 leaf_ino;
 	__u64 leaf_size;
 	__u64 leaf_offset;
-	__u32 leaf_dev;
-	__u32 _leaf_pad;
-	char comm[COMM_LEN];
+};
+
+/* EVENT_CUDA_CALL: the return of an outermost hooked call. */
+struct cuda_call_payload {
+	__u32 api;         /* enum cuda_api */
+	__s32 result;      /* the call's CUresult or cudaError_t */
+	__u32 device;      /* the calling thread's current device, or the one asked for */
+	__u32 _pad;
+	__u64 duration_ns; /* entry to return */
+	__u64 size;        /* bytes allocated, or mapped or unmapped */
+	__u64 addr;        /* the device pointer or handle allocated or freed, the address mapped or
+			    * unmapped, the kernel launched */
+	__u64 handle;      /* cuMemMap: the physical memory handle mapped at addr */
+	__u64 hook_ns;     /* time the return hook's program took (unwinding included) */
+};
+
+/* EVENT_CUDA_KERNEL: a kernel handle that cuModuleGetFunction returned. */
+struct kernel_name_payload {
+	__u64 handle;   /* the CUfunction */
+	__u32 name_len; /* bytes of its name, which follows the fixed part */
+	__u32 _pad;
+};
+
+/* EVENT_CUPTI_KERNELS: kernel records that the injection library passed on. */
+struct cupti_kernels_payload {
+	__u32 count; /* struct cupti_kernel records after the fixed part */
+	__u32 _pad;
+	__u64 dropped_total; /* records the library dropped to its rate bound so far */
+};
+
+/* EVENT_CUPTI_NAME: the name behind a kernel name id of the injection library. */
+struct cupti_name_payload {
+	__u32 id;
+	__u32 name_len; /* bytes of the name, which follows the fixed part */
+};
+
+/* EVENT_CUPTI_LAUNCH: a launch the injection library saw, from inside it. */
+struct cupti_launch_payload {
+	__u32 correlation; /* CUPTI's id of the launch, which its kernel records carry */
+	__u32 callback;    /* CUPTI's callback id: which launch function */
+};
+
+/* EVENT_CUPTI_STATUS: whether the injection library gets GPU time, and what it waits for. */
+struct cupti_status_payload {
+	__s32 code;        /* 0 active, 1 no libcupti, 2 another subscriber, 3 error, 4 waiting for
+			    * gpuflame to set the ready word */
+	__u32 _pad;
+	__u64 ready_word;  /* the address of the word it waits on */
+};
+
+/* EVENT_OFFCPU_STACK: where a target thread left the CPU. */
+struct offcpu_stack_payload {
+	__u64 wait;  /* its number within the thread, which the wait's offcpu_end carries */
+	__u32 state; /* the thread's state at the switch (prev_state) */
+	__u32 _pad;
+};
+
+/* EVENT_OFFCPU_END: a wait ended. */
+struct offcpu_end_payload {
+	__u64 wait;           /* the offcpu_stack it belongs to; 0: the wait was not unwound */
+	__u64 off_ns;         /* its time off the CPU */
+	__u64 not_unwound_ns; /* off time of the thread's waits not unwound since its last record */
+};
+
+union event_payload {
+	struct cuda_call_payload cuda_call; /* the largest first: a zeroed union is all zeroes */
+	struct kernel_name_payload kernel_name;
+	struct cupti_kernels_payload cupti_kernels;
+	struct cupti_name_payload cupti_name;
+	struct cupti_launch_payload cupti_launch;
+	struct cupti_status_payload cupti_status;
+	struct offcpu_stack_payload offcpu_stack;
+	struct offcpu_end_payload offcpu_end;
+};
+
+/* Records are sent cut after what their kind uses (EVENT_FIXED_BYTES, then its stack or name):
+ * only CPU samples go whole. Kinds that carry a name or kernel records carry them where the
+ * stack would be, from user_stack on. */
+struct event_record {
+	struct event_header header;
+	struct event_stack stack;
+	union event_payload payload;
 	__u64 user_stack[MAX_USER_FRAMES];
 	__u64 kernel_stack[MAX_KERNEL_FRAMES];
 };
 
-/* The hooked CUDA functions, passed to the hooks as the attach cookie. */
-enum cuda_api {
-	CUDA_API_NONE = 0,
-	/* allocations: out-pointer arg 0, size arg 1 */
-	CUDA_MALLOC = 1,
-	CUDA_MALLOC_ASYNC = 2,
-	CUDA_MALLOC_MANAGED = 3,
-	CU_MEM_ALLOC = 4,          /* cuMemAlloc_v2 */
-	CU_MEM_ALLOC_ASYNC = 5,
-	CU_MEM_ALLOC_MANAGED = 6,
-	CU_MEM_CREATE = 7,         /* physical memory; out-handle arg 0, size arg 1, prop arg 2 */
-	/* frees: pointer or handle arg 0 */
-	CUDA_FREE = 8,
-	CUDA_FREE_ASYNC = 9,
-	CU_MEM_FREE = 10,          /* cuMemFree_v2 */
-	CU_MEM_FREE_ASYNC = 11,
-	CU_MEM_RELEASE = 12,
-	/* virtual memory: which handle backs which addresses */
-	CU_MEM_MAP = 13,           /* (ptr, size, offset, handle, flags) */
-	CU_MEM_UNMAP = 14,         /* (ptr, size) */
-	/* launches: kernel arg 0, or arg 1 for the Ex forms */
-	CUDA_LAUNCH_KERNEL = 15,
-	CUDA_LAUNCH_KERNEL_PTSZ = 16,
-	CUDA_LAUNCH_KERNEL_EXC = 17,
-	CUDA_LAUNCH_KERNEL_EXC_PTSZ = 18,
-	CU_LAUNCH_KERNEL = 19,
-	CU_LAUNCH_KERNEL_PTSZ = 20,
-	CU_LAUNCH_KERNEL_EX = 21,
-	CU_LAUNCH_KERNEL_EX_PTSZ = 22,
-	CUDA_GRAPH_LAUNCH = 23,
-	CUDA_GRAPH_LAUNCH_PTSZ = 24,
-	CU_GRAPH_LAUNCH = 25,
-	CU_GRAPH_LAUNCH_PTSZ = 26,
-	/* synchronisations and copies: time only */
-	CUDA_DEVICE_SYNCHRONIZE = 27,
-	CUDA_STREAM_SYNCHRONIZE = 28,
-	CUDA_EVENT_SYNCHRONIZE = 29,
-	CUDA_MEMCPY = 30,
-	CUDA_MEMCPY_ASYNC = 31,
-	CU_CTX_SYNCHRONIZE = 32,
-	CU_STREAM_SYNCHRONIZE = 33,
-	CU_EVENT_SYNCHRONIZE = 34,
-	CU_MEMCPY_HTOD = 35,       /* the _v2 entry points */
-	CU_MEMCPY_DTOH = 36,
-	CU_MEMCPY_DTOD = 37,
-	CU_MEMCPY_ASYNC = 38,
-	CU_MEMCPY_HTOD_ASYNC = 39,
-	CU_MEMCPY_DTOH_ASYNC = 40,
-	/* bookkeeping */
-	CU_MODULE_GET_FUNCTION = 41, /* (CUfunction *out, CUmodule, const char *name) */
-	CUDA_SET_DEVICE = 42,
-	/* gpuflame's CUPTI injection library */
-	CUPTI_LAUNCH = 43,         /* (correlation id, callback id): a launch, stack wanted */
-	CUPTI_KERNELS = 44,        /* (records, count, dropped so far): kernel activity records */
-	CUPTI_NAME = 45,           /* (name id, name) */
-	CUPTI_STATUS = 46,         /* (code, ready word): 0 active, 1 no libcupti, 2 another subscriber,
-	                            * 3 error, 4 waiting for gpuflame to set the ready word */
-	CUDA_API_MAX = 47,
-};
-
-/* Hooked calls nest (cudaMalloc calls cuMemAlloc_v2): per thread and class, only the outermost
- * call counts. */
-enum cuda_class {
-	CUDA_CLASS_ALLOC = 0,
-	CUDA_CLASS_FREE = 1,
-	CUDA_CLASS_MAP = 2,
-	CUDA_CLASS_LAUNCH = 3,
-	CUDA_CLASS_API = 4,
-	CUDA_CLASS_META = 5,
-	CUDA_CLASS_CUPTI = 6,  /* handled at entry: no return hook */
-};
-
-/* A kernel activity record as the injection library passes it (struct gpuflame_kernel). */
-struct cupti_kernel {
-	__u64 start;
-	__u64 end;
-	__u32 correlation;
-	__u32 device;
-	__u32 stream;
-	__u32 name_id;
-	__u32 graph;
-	__u32 pad;
-	__u64 graph_node;
-};
-
-/* Records per EVENT_CUPTI_KERNELS, which follow the header where a user stack would: one hook
- * hit per 682 kernels (32 KiB of records). */
-#define CUPTI_BATCH 682
-#define CUPTI_BATCH_MASK 0x7fff
+#define EVENT_FIXED_BYTES __builtin_offsetof(struct event_record, user_stack)
 
 /* Where ring records of CUDA calls are built: not the sampler's entry, whose programs can
  * interrupt a hook. */
@@ -185,45 +181,6 @@ struct process_event {
 	__u32 pid;
 	__u32 kind;
 	__u64 addr;
-};
-
-/* Indices of the per-CPU `counters` array. */
-enum counter {
-	COUNTER_SAMPLES = 0,       /* samples of target processes seen by the program */
-	COUNTER_LOST = 1,          /* ring buffer full: sample dropped */
-	COUNTER_KSTACK_FAILED = 2, /* bpf_get_stack() failed on the kernel stack */
-	COUNTER_USTACK_FAILED = 3, /* the user stack ended before its outermost frame */
-	COUNTER_TARGETS_FULL = 4,  /* a descendant could not be added to `targets` */
-	COUNTER_UNWIND_NO_PROCESS = 5,
-	COUNTER_UNWIND_NO_MAPPING = 6,
-	COUNTER_UNWIND_NO_ROW = 7,
-	COUNTER_UNWIND_BAD_CFA = 8,
-	COUNTER_UNWIND_READ_FAULT = 9,
-	COUNTER_UNWIND_TRUNCATED = 10,
-	COUNTER_UNWIND_FP_FALLBACK = 11, /* frames stepped with frame pointers for lack of rows */
-	COUNTER_PROCESS_EVENTS_LOST = 12,
-	COUNTER_PY_NO_THREAD = 13,   /* the sampled thread's PyThreadState was not found */
-	COUNTER_PY_READ_FAULT = 14,  /* reading interpreter memory failed */
-	COUNTER_PY_FRAMES = 15,      /* Python frames emitted */
-	COUNTER_CUDA_CALLS = 16,     /* outermost hooked CUDA calls seen returning */
-	COUNTER_CUDA_LOST = 17,      /* CUDA records dropped: ring buffer full */
-	COUNTER_CUDA_CALLS_FULL = 18,/* calls not followed: the in-flight call table was full */
-	COUNTER_CUDA_RACE = 19,      /* a record's scratch was reused by another hook before it went */
-	COUNTER_UNWIND_NO_TABLE_YET = 20, /* stacks that stopped at a file whose table was not built */
-	COUNTER_UNWIND_BAD_FRAME = 21,    /* stacks that stopped at code without CFI */
-	COUNTER_UNWIND_FP_REJECTED = 22,  /* frame-pointer steps rejected: not a return address */
-	COUNTER_UNWIND_SCANNED = 23,      /* frames found by scanning the stack for a return address */
-	COUNTER_PY_AFTER_GAP = 24,        /* samples whose Python frames follow a native gap */
-	COUNTER_PY_TRUNCATED = 25,        /* Python frames left out: the sample had no room */
-	COUNTER_MMAP_THROTTLED = 26,      /* code mappings not reported: the process used its budget */
-	COUNTER_OFFCPU_SWITCHES = 27,     /* switch-outs of target threads */
-	COUNTER_OFFCPU_UNWOUND = 28,      /* of them, unwound and sent with their stack */
-	COUNTER_OFFCPU_BUDGET = 29,       /* not unwound: their CPU's unwind budget was spent */
-	COUNTER_OFFCPU_LOST = 30,         /* off-CPU records dropped: ring buffer full */
-	COUNTER_OFFCPU_FULL = 31,         /* threads not followed: no task storage could be made */
-	COUNTER_OFFCPU_FOLLOWED = 32,     /* target threads given off-CPU state */
-	COUNTER_OFFCPU_RELEASED = 33,     /* of them, released at their exit */
-	COUNTER_MAX = 34,
 };
 
 /* Which processes are sampled, set before load. */

@@ -3,6 +3,7 @@
 #define GPUFLAME_MAPS_H
 
 #include "events.h"
+#include "counters.h"
 
 #define MAX_TARGETS 65536
 #define MAX_PROCESSES 16384
@@ -44,7 +45,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, SCRATCH_SLOTS);
 	__type(key, __u32);
-	__type(value, struct sample_event);
+	__type(value, struct event_record);
 } sample_scratch SEC(".maps");
 
 /* tgid -> its executable mappings. Allocated on use: most processes never appear. */

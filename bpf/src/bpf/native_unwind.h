@@ -44,16 +44,16 @@ __noinline __u64 uretprobe_original(__u64 slot, __u64 ra)
 static long leaf_file_of_vma(struct task_struct *task, struct vm_area_struct *vma, void *data)
 {
 	__u32 slot = SCRATCH_SAMPLER;
-	struct sample_event *e = bpf_map_lookup_elem(&sample_scratch, &slot);
+	struct event_record *e = bpf_map_lookup_elem(&sample_scratch, &slot);
 	struct file *file = BPF_CORE_READ(vma, vm_file);
 	__u64 *ip = data;
 
 	if (!file || !e)
 		return 0;
-	e->leaf_ino = BPF_CORE_READ(file, f_inode, i_ino);
-	e->leaf_size = BPF_CORE_READ(file, f_inode, i_size);
-	e->leaf_dev = BPF_CORE_READ(file, f_inode, i_sb, s_dev);
-	e->leaf_offset = *ip - BPF_CORE_READ(vma, vm_start) + (BPF_CORE_READ(vma, vm_pgoff) << 12);
+	e->stack.leaf_ino = BPF_CORE_READ(file, f_inode, i_ino);
+	e->stack.leaf_size = BPF_CORE_READ(file, f_inode, i_size);
+	e->stack.leaf_dev = BPF_CORE_READ(file, f_inode, i_sb, s_dev);
+	e->stack.leaf_offset = *ip - BPF_CORE_READ(vma, vm_start) + (BPF_CORE_READ(vma, vm_pgoff) << 12);
 	return 0;
 }
 
@@ -74,7 +74,7 @@ static __always_inline void note_leaf_file(struct native_unwind_state *st)
  * verifier checks it once with the state unknown instead of along every path of the loop. */
 __noinline long unwind_one(struct native_unwind_state *st)
 {
-	struct sample_event *e;
+	struct event_record *e;
 	struct process_info *proc;
 	struct exec_mapping *m;
 	struct unwind_rule *rule;
@@ -237,35 +237,35 @@ static long py_rest_step(__u32 i, void *arg)
 }
 
 /* Unwinds the current task's user stack into `e`, which is sample_scratch entry `slot`. */
-static __always_inline void unwind_user_stack(struct sample_event *e, __u32 slot)
+static __always_inline void unwind_user_stack(struct event_record *e, __u32 slot)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
 	struct pt_regs *regs;
 	struct native_unwind_state st = {};
 
-	e->user_frames = 0;
-	e->leaf_ino = 0;
+	e->stack.user_frames = 0;
+	e->stack.leaf_ino = 0;
 	if (task->flags & 0x00200000 /* PF_KTHREAD */ || !task->mm) {
-		e->unwind_status = UNWIND_KERNEL_THREAD;
+		e->stack.unwind_status = UNWIND_KERNEL_THREAD;
 		return;
 	}
 	/* A short-lived process spends a good part of its life here: its user registers point into
 	 * the program that called execve, whose memory is (or is about to be) gone. */
 	if (BPF_CORE_READ_BITFIELD(task, in_execve)) {
-		e->unwind_status = UNWIND_IN_EXEC;
+		e->stack.unwind_status = UNWIND_IN_EXEC;
 		return;
 	}
 	regs = (struct pt_regs *)bpf_task_pt_regs(task);
 	if (!regs) {
-		e->unwind_status = UNWIND_READ_FAULT;
+		e->stack.unwind_status = UNWIND_READ_FAULT;
 		count_unwind_status(UNWIND_READ_FAULT);
 		return;
 	}
 	st.ip = BPF_CORE_READ(regs, ip);
 	st.sp = BPF_CORE_READ(regs, sp);
 	st.bp = BPF_CORE_READ(regs, bp);
-	st.pid = e->pid;
-	st.tid = e->tid;
+	st.pid = e->header.pid;
+	st.tid = e->header.tid;
 	st.slot = slot;
 	st.xol = BPF_CORE_READ(task, mm, uprobes_state.xol_area, vaddr);
 	st.status = UNWIND_TRUNCATED;
@@ -276,8 +276,8 @@ static __always_inline void unwind_user_stack(struct sample_event *e, __u32 slot
 	/* The Python frames are readable without the native stack: a gap in it keeps them. */
 	if (st.py.enabled && stopped_early(st.status))
 		bpf_loop(MAX_USER_FRAMES / 2, py_rest_step, &st, 0);
-	e->user_frames = st.frames;
-	e->unwind_status = st.status;
+	e->stack.user_frames = st.frames;
+	e->stack.unwind_status = st.status;
 	count_unwind_status(st.status);
 }
 

@@ -88,24 +88,23 @@ static __always_inline bool take_unwind_token(__u64 now)
  * unwound since the last record of the thread. A header-sized record, no stack. */
 static __always_inline void send_offcpu_end(struct task_struct *task, struct offcpu_thread *t, __u64 off_ns)
 {
-	struct sample_event *e;
+	struct event_record *e;
 	__u32 slot = SCRATCH_OFFCPU;
 
 	e = bpf_map_lookup_elem(&sample_scratch, &slot);
 	if (!e)
 		return;
-	e->kind = EVENT_OFFCPU_END;
-	e->pid = task->tgid;
-	e->tid = task->pid;
-	e->cpu = bpf_get_smp_processor_id();
-	e->timestamp_ns = bpf_ktime_get_boot_ns();
-	e->addr = t->seq;
-	e->duration_ns = off_ns;
-	e->aux = t->unsent_ns;
-	e->user_frames = 0;
-	e->kernel_stack_bytes = 0;
-	__builtin_memcpy(e->comm, task->comm, sizeof(e->comm));
-	if (bpf_ringbuf_output(&samples, e, offsetof(struct sample_event, user_stack), BPF_RB_NO_WAKEUP))
+	e->header.kind = EVENT_OFFCPU_END;
+	e->header.pid = task->tgid;
+	e->header.tid = task->pid;
+	e->header.cpu = bpf_get_smp_processor_id();
+	e->header.timestamp_ns = bpf_ktime_get_boot_ns();
+	__builtin_memcpy(e->header.comm, task->comm, sizeof(e->header.comm));
+	__builtin_memset(&e->stack, 0, sizeof(e->stack));
+	e->payload.offcpu_end.wait = t->seq;
+	e->payload.offcpu_end.off_ns = off_ns;
+	e->payload.offcpu_end.not_unwound_ns = t->unsent_ns;
+	if (bpf_ringbuf_output(&samples, e, EVENT_FIXED_BYTES, BPF_RB_NO_WAKEUP))
 		count(COUNTER_OFFCPU_LOST);
 	else
 		t->unsent_ns = 0;
@@ -117,7 +116,7 @@ static __always_inline void offcpu_switch_out(void *ctx, struct task_struct *pre
 {
 	__u32 tid = prev->pid, slot = SCRATCH_OFFCPU, frames;
 	struct offcpu_thread *t;
-	struct sample_event *e;
+	struct event_record *e;
 	long kbytes;
 	__u64 size;
 	bool preempted;
@@ -161,19 +160,17 @@ static __always_inline void offcpu_switch_out(void *ctx, struct task_struct *pre
 		t->tokens--;
 	t->seq = ++t->next_seq;
 	count(COUNTER_OFFCPU_UNWOUND);
-	e->kind = EVENT_OFFCPU_STACK;
-	e->pid = prev->tgid;
-	e->tid = tid;
-	e->cpu = bpf_get_smp_processor_id();
-	e->timestamp_ns = bpf_ktime_get_boot_ns();
-	e->api = prev_state;
-	e->addr = t->seq;
-	e->duration_ns = 0;
-	e->aux = 0;
-	e->size = 0;
-	bpf_get_current_comm(e->comm, sizeof(e->comm));
+	e->header.kind = EVENT_OFFCPU_STACK;
+	e->header.pid = prev->tgid;
+	e->header.tid = tid;
+	e->header.cpu = bpf_get_smp_processor_id();
+	e->header.timestamp_ns = bpf_ktime_get_boot_ns();
+	bpf_get_current_comm(e->header.comm, sizeof(e->header.comm));
+	e->payload.offcpu_stack.wait = t->seq;
+	e->payload.offcpu_stack.state = prev_state;
+	e->payload.offcpu_stack._pad = 0;
 	unwind_user_stack(e, slot);
-	frames = e->user_frames;
+	frames = e->stack.user_frames;
 	if (frames > MAX_USER_FRAMES)
 		frames = MAX_USER_FRAMES;
 	/* user_stack and kernel_stack are one array of MAX_USER_FRAMES + MAX_KERNEL_FRAMES slots. */
@@ -184,8 +181,8 @@ static __always_inline void offcpu_switch_out(void *ctx, struct task_struct *pre
 		count(COUNTER_KSTACK_FAILED);
 		kbytes = 0;
 	}
-	e->kernel_stack_bytes = kbytes;
-	size = offsetof(struct sample_event, user_stack) + (__u64)frames * 8 + (kbytes & 0x3ff);
+	e->stack.kernel_stack_bytes = kbytes;
+	size = EVENT_FIXED_BYTES + (__u64)frames * 8 + (kbytes & 0x3ff);
 	if (size > sizeof(*e))
 		size = sizeof(*e);
 	if (bpf_ringbuf_output(&samples, e, size, BPF_RB_NO_WAKEUP)) {

@@ -89,7 +89,7 @@ __noinline __u64 py_current_frame(__u32 pid, __u32 tid)
 }
 
 /* Writes one Python frame (two slots) into the sample; returns false when there is no room. */
-static __always_inline bool py_emit(struct sample_event *e, __u32 *frames, __u64 code, __u64 second)
+static __always_inline bool py_emit(struct event_record *e, __u32 *frames, __u64 code, __u64 second)
 {
 	if (*frames + 2 > MAX_USER_FRAMES)
 		return false;
@@ -102,7 +102,7 @@ static __always_inline bool py_emit(struct sample_event *e, __u32 *frames, __u64
 
 /* Emits the frame at f, which runs code object `code`: its address tagged with its name,
  * then its first line and last instruction. Returns false when the sample is full. */
-static __always_inline bool py_emit_frame(struct sample_event *e, __u32 *frames, struct py_offsets *o, __u64 f, __u64 code)
+static __always_inline bool py_emit_frame(struct event_record *e, __u32 *frames, struct py_offsets *o, __u64 f, __u64 code)
 {
 	__u64 instr = 0, lasti = 0, name = 0, tag = 0, x;
 	__s64 len_hash[2] = {};
@@ -129,7 +129,7 @@ static __always_inline bool py_emit_frame(struct sample_event *e, __u32 *frames,
 
 /* One step of emitting: one Python frame, or the end of this eval-loop call's frames.
  * Returns false when the sample is full. */
-static __always_inline bool py_step(struct py_walk *w, __u32 pid, __u32 *frames, struct sample_event *e)
+static __always_inline bool py_step(struct py_walk *w, __u32 pid, __u32 *frames, struct event_record *e)
 {
 	struct py_process *p = bpf_map_lookup_elem(&python_processes, &pid);
 	struct py_offsets *o;
@@ -173,7 +173,7 @@ static __always_inline bool py_step(struct py_walk *w, __u32 pid, __u32 *frames,
  * Returns 1 when done, 0 to go on. Global, so that the verifier checks it once. */
 __noinline long py_emit_rest(struct py_walk *w, __u32 pid, __u32 tid, __u32 *frames, __u32 slot)
 {
-	struct sample_event *e = bpf_map_lookup_elem(&sample_scratch, &slot);
+	struct event_record *e = bpf_map_lookup_elem(&sample_scratch, &slot);
 	struct py_process *p = bpf_map_lookup_elem(&python_processes, &pid);
 	struct py_offsets *o;
 	__u64 f, code = 0, previous = 0;

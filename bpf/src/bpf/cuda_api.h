@@ -1,0 +1,97 @@
+/* The CUDA functions the hooks know, and the records of gpuflame's CUPTI injection library: the
+ * numbering both sides use (the attach cookie). Which class each function is in is a table in
+ * cuda_hooks.h that the Rust side checks against its own list. */
+#ifndef GPUFLAME_CUDA_API_H
+#define GPUFLAME_CUDA_API_H
+
+/* The hooked CUDA functions, passed to the hooks as the attach cookie. */
+enum cuda_api {
+	CUDA_API_NONE = 0,
+	/* allocations: out-pointer arg 0, size arg 1 */
+	CUDA_MALLOC = 1,
+	CUDA_MALLOC_ASYNC = 2,
+	CUDA_MALLOC_MANAGED = 3,
+	CU_MEM_ALLOC = 4,          /* cuMemAlloc_v2 */
+	CU_MEM_ALLOC_ASYNC = 5,
+	CU_MEM_ALLOC_MANAGED = 6,
+	CU_MEM_CREATE = 7,         /* physical memory; out-handle arg 0, size arg 1, prop arg 2 */
+	/* frees: pointer or handle arg 0 */
+	CUDA_FREE = 8,
+	CUDA_FREE_ASYNC = 9,
+	CU_MEM_FREE = 10,          /* cuMemFree_v2 */
+	CU_MEM_FREE_ASYNC = 11,
+	CU_MEM_RELEASE = 12,
+	/* virtual memory: which handle backs which addresses */
+	CU_MEM_MAP = 13,           /* (ptr, size, offset, handle, flags) */
+	CU_MEM_UNMAP = 14,         /* (ptr, size) */
+	/* launches: kernel arg 0, or arg 1 for the Ex forms */
+	CUDA_LAUNCH_KERNEL = 15,
+	CUDA_LAUNCH_KERNEL_PTSZ = 16,
+	CUDA_LAUNCH_KERNEL_EXC = 17,
+	CUDA_LAUNCH_KERNEL_EXC_PTSZ = 18,
+	CU_LAUNCH_KERNEL = 19,
+	CU_LAUNCH_KERNEL_PTSZ = 20,
+	CU_LAUNCH_KERNEL_EX = 21,
+	CU_LAUNCH_KERNEL_EX_PTSZ = 22,
+	CUDA_GRAPH_LAUNCH = 23,
+	CUDA_GRAPH_LAUNCH_PTSZ = 24,
+	CU_GRAPH_LAUNCH = 25,
+	CU_GRAPH_LAUNCH_PTSZ = 26,
+	/* synchronisations and copies: time only */
+	CUDA_DEVICE_SYNCHRONIZE = 27,
+	CUDA_STREAM_SYNCHRONIZE = 28,
+	CUDA_EVENT_SYNCHRONIZE = 29,
+	CUDA_MEMCPY = 30,
+	CUDA_MEMCPY_ASYNC = 31,
+	CU_CTX_SYNCHRONIZE = 32,
+	CU_STREAM_SYNCHRONIZE = 33,
+	CU_EVENT_SYNCHRONIZE = 34,
+	CU_MEMCPY_HTOD = 35,       /* the _v2 entry points */
+	CU_MEMCPY_DTOH = 36,
+	CU_MEMCPY_DTOD = 37,
+	CU_MEMCPY_ASYNC = 38,
+	CU_MEMCPY_HTOD_ASYNC = 39,
+	CU_MEMCPY_DTOH_ASYNC = 40,
+	/* bookkeeping */
+	CU_MODULE_GET_FUNCTION = 41, /* (CUfunction *out, CUmodule, const char *name) */
+	CUDA_SET_DEVICE = 42,
+	/* gpuflame's CUPTI injection library */
+	CUPTI_LAUNCH = 43,         /* (correlation id, callback id): a launch, stack wanted */
+	CUPTI_KERNELS = 44,        /* (records, count, dropped so far): kernel activity records */
+	CUPTI_NAME = 45,           /* (name id, name) */
+	CUPTI_STATUS = 46,         /* (code, ready word): 0 active, 1 no libcupti, 2 another subscriber,
+	                            * 3 error, 4 waiting for gpuflame to set the ready word */
+	CUDA_API_MAX = 47,
+};
+
+/* Hooked calls nest (cudaMalloc calls cuMemAlloc_v2): per thread and class, only the outermost
+ * call counts. */
+enum cuda_class {
+	CUDA_CLASS_ALLOC = 0,
+	CUDA_CLASS_FREE = 1,
+	CUDA_CLASS_MAP = 2,
+	CUDA_CLASS_LAUNCH = 3,
+	CUDA_CLASS_API = 4,
+	CUDA_CLASS_META = 5,
+	CUDA_CLASS_CUPTI = 6,  /* handled at entry: no return hook */
+};
+
+/* A kernel activity record as the injection library passes it (struct gpuflame_kernel). */
+struct cupti_kernel {
+	__u64 start;
+	__u64 end;
+	__u32 correlation;
+	__u32 device;
+	__u32 stream;
+	__u32 name_id;
+	__u32 graph;
+	__u32 pad;
+	__u64 graph_node;
+};
+
+/* Records per EVENT_CUPTI_KERNELS, which follow the header where a user stack would: one hook
+ * hit per 682 kernels (32 KiB of records). */
+#define CUPTI_BATCH 682
+#define CUPTI_BATCH_MASK 0x7fff
+
+#endif

@@ -1,0 +1,160 @@
+//! The CUDA hooks' records: calls that returned, kernel names, and what gpuflame's CUPTI injection
+//! library passes on. The injection library's launches and status reach the profiler as calls of
+//! their functions ([`CudaApi::CuptiLaunch`], [`CudaApi::CuptiStatus`]), as their hooks are.
+
+use super::sample::{sample_of, Sample, StackRead};
+use super::Record;
+use crate::pod::read_pod;
+use crate::cuda::{CudaApi, CudaCall, GpuKernel, GpuKernelBatch, GpuKernelName, KernelName};
+use crate::skel::types;
+
+/// EVENT_CUDA_CALL: cut after the caller's user stack, which has no kernel part.
+pub(super) fn decode_call(r: &Record) -> Option<CudaCall> {
+    let types::cuda_call_payload { api, result, device, _pad: _, duration_ns, size, addr, handle, hook_ns } = r.payload();
+    Some(CudaCall {
+        sample: sample_of(r, &r.slots(), StackRead::Frames(Vec::new())),
+        api: CudaApi::from_raw(api)?,
+        result,
+        device,
+        duration_ns,
+        size,
+        addr,
+        handle,
+        hook_ns,
+    })
+}
+
+/// EVENT_CUPTI_LAUNCH: a call of the injection library's launch function, with the stack of the
+/// launch; `addr` is the correlation id, `handle` the callback id.
+pub(super) fn decode_cupti_launch(r: &Record) -> CudaCall {
+    let types::cupti_launch_payload { correlation, callback } = r.payload();
+    CudaCall {
+        addr: correlation.into(),
+        handle: callback.into(),
+        ..cupti_call(CudaApi::CuptiLaunch, sample_of(r, &r.slots(), StackRead::Frames(Vec::new())))
+    }
+}
+
+/// EVENT_CUPTI_STATUS: a call of the injection library's status function, without a stack;
+/// `result` is the status code, `addr` the address of the word it waits on.
+pub(super) fn decode_cupti_status(r: &Record) -> CudaCall {
+    let types::cupti_status_payload { code, _pad: _, ready_word } = r.payload();
+    CudaCall { result: code, addr: ready_word, ..cupti_call(CudaApi::CuptiStatus, sample_of(r, &[], StackRead::Frames(Vec::new()))) }
+}
+
+/// A call of one of the injection library's functions: what its payload does not carry is 0.
+fn cupti_call(api: CudaApi, sample: Sample) -> CudaCall {
+    CudaCall { sample, api, result: 0, device: 0, duration_ns: 0, size: 0, addr: 0, handle: 0, hook_ns: 0 }
+}
+
+/// EVENT_CUDA_KERNEL: the handle, and the name after the fixed part.
+pub(super) fn decode_kernel_name(r: &Record) -> KernelName {
+    let types::kernel_name_payload { handle, name_len, _pad: _ } = r.payload();
+    KernelName { pid: r.header.pid, handle, name: r.name(name_len) }
+}
+
+/// EVENT_CUPTI_NAME: the id, and the name after the fixed part.
+pub(super) fn decode_cupti_name(r: &Record) -> GpuKernelName {
+    let types::cupti_name_payload { id, name_len } = r.payload();
+    GpuKernelName { pid: r.header.pid, id, name: r.name(name_len) }
+}
+
+/// EVENT_CUPTI_KERNELS: the kernel records after the fixed part, in a record of their own size.
+pub(super) fn decode_cupti_kernels(r: &Record) -> GpuKernelBatch {
+    let types::cupti_kernels_payload { count, _pad: _, dropped_total } = r.payload();
+    let kernels = r
+        .tail()
+        .chunks_exact(size_of::<types::cupti_kernel>())
+        .take(count as usize)
+        .filter_map(read_pod::<types::cupti_kernel>)
+        .map(|k| {
+            let types::cupti_kernel { start, end, correlation, device, stream, name_id, graph, pad: _, graph_node } = k;
+            GpuKernel { start, end, correlation, device, stream, name_id, graph, graph_node }
+        })
+        .collect();
+    GpuKernelBatch { pid: r.header.pid, comm: r.comm(), kernels, dropped_total }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::tests::{header, record};
+    use crate::events::{decode_record, Event, UserFrame};
+    use crate::pod::as_bytes;
+
+    #[test]
+    fn decodes_a_cuda_record_cut_after_its_stack() {
+        let h = header(types::event_kind::EVENT_CUDA_CALL, 42, 42, "trainer");
+        let stack = types::event_stack { user_frames: 3, ..Default::default() };
+        let payload = types::cuda_call_payload {
+            api: types::cuda_api::CUDA_MALLOC.0,
+            result: 2,
+            device: 1,
+            _pad: 0,
+            duration_ns: 500,
+            size: 4096,
+            addr: 0x7000,
+            handle: 9,
+            hook_ns: 30,
+        };
+        let data = record(h, stack, &payload, &[0x10, 0x20, 0x30]);
+        let Some(Event::Cuda(c)) = decode_record(&data) else { panic!("not a CUDA call") };
+        assert_eq!((c.api, c.result, c.device, c.duration_ns), (CudaApi::CudaMalloc, 2, 1, 500));
+        assert_eq!((c.size, c.addr, c.handle, c.hook_ns, c.sample.pid), (4096, 0x7000, 9, 30, 42));
+        assert_eq!(c.sample.user_stack, vec![UserFrame::Native(0x10), UserFrame::Native(0x20), UserFrame::Native(0x30)]);
+        assert_eq!(c.sample.kernel_stack, StackRead::Frames(vec![]));
+        // A record that claims more frames than it carries keeps only those it carries.
+        let Some(Event::Cuda(c)) = decode_record(&data[..data.len() - 16]) else { panic!() };
+        assert_eq!(c.sample.user_stack.len(), 1);
+        // An api the hooks do not know is no call.
+        let data = record(h, stack, &types::cuda_call_payload { api: 0, ..payload }, &[]);
+        assert!(decode_record(&data).is_none());
+    }
+
+    #[test]
+    fn the_injection_library_s_launch_and_status_are_calls_of_its_functions() {
+        let h = header(types::event_kind::EVENT_CUPTI_LAUNCH, 42, 43, "trainer");
+        let stack = types::event_stack { user_frames: 1, ..Default::default() };
+        let data = record(h, stack, &types::cupti_launch_payload { correlation: 77, callback: 13 }, &[0x10]);
+        let Some(Event::Cuda(c)) = decode_record(&data) else { panic!("not a call") };
+        assert_eq!((c.api, c.addr, c.handle, c.sample.tid), (CudaApi::CuptiLaunch, 77, 13, 43));
+        assert_eq!(c.sample.user_stack, vec![UserFrame::Native(0x10)]);
+        let h = header(types::event_kind::EVENT_CUPTI_STATUS, 42, 43, "trainer");
+        let data = record(h, Default::default(), &types::cupti_status_payload { code: 4, _pad: 0, ready_word: 0x5000 }, &[]);
+        let Some(Event::Cuda(c)) = decode_record(&data) else { panic!("not a call") };
+        assert_eq!((c.api, c.result, c.addr), (CudaApi::CuptiStatus, 4, 0x5000));
+        assert!(c.sample.user_stack.is_empty());
+    }
+
+    #[test]
+    fn decodes_names_after_the_fixed_part() {
+        let name = |s: &str| {
+            let mut slots = vec![0u64; 32];
+            // SAFETY: viewing the u64s as their bytes.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(slots.as_mut_ptr().cast::<u8>(), 256) };
+            bytes[..s.len()].copy_from_slice(s.as_bytes());
+            slots
+        };
+        let h = header(types::event_kind::EVENT_CUDA_KERNEL, 42, 42, "trainer");
+        let data = record(h, Default::default(), &types::kernel_name_payload { handle: 0xf00d, name_len: 4, _pad: 0 }, &name("gemm"));
+        let Some(Event::KernelName(k)) = decode_record(&data) else { panic!("not a kernel name") };
+        assert_eq!(k, KernelName { pid: 42, handle: 0xf00d, name: "gemm".into() });
+        let h = header(types::event_kind::EVENT_CUPTI_NAME, 42, 42, "trainer");
+        let data = record(h, Default::default(), &types::cupti_name_payload { id: 3, name_len: 10 }, &name("flash_attn"));
+        let Some(Event::GpuKernelName(n)) = decode_record(&data) else { panic!("not a kernel name id") };
+        assert_eq!(n, GpuKernelName { pid: 42, id: 3, name: "flash_attn".into() });
+    }
+
+    #[test]
+    fn decodes_kernel_records_up_to_their_count() {
+        let k = |correlation| types::cupti_kernel { start: 1, end: 2, correlation, device: 0, stream: 7, name_id: 3, graph: 0, pad: 0, graph_node: 0 };
+        let h = header(types::event_kind::EVENT_CUPTI_KERNELS, 42, 42, "trainer");
+        let mut data = record(h, Default::default(), &types::cupti_kernels_payload { count: 2, _pad: 0, dropped_total: 5 }, &[]);
+        for c in [77, 78, 79] {
+            data.extend_from_slice(as_bytes(&k(c)));
+        }
+        let Some(Event::GpuKernels(b)) = decode_record(&data) else { panic!("not kernel records") };
+        assert_eq!((b.pid, b.comm.as_str(), b.dropped_total), (42, "trainer", 5));
+        assert_eq!(b.kernels.iter().map(|k| k.correlation).collect::<Vec<_>>(), vec![77, 78]);
+    }
+}

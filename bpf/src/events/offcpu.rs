@@ -1,0 +1,114 @@
+//! Off-CPU records: where a target thread left the CPU, and, at its return, how long it was away.
+
+use super::sample::{sample_of, Sample, StackRead};
+use super::{Record, USER_SLOTS};
+use crate::skel::types;
+
+/// Why a thread left the CPU: its scheduler state at the switch-out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OffCpuState {
+    /// TASK_RUNNING: it was preempted, and waited for a CPU.
+    Preempted,
+    /// TASK_INTERRUPTIBLE: it slept (a futex, a poll, a pipe, a sleep).
+    Sleeping,
+    /// TASK_UNINTERRUPTIBLE: disk I/O, page faults, some kernel locks.
+    Uninterruptible,
+    /// Stopped, traced, or another state.
+    Other,
+}
+
+impl OffCpuState {
+    fn from_raw(state: u32) -> Self {
+        match state & 0x3 {
+            0 if state == 0 => OffCpuState::Preempted,
+            1 => OffCpuState::Sleeping,
+            2 | 3 => OffCpuState::Uninterruptible,
+            _ => OffCpuState::Other,
+        }
+    }
+
+    /// The leaf frame that says so in a profile.
+    pub fn label(self) -> &'static str {
+        match self {
+            OffCpuState::Preempted => "[off-cpu: preempted]",
+            OffCpuState::Sleeping => "[off-cpu: sleeping]",
+            OffCpuState::Uninterruptible => "[off-cpu: uninterruptible]",
+            OffCpuState::Other => "[off-cpu: stopped or other]",
+        }
+    }
+}
+
+/// A target thread switched out: the stack where it left the CPU. Its time comes with the
+/// [`OffCpuEnd`] of the same `wait`.
+#[derive(Debug, Clone)]
+pub struct OffCpuStack {
+    pub sample: Sample,
+    /// The wait's number within its thread.
+    pub wait: u64,
+    pub state: OffCpuState,
+}
+
+/// A wait of a thread ended.
+#[derive(Debug, Clone)]
+pub struct OffCpuEnd {
+    pub pid: u32,
+    pub tid: u32,
+    pub comm: String,
+    /// The [`OffCpuStack`] it belongs to; 0 when this wait was not unwound.
+    pub wait: u64,
+    /// Its time off the CPU.
+    pub duration_ns: u64,
+    /// Time off the CPU of this thread's waits that were not unwound, since its last record.
+    pub not_unwound_ns: u64,
+}
+
+/// EVENT_OFFCPU_STACK: cut after its frames, the kernel ones right after the user ones (no room
+/// is sent for a user stack shorter than the most).
+pub(super) fn decode_stack(r: &Record) -> OffCpuStack {
+    let types::offcpu_stack_payload { wait, state, _pad: _ } = r.payload();
+    let slots = r.slots();
+    let users = (r.stack.user_frames as usize).min(slots.len()).min(USER_SLOTS);
+    let kernel_bytes = r.stack.kernel_stack_bytes.max(0) as usize;
+    let kernel_end = (users + kernel_bytes / size_of::<u64>()).min(slots.len());
+    let kernel = slots[users..kernel_end].iter().copied().take_while(|&ip| ip != 0).collect();
+    OffCpuStack { sample: sample_of(r, &slots[..users], StackRead::Frames(kernel)), wait, state: OffCpuState::from_raw(state) }
+}
+
+/// EVENT_OFFCPU_END: the fixed part alone.
+pub(super) fn decode_end(r: &Record) -> OffCpuEnd {
+    let types::offcpu_end_payload { wait, off_ns, not_unwound_ns } = r.payload();
+    OffCpuEnd { pid: r.header.pid, tid: r.header.tid, comm: r.comm(), wait, duration_ns: off_ns, not_unwound_ns }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::tests::{header, record};
+    use crate::events::{decode_record, Event, UserFrame};
+
+    #[test]
+    fn decodes_an_off_cpu_stack_with_its_kernel_frames_after_the_user_ones() {
+        let h = header(types::event_kind::EVENT_OFFCPU_STACK, 42, 44, "loader");
+        let stack = types::event_stack { kernel_stack_bytes: 16, user_frames: 2, ..Default::default() };
+        let payload = types::offcpu_stack_payload { wait: 7, state: 1, _pad: 0 };
+        let data = record(h, stack, &payload, &[0x10, 0x20, 0xffff_ffff_8100_0000, 0xffff_ffff_8200_0000]);
+        let Some(Event::OffCpu(o)) = decode_record(&data) else { panic!("not an off-CPU stack") };
+        assert_eq!((o.wait, o.state, o.sample.tid, o.sample.comm.as_str()), (7, OffCpuState::Sleeping, 44, "loader"));
+        assert_eq!(o.sample.user_stack, vec![UserFrame::Native(0x10), UserFrame::Native(0x20)]);
+        assert_eq!(o.sample.kernel_stack, StackRead::Frames(vec![0xffff_ffff_8100_0000, 0xffff_ffff_8200_0000]));
+        // A record cut short keeps what it carries.
+        let Some(Event::OffCpu(o)) = decode_record(&data[..data.len() - 8]) else { panic!() };
+        assert_eq!(o.sample.kernel_stack.frames().len(), 1);
+        assert_eq!(OffCpuState::from_raw(0), OffCpuState::Preempted);
+        assert_eq!(OffCpuState::from_raw(0x102), OffCpuState::Uninterruptible);
+    }
+
+    #[test]
+    fn decodes_the_end_of_a_wait() {
+        let h = header(types::event_kind::EVENT_OFFCPU_END, 42, 44, "loader");
+        let payload = types::offcpu_end_payload { wait: 7, off_ns: 5_000_000, not_unwound_ns: 300 };
+        let Some(Event::OffCpuEnd(end)) = decode_record(&record(h, Default::default(), &payload, &[])) else { panic!("not an off-CPU end") };
+        assert_eq!((end.pid, end.tid, end.comm.as_str()), (42, 44, "loader"));
+        assert_eq!((end.wait, end.duration_ns, end.not_unwound_ns), (7, 5_000_000, 300));
+    }
+}
