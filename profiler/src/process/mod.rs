@@ -7,3 +7,8 @@ mod tracker;
 
 pub use maps::{parse_maps, MapsEntry};
 pub use tracker::{ProcessTracker, TrackerStats};
+
+/// The most kernel memory for unwind tables, in MiB (1 TiB). Here rather than with either flag
+/// that takes it (`record --unwind-memory`, the agent's `unwind_memory`) so that the two share
+/// one bound without the command line and the agent's configuration importing each other.
+pub const MAX_UNWIND_MIB: u64 = 1 << 20;

@@ -2,36 +2,39 @@
 //! per executable file, shared by every process that maps it. Tables are built on threads of
 //! their own ([`TableBuilder`]): small files ahead of need, big ones when a sample first needs
 //! them; the least recently used are evicted when the memory budget is reached.
+//!
+//! This file keeps the processes; what a mapping's file is (`executables`), getting tables built
+//! and loaded (`tables`), making room for them (`room`), Python (`python`) and when a process is
+//! whole (`ready`) are each a file of their own, all of them one `ProcessTracker`.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use gpuflame_bpf::{CpuSampler, ExecMapping, MappingTable, ProcessEvent, ProcessEventKind, PythonProcess, TableId};
+use gpuflame_bpf::{CpuSampler, ExecMapping, MappingTable, ProcessEvent, ProcessEventKind, TableId};
 use gpuflame_elfread::FileId;
-use gpuflame_pyframes::{find_interpreter_with, Interpreter, Mapping};
+use gpuflame_pyframes::Interpreter;
 use gpuflame_symbolizer::MappedFile;
-use gpuflame_unwind::{load_bias, ElfProbe, ExecutableKey, LoadSegment};
+use gpuflame_unwind::{load_bias, ExecutableKey, LoadSegment};
 
-use super::builder::{BuildJob, Built, TableBuilder};
+use super::builder::TableBuilder;
 use super::maps::{parse_maps, MapsEntry};
-use super::procfs::{open_map_file, open_mapped_file, read_process_memory};
+use super::procfs::open_mapped_file;
 
+mod executables;
+mod python;
 mod ready;
 mod room;
+mod stats;
+mod tables;
 
-/// Files with at most this much CFI are built as soon as they are seen (~150k rows, ~10 ms: libc,
-/// libstdc++, libpython, a distribution's python executable); bigger ones (OpenBLAS 1.5 MiB,
-/// libtorch_cpu.so 17 MiB) only when a sample needs them, which keeps the builder's CPU off a
-/// `torch` import that maps 71 files.
-const EAGER_CFI_BYTES: u64 = 1 << 20;
+pub use stats::TrackerStats;
+
 /// A table that found no room is not asked for again before this.
 const NO_ROOM_RETRY: Duration = Duration::from_secs(10);
 /// Tables used this recently are not evicted: they are the working set.
 const WORKING_SET: Duration = Duration::from_secs(2);
-/// Paths kept per file for the builder: one per process that maps it, the latest first.
-const PATHS_PER_FILE: usize = 4;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum TableState {
@@ -54,26 +57,6 @@ struct Executable {
     /// The path as /proc/PID/maps names it, for messages.
     name: String,
     retry_after: Option<Instant>,
-}
-
-/// What the tracker did, for the summary and the benchmarks.
-#[derive(Debug, Clone, Default)]
-pub struct TrackerStats {
-    pub tables_built: usize,
-    pub rows_loaded: u64,
-    pub build_time: Duration,
-    /// Tables dropped because no process maps their file any more.
-    pub tables_evicted: usize,
-    /// Tables dropped to make room within the memory budget.
-    pub tables_evicted_for_room: usize,
-    pub table_failures: usize,
-    pub mappings_dropped: usize,
-    /// Files without unwind information.
-    pub files_without_cfi: usize,
-    /// Files whose tables did not fit in the budget, by name.
-    pub no_room: BTreeSet<String>,
-    /// When the first table a sample asked for was loaded, after the tracker started.
-    pub first_demanded_table: Option<Duration>,
 }
 
 pub struct ProcessTracker {
@@ -110,11 +93,6 @@ impl Default for ProcessTracker {
 const EXITED_GRACE: Duration = Duration::from_secs(5);
 
 impl ProcessTracker {
-    /// See [`TableBuilder::demand_at_low_priority`].
-    pub fn demand_tables_at_low_priority(&self, low: bool) {
-        self.builder.demand_at_low_priority(low);
-    }
-
     pub fn new() -> Self {
         ProcessTracker {
             builder: TableBuilder::start(),
@@ -243,136 +221,6 @@ impl ProcessTracker {
         }
     }
 
-    /// A sample of `pid` met the file mapped at `addr` without its table.
-    fn need_table(&mut self, sampler: &mut CpuSampler, pid: u32, addr: u64) {
-        let find = |t: &Self| -> Option<ExecutableKey> {
-            let i = t.entries.get(&pid)?.iter().position(|e| e.start <= addr && addr < e.end)?;
-            t.entry_keys.get(&pid)?.get(i)?.clone()
-        };
-        let key = match find(self) {
-            Some(k) => k,
-            None => {
-                self.refresh(sampler, pid);
-                let Some(k) = find(self) else { return };
-                k
-            }
-        };
-        let Some(exe) = self.executables.get_mut(&key) else { return };
-        if exe.retry_after.is_some_and(|t| Instant::now() < t) {
-            return;
-        }
-        match exe.state {
-            TableState::Unbuilt | TableState::Queued { urgent: false } => self.build_now(key),
-            TableState::Queued { urgent: true } => {}
-            // BPF's copy of the process is older than the table: tell it again.
-            TableState::Loaded { .. } | TableState::NoTable => self.push_process(sampler, pid),
-        }
-    }
-
-    /// Reads the process's mappings now and has the tables still queued for it built next, at
-    /// normal priority: it waits for them (see [`Self::tables_settled`]).
-    pub fn hurry(&mut self, sampler: &mut CpuSampler, pid: u32) {
-        self.refresh(sampler, pid);
-        self.build_soon(pid);
-    }
-
-    /// Has the tables queued for the process built next, at normal priority, rather than in the
-    /// background at low priority: for a process whose every hooked CUDA call is a record of its
-    /// own (an allocation, a launch), not a sample, and lost without a stack. Under load, a
-    /// background build of libc took longer than a short CUDA program lived.
-    pub fn build_soon(&mut self, pid: u32) {
-        let keys = self.processes.get(&pid).cloned().unwrap_or_default();
-        for key in keys {
-            if self.executables.get(&key).is_some_and(|exe| exe.state == (TableState::Queued { urgent: false })) {
-                self.build_now(key);
-            }
-        }
-    }
-
-    /// Queues the file's table ahead of the background builds, at normal priority.
-    fn build_now(&mut self, key: ExecutableKey) {
-        let Some(exe) = self.executables.get_mut(&key) else { return };
-        exe.state = TableState::Queued { urgent: true };
-        tracing::debug!(file = %exe.name, cfi_bytes = exe.cfi_bytes, "unwind table asked for by a sample");
-        self.builder.urgent(BuildJob { key, paths: exe.paths.clone(), cfi_bytes: exe.cfi_bytes, image: None, urgent: true, startup: false });
-    }
-
-    /// Whether no table of the process's files waits to be built. Files big enough to be built
-    /// only on demand do not count: their tables come when a stack first needs them.
-    pub fn tables_settled(&self, pid: u32) -> bool {
-        let queued = |k: &ExecutableKey| matches!(self.executables.get(k).map(|e| e.state), Some(TableState::Queued { .. }));
-        self.processes.get(&pid).is_none_or(|keys| !keys.iter().any(queued))
-    }
-
-    /// Loads the tables built since the last call and tells the processes that map them.
-    pub fn poll_tables(&mut self, sampler: &mut CpuSampler) {
-        for built in self.builder.finished() {
-            self.loaded(sampler, built);
-        }
-    }
-
-    /// Whether tables are being built.
-    pub fn building(&self) -> bool {
-        self.builder.busy()
-    }
-
-    /// Waits up to `timeout` for the tables queued so far, loading each as it comes.
-    pub fn wait_for_tables(&mut self, sampler: &mut CpuSampler, timeout: Duration) {
-        self.builder.promote_all();
-        let deadline = Instant::now() + timeout;
-        while self.builder.busy() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            // Short waits: the builder may have just finished, with nothing more to send.
-            if let Some(built) = self.builder.wait(left.min(Duration::from_millis(5))) {
-                self.loaded(sampler, built);
-            }
-        }
-        self.poll_tables(sampler);
-    }
-
-    fn loaded(&mut self, sampler: &mut CpuSampler, built: Built) {
-        if let Some(rules) = &built.rules {
-            if let Err(e) = sampler.load_rules(rules) {
-                tracing::warn!(error = %e, "cannot load unwind rules");
-            }
-        }
-        self.stats.build_time += built.elapsed;
-        let Some(exe) = self.executables.get(&built.key) else { return };
-        let urgent = exe.state == TableState::Queued { urgent: true };
-        let state = match built.table {
-            Ok(table) if table.is_empty() => {
-                self.stats.files_without_cfi += 1;
-                TableState::NoTable
-            }
-            Ok(table) => match self.insert(sampler, &built.key, &table, urgent) {
-                Some(id) => {
-                    self.stats.tables_built += 1;
-                    self.stats.rows_loaded += table.len() as u64;
-                    if urgent && self.stats.first_demanded_table.is_none() {
-                        self.stats.first_demanded_table = Some(self.started.elapsed());
-                    }
-                    tracing::debug!(file = %self.executables[&built.key].name, rows = table.len(), ms = built.elapsed.as_millis() as u64, urgent, "unwind table loaded");
-                    TableState::Loaded(id)
-                }
-                None => TableState::Unbuilt,
-            },
-            Err(e) => {
-                tracing::debug!(file = %exe.name, error = %e, "no unwind table");
-                self.stats.table_failures += 1;
-                TableState::NoTable
-            }
-        };
-        let Some(exe) = self.executables.get_mut(&built.key) else { return };
-        exe.state = state;
-        let users: Vec<u32> = exe.users.iter().copied().collect();
-        for pid in users {
-            self.push_process(sampler, pid);
-        }
-    }
-
     /// Forgets a process; evicts tables no other process uses.
     pub fn exited(&mut self, sampler: &mut CpuSampler, pid: u32) {
         sampler.remove_process(pid);
@@ -417,95 +265,6 @@ impl ProcessTracker {
         }
     }
 
-    /// The executable behind a mapping: known, or probed now and queued for its table.
-    fn executable_for(&mut self, pid: u32, entry: &MapsEntry) -> Option<ExecutableKey> {
-        let vdso = entry.path == "[vdso]";
-        if entry.inode == 0 && !vdso {
-            return None; // anonymous code (JIT): frame pointers and stack scans only
-        }
-        // map_files reaches the mapped file even when it was deleted or is in another mount
-        // namespace (a container).
-        let path = PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", entry.start, entry.end));
-        if vdso {
-            return self.vdso(pid, entry);
-        }
-        let inode_key = match std::fs::metadata(&path) {
-            Ok(m) => FileId::from(&m),
-            Err(e) => {
-                tracing::debug!(path = %entry.path, error = %e, "cannot stat the mapped file");
-                return None;
-            }
-        };
-        if let Some(key) = self.keys_by_inode.get(&inode_key).cloned() {
-            if let Some(exe) = self.executables.get_mut(&key) {
-                if !exe.paths.contains(&path) {
-                    exe.paths.insert(0, path);
-                    exe.paths.truncate(PATHS_PER_FILE);
-                }
-                return Some(key);
-            }
-        }
-        let probe = match ElfProbe::of_file(&path) {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::debug!(path = %entry.path, error = %e, "cannot read the mapped file");
-                return None;
-            }
-        };
-        let key = probe.key.clone();
-        self.keys_by_inode.insert(inode_key, key.clone());
-        if let Some(exe) = self.executables.get_mut(&key) {
-            if !exe.paths.contains(&path) {
-                exe.paths.insert(0, path);
-                exe.paths.truncate(PATHS_PER_FILE);
-            }
-            return Some(key);
-        }
-        let state = if probe.cfi_bytes == 0 {
-            self.stats.files_without_cfi += 1;
-            TableState::NoTable
-        } else if probe.cfi_bytes <= EAGER_CFI_BYTES {
-            self.builder.background(BuildJob { key: key.clone(), paths: vec![path.clone()], cfi_bytes: probe.cfi_bytes, image: None, urgent: false, startup: false });
-            TableState::Queued { urgent: false }
-        } else {
-            TableState::Unbuilt
-        };
-        let exe = Executable {
-            state,
-            segments: probe.segments,
-            cfi_bytes: probe.cfi_bytes,
-            users: HashSet::new(),
-            paths: vec![path],
-            name: entry.path.clone(),
-            retry_after: None,
-        };
-        self.executables.insert(key.clone(), exe);
-        Some(key)
-    }
-
-    /// The vDSO exists only in memory: its table is built from the process's copy, once.
-    fn vdso(&mut self, pid: u32, entry: &MapsEntry) -> Option<ExecutableKey> {
-        let data = read_process_memory(pid, entry.start, entry.end - entry.start)?;
-        // The vDSO is the same image in every process of this kernel.
-        let key = ExecutableKey::File { dev: 0, ino: 0, size: data.len() as u64, mtime_ns: 0 };
-        if self.executables.contains_key(&key) {
-            return Some(key);
-        }
-        let segments = ElfProbe::segments_of(&data).unwrap_or_default();
-        self.builder.background(BuildJob { key: key.clone(), paths: Vec::new(), cfi_bytes: 0, image: Some(data), urgent: false, startup: false });
-        let exe = Executable {
-            state: TableState::Queued { urgent: false },
-            segments,
-            cfi_bytes: 0,
-            users: HashSet::new(),
-            paths: Vec::new(),
-            name: entry.path.clone(),
-            retry_after: None,
-        };
-        self.executables.insert(key.clone(), exe);
-        Some(key)
-    }
-
     /// Loads every process that runs now (whole-machine recordings).
     pub fn refresh_all(&mut self, sampler: &mut CpuSampler) {
         let Ok(dir) = fs::read_dir("/proc") else { return };
@@ -514,52 +273,6 @@ impl ProcessTracker {
                 self.refresh(sampler, pid);
             }
         }
-    }
-
-    /// Finds CPython in the process and tells the walker; a Python it cannot support is profiled
-    /// natively, with one warning.
-    fn find_python(&mut self, sampler: &mut CpuSampler, pid: u32, entries: &[MapsEntry]) {
-        // Found once per program: an import maps hundreds of extensions, each a refresh, and
-        // finding the interpreter reads megabytes of symbols.
-        if self.pythons.contains_key(&pid) || self.python_warned.contains(&pid) {
-            return;
-        }
-        let maps: Vec<Mapping<'_>> = entries.iter().filter(|e| e.path.starts_with('/')).map(|e| Mapping { start: e.start, offset: e.offset, path: &e.path }).collect();
-        // The files are read through map_files: the paths are the process's, which in a container
-        // name other files (or none) here.
-        let open = |m: &Mapping<'_>| open_map_file(pid, entries, m.start);
-        let found = find_interpreter_with(&maps, open, |addr, len| read_process_memory(pid, addr, len as u64));
-        match found {
-            Ok(Some(interp)) => {
-                if self.pythons.get(&pid) == Some(&interp) {
-                    return;
-                }
-                let py = PythonProcess { runtime: interp.runtime_addr, eval_ranges: interp.eval_ranges.clone(), offsets: interp.offsets };
-                match sampler.set_python(pid, &py) {
-                    Ok(()) => {
-                        tracing::debug!(pid, version = ?interp.version, "Python process");
-                        self.pythons.insert(pid, interp);
-                    }
-                    Err(e) => tracing::warn!(pid, error = %e, "cannot describe the Python interpreter to the walker"),
-                }
-            }
-            Ok(None) => {}
-            Err(e) => {
-                if self.python_warned.insert(pid) {
-                    tracing::warn!(pid, "{e}; the process is profiled without Python frames");
-                }
-            }
-        }
-    }
-
-    /// The CPython interpreter of a process, also for a while after it exited.
-    pub fn python(&self, pid: u32) -> Option<&Interpreter> {
-        self.pythons.get(&pid)
-    }
-
-    /// Whether a Python interpreter runs in some tracked process.
-    pub fn has_python(&self) -> bool {
-        !self.pythons.is_empty()
     }
 
     /// The file mappings of a process (sorted by start), also for a while after it exited.

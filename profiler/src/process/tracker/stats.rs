@@ -1,0 +1,25 @@
+//! Counters of the tracker's work, apart from the work itself: the end-of-recording summary and
+//! the benchmarks read them, and neither needs to know how tables are built.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+/// What the tracker did, for the summary and the benchmarks.
+#[derive(Debug, Clone, Default)]
+pub struct TrackerStats {
+    pub tables_built: usize,
+    pub rows_loaded: u64,
+    pub build_time: Duration,
+    /// Tables dropped because no process maps their file any more.
+    pub tables_evicted: usize,
+    /// Tables dropped to make room within the memory budget.
+    pub tables_evicted_for_room: usize,
+    pub table_failures: usize,
+    pub mappings_dropped: usize,
+    /// Files without unwind information.
+    pub files_without_cfi: usize,
+    /// Files whose tables did not fit in the budget, by name.
+    pub no_room: BTreeSet<String>,
+    /// When the first table a sample asked for was loaded, after the tracker started.
+    pub first_demanded_table: Option<Duration>,
+}

@@ -1,0 +1,147 @@
+//! Unwind tables from queue to BPF: when a file's table is asked for ahead of the background
+//! builds, and what loading a finished one changes for the processes that map it.
+
+use std::time::{Duration, Instant};
+
+use gpuflame_bpf::CpuSampler;
+use gpuflame_unwind::ExecutableKey;
+
+use super::{ProcessTracker, TableState};
+use crate::process::builder::{BuildJob, Built};
+
+impl ProcessTracker {
+    /// See [`TableBuilder::demand_at_low_priority`](crate::process::builder::TableBuilder::demand_at_low_priority).
+    pub fn demand_tables_at_low_priority(&self, low: bool) {
+        self.builder.demand_at_low_priority(low);
+    }
+
+    /// A sample of `pid` met the file mapped at `addr` without its table.
+    pub(super) fn need_table(&mut self, sampler: &mut CpuSampler, pid: u32, addr: u64) {
+        let find = |t: &Self| -> Option<ExecutableKey> {
+            let i = t.entries.get(&pid)?.iter().position(|e| e.start <= addr && addr < e.end)?;
+            t.entry_keys.get(&pid)?.get(i)?.clone()
+        };
+        let key = match find(self) {
+            Some(k) => k,
+            None => {
+                self.refresh(sampler, pid);
+                let Some(k) = find(self) else { return };
+                k
+            }
+        };
+        let Some(exe) = self.executables.get_mut(&key) else { return };
+        if exe.retry_after.is_some_and(|t| Instant::now() < t) {
+            return;
+        }
+        match exe.state {
+            TableState::Unbuilt | TableState::Queued { urgent: false } => self.build_now(key),
+            TableState::Queued { urgent: true } => {}
+            // BPF's copy of the process is older than the table: tell it again.
+            TableState::Loaded { .. } | TableState::NoTable => self.push_process(sampler, pid),
+        }
+    }
+
+    /// Reads the process's mappings now and has the tables still queued for it built next, at
+    /// normal priority: it waits for them (see [`Self::tables_settled`]).
+    pub fn hurry(&mut self, sampler: &mut CpuSampler, pid: u32) {
+        self.refresh(sampler, pid);
+        self.build_soon(pid);
+    }
+
+    /// Has the tables queued for the process built next, at normal priority, rather than in the
+    /// background at low priority: for a process whose every hooked CUDA call is a record of its
+    /// own (an allocation, a launch), not a sample, and lost without a stack. Under load, a
+    /// background build of libc took longer than a short CUDA program lived.
+    pub fn build_soon(&mut self, pid: u32) {
+        let keys = self.processes.get(&pid).cloned().unwrap_or_default();
+        for key in keys {
+            if self.executables.get(&key).is_some_and(|exe| exe.state == (TableState::Queued { urgent: false })) {
+                self.build_now(key);
+            }
+        }
+    }
+
+    /// Queues the file's table ahead of the background builds, at normal priority.
+    fn build_now(&mut self, key: ExecutableKey) {
+        let Some(exe) = self.executables.get_mut(&key) else { return };
+        exe.state = TableState::Queued { urgent: true };
+        tracing::debug!(file = %exe.name, cfi_bytes = exe.cfi_bytes, "unwind table asked for by a sample");
+        self.builder.urgent(BuildJob { key, paths: exe.paths.clone(), cfi_bytes: exe.cfi_bytes, image: None, urgent: true, startup: false });
+    }
+
+    /// Whether no table of the process's files waits to be built. Files big enough to be built
+    /// only on demand do not count: their tables come when a stack first needs them.
+    pub fn tables_settled(&self, pid: u32) -> bool {
+        let queued = |k: &ExecutableKey| matches!(self.executables.get(k).map(|e| e.state), Some(TableState::Queued { .. }));
+        self.processes.get(&pid).is_none_or(|keys| !keys.iter().any(queued))
+    }
+
+    /// Loads the tables built since the last call and tells the processes that map them.
+    pub fn poll_tables(&mut self, sampler: &mut CpuSampler) {
+        for built in self.builder.finished() {
+            self.loaded(sampler, built);
+        }
+    }
+
+    /// Whether tables are being built.
+    pub fn building(&self) -> bool {
+        self.builder.busy()
+    }
+
+    /// Waits up to `timeout` for the tables queued so far, loading each as it comes.
+    pub fn wait_for_tables(&mut self, sampler: &mut CpuSampler, timeout: Duration) {
+        self.builder.promote_all();
+        let deadline = Instant::now() + timeout;
+        while self.builder.busy() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            // Short waits: the builder may have just finished, with nothing more to send.
+            if let Some(built) = self.builder.wait(left.min(Duration::from_millis(5))) {
+                self.loaded(sampler, built);
+            }
+        }
+        self.poll_tables(sampler);
+    }
+
+    fn loaded(&mut self, sampler: &mut CpuSampler, built: Built) {
+        if let Some(rules) = &built.rules {
+            if let Err(e) = sampler.load_rules(rules) {
+                tracing::warn!(error = %e, "cannot load unwind rules");
+            }
+        }
+        self.stats.build_time += built.elapsed;
+        let Some(exe) = self.executables.get(&built.key) else { return };
+        let urgent = exe.state == TableState::Queued { urgent: true };
+        let state = match built.table {
+            Ok(table) if table.is_empty() => {
+                self.stats.files_without_cfi += 1;
+                TableState::NoTable
+            }
+            Ok(table) => match self.insert(sampler, &built.key, &table, urgent) {
+                Some(id) => {
+                    self.stats.tables_built += 1;
+                    self.stats.rows_loaded += table.len() as u64;
+                    if urgent && self.stats.first_demanded_table.is_none() {
+                        self.stats.first_demanded_table = Some(self.started.elapsed());
+                    }
+                    tracing::debug!(file = %self.executables[&built.key].name, rows = table.len(), ms = built.elapsed.as_millis() as u64, urgent, "unwind table loaded");
+                    TableState::Loaded(id)
+                }
+                None => TableState::Unbuilt,
+            },
+            Err(e) => {
+                tracing::debug!(file = %exe.name, error = %e, "no unwind table");
+                self.stats.table_failures += 1;
+                TableState::NoTable
+            }
+        };
+        let Some(exe) = self.executables.get_mut(&built.key) else { return };
+        exe.state = state;
+        let users: Vec<u32> = exe.users.iter().copied().collect();
+        for pid in users {
+            self.push_process(sampler, pid);
+        }
+    }
+}
