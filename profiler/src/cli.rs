@@ -5,12 +5,11 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+pub use crate::process::MAX_UNWIND_MIB;
 use crate::record::{RecordOptions, DEFAULT_FREQUENCY_HZ};
 
 /// The longest `record -d`: a year. Without -d a recording runs until Ctrl-C.
 pub const MAX_DURATION_S: f64 = 365.0 * 86400.0;
-/// The most kernel memory for unwind tables, in MiB (1 TiB).
-pub const MAX_UNWIND_MIB: u64 = 1 << 20;
 
 #[derive(Parser, Debug)]
 #[command(name = "gpuflame", version, about = "Continuous profiler for AI infrastructure (eBPF): CPU flame graphs of whole machines, processes and commands")]

@@ -12,9 +12,12 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use gpuflame_bpf::{CudaApi, CudaCall, Event, GpuKernel, GpuKernelBatch, GpuKernelName, KernelName, OffCpuEnd, OffCpuStack, OffCpuState, Sample, StackRead, UnwindStatus, UserFrame};
 
+use crate::cuda::Coverage;
+use crate::frame::FrameKind;
 use crate::output::{self, Detail, Format, Rendering};
 use crate::profile::{Labels, Line, Location, Mapping, Profile, ProfileBuilder, KERNEL_MAPPING, PYTHON_MAPPING};
 use crate::profile_kind::ProfileKind;
+use crate::session::Collector;
 
 /// No process has this PID (above the kernel's largest, 2^22).
 const PID: u32 = 4_300_001;
@@ -110,14 +113,14 @@ pub(crate) fn hand_built() -> Profile {
     let python = b.mapping(&mut profile, Mapping { path: PYTHON_MAPPING.into(), build_id: None });
     let kernel = b.mapping(&mut profile, Mapping { path: KERNEL_MAPPING.into(), build_id: None });
     let libc = b.mapping(&mut profile, Mapping { path: "/usr/lib/libc.so.6".into(), build_id: Some("abcd".into()) });
-    let py = |f: &str, file: &str, line| Location { mapping: Some(python), address: 0, kernel: false, lines: vec![Line { function: f.into(), file: Some(file.into()), line: Some(line) }] };
+    let py = |f: &str, file: &str, line| Location { mapping: Some(python), address: 0, kernel: false, kind: FrameKind::Python, lines: vec![Line { function: f.into(), file: Some(file.into()), line: Some(line) }] };
     let module = b.location(&mut profile, py("<module>", "/srv/app/train.py", 3));
     let step = b.location(&mut profile, py("step", "/venv/lib/python3.11/site-packages/torch/nn.py", 41));
-    let unknown = b.location(&mut profile, Location { mapping: Some(python), address: 0, kernel: false, lines: vec![Line::function("[unknown python]")] });
-    let read = b.location(&mut profile, Location { mapping: Some(libc), address: 0x1234, kernel: false, lines: vec![Line { function: "read".into(), file: Some("read.c".into()), line: Some(9) }] });
-    let ksys = b.location(&mut profile, Location { mapping: Some(kernel), address: 0xffff_ffff_8100_0000, kernel: true, lines: vec![Line::function("ksys_read")] });
-    let malloc = b.location(&mut profile, Location { mapping: None, address: 0, kernel: false, lines: vec![Line::function("cudaMalloc")] });
-    let gpu = b.location(&mut profile, Location { mapping: None, address: 0, kernel: false, lines: vec![Line::function("[gpu] gemm")] });
+    let unknown = b.location(&mut profile, Location { mapping: Some(python), address: 0, kernel: false, kind: FrameKind::Marker, lines: vec![Line::function("[unknown python]")] });
+    let read = b.location(&mut profile, Location { mapping: Some(libc), address: 0x1234, kernel: false, kind: FrameKind::Native, lines: vec![Line { function: "read".into(), file: Some("read.c".into()), line: Some(9) }] });
+    let ksys = b.location(&mut profile, Location { mapping: Some(kernel), address: 0xffff_ffff_8100_0000, kernel: true, kind: FrameKind::Kernel, lines: vec![Line::function("ksys_read")] });
+    let malloc = b.location(&mut profile, Location::named("cudaMalloc", FrameKind::CudaApi));
+    let gpu = b.location(&mut profile, Location::named("[gpu] gemm", FrameKind::GpuKernel));
     let labels = |pid| Labels { pid: Some(pid), tid: Some(pid), comm: Some("python3".into()), device: None };
     b.add(vec![module, step, read, ksys], labels(11), 5 * profile.period);
     b.add(vec![module, step, malloc], labels(11), 2 * profile.period);
@@ -130,52 +133,16 @@ pub(crate) fn hand_built() -> Profile {
 /// The profiles of [`events`], as `record` makes them at the end of a recording: every kind,
 /// and the out-of-memory snapshot.
 fn recorded() -> Vec<(String, Profile)> {
-    use crate::aggregate::CpuAggregator;
-    use crate::cuda::{Coverage, CudaProfiles};
-    use crate::offcpu::OffCpuAggregator;
-
     let files: &[gpuflame_symbolizer::MappedFile] = &[];
-    let mut stacks = CpuAggregator::new();
-    let mut off = OffCpuAggregator::default();
-    let mut cuda = CudaProfiles::default();
-    let mut ooms = Vec::new();
+    let mut collector = Collector::new(&ProfileKind::ALL, 99, Duration::ZERO);
     for event in events() {
-        match event {
-            Event::Sample(s) => stacks.add(&s, Some(files), None),
-            Event::OffCpu(o) => off.stack(&mut stacks, &o, Some(files), None),
-            Event::OffCpuEnd(e) => off.end(&e),
-            Event::Cuda(c) => ooms.extend(cuda.add(&c, &mut stacks, Some(files), None)),
-            Event::KernelName(k) => cuda.kernel_named(k),
-            Event::GpuKernels(b) => cuda.gpu_kernels(&b),
-            Event::GpuKernelName(n) => cuda.gpu_kernel_named(n),
-            Event::Process(_) => {}
-        }
+        collector.record(&event, Some(files), None);
     }
     let start = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
     let duration = Duration::from_secs(5);
     let coverage = Coverage { attached: duration, elapsed: duration, exact: true, trap_cost: Duration::from_nanos(700) };
-    let mut out: Vec<(String, Profile)> = Vec::new();
-    for oom in &ooms {
-        out.push(("oom".into(), CudaProfiles::oom_snapshot(&mut stacks, oom, start)));
-    }
-    let mut profiles = cuda.take_profiles(&mut stacks, &ProfileKind::ALL, coverage, start, duration);
-    let session_frequency = 99;
-    let cpu = stacks.take_cpu_values(session_frequency);
-    let (off_values, totals) = off.take_values();
-    let mut profile = Profile::cpu(session_frequency);
-    stacks.build(&mut profile, cpu.clone(), start, duration);
-    profiles.push((ProfileKind::Cpu, profile));
-    let mut profile = Profile::of(ProfileKind::OffCpu.sample_types());
-    profile.comments.push(totals.describe());
-    stacks.build(&mut profile, off_values.clone(), start, duration);
-    profiles.push((ProfileKind::OffCpu, profile));
-    let mut profile = Profile::of(ProfileKind::Wall.sample_types());
-    profile.comments.push(format!("wall: CPU samples at {session_frequency} Hz (each one period of time) and off-CPU time"));
-    profile.comments.push(totals.describe());
-    let mut values = cpu;
-    values.extend(off_values);
-    stacks.build(&mut profile, values, start, duration);
-    profiles.push((ProfileKind::Wall, profile));
+    let mut out: Vec<(String, Profile)> = collector.take_ooms(start).into_iter().map(|oom| ("oom".to_string(), oom.snapshot)).collect();
+    let (profiles, _) = collector.close(Some(coverage), start, duration);
     out.extend(profiles.into_iter().map(|(k, p)| (k.name().to_string(), p)));
     out
 }
@@ -249,7 +216,7 @@ fn outputs_of_a_fixed_recording_stay_the_same() {
     let bless = std::env::var_os("GPUFLAME_BLESS").is_some();
     let recorded = recorded();
     let names: Vec<&str> = recorded.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(names, ["oom", "hbm-alloc", "hbm-inuse", "gpu-launches", "cuda-api", "gpu-time", "cpu", "off-cpu", "wall"]);
+    assert_eq!(names, ["oom", "cpu", "hbm-alloc", "hbm-inuse", "gpu-launches", "cuda-api", "gpu-time", "off-cpu", "wall"]);
     let mut differ = compare("hand-built", &hand_built(), bless);
     for (name, profile) in &recorded {
         assert!(!profile.samples.is_empty(), "{name} has no samples");

@@ -1,14 +1,14 @@
-//! gpuflame: the profiler. BPF events → aggregation → symbolization → profile → writers.
+//! gpuflame: the profiler. BPF events → session → sources → stacks (symbolized) → profile →
+//! writers and uploader. docs/ARCHITECTURE.md is the map.
 
 pub mod agent;
-pub mod aggregate;
 pub mod cli;
 pub mod convert;
 pub mod cuda;
+pub mod frame;
 #[cfg(test)]
 mod golden;
 pub mod names;
-pub mod offcpu;
 pub mod outfile;
 pub mod output;
 pub mod preflight;
@@ -17,8 +17,11 @@ pub mod profile;
 pub mod profile_kind;
 pub mod record;
 pub mod session;
+pub mod sources;
+pub mod stacks;
 pub mod status;
 pub mod target;
+pub mod workload;
 
 /// A failure the user caused or can fix (bad flag, missing privilege, unknown PID): reported as
 /// one line, exit code 2.

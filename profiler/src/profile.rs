@@ -1,5 +1,8 @@
 //! The symbolized, format-independent profile that every writer takes and every reader returns.
 
+use std::collections::HashMap;
+
+use crate::frame::FrameKind;
 use crate::names::sanitize_in_place;
 
 /// A pprof-style value type, such as `cpu`/`nanoseconds`.
@@ -41,6 +44,13 @@ pub struct Line {
     pub line: Option<u32>,
 }
 
+impl Location {
+    /// A frame that is only a name: a marker, a CUDA call, a GPU kernel.
+    pub fn named(name: impl Into<String>, kind: FrameKind) -> Self {
+        Location { mapping: None, address: 0, kernel: false, kind, lines: vec![Line::function(name)] }
+    }
+}
+
 impl Line {
     pub fn function(name: impl Into<String>) -> Self {
         Line { function: name.into(), file: None, line: None }
@@ -53,6 +63,9 @@ pub struct Location {
     pub mapping: Option<usize>,
     pub address: u64,
     pub kernel: bool,
+    /// What the frame is, for the writers that tell kinds apart (the SVG's colours); pprof and
+    /// folded output do not carry it.
+    pub kind: FrameKind,
     /// The inline chain, outermost function first; never empty (unknown code gets an
     /// `[unknown] (module+0xoffset)` line so that it never vanishes).
     pub lines: Vec<Line>,
@@ -143,30 +156,6 @@ impl Profile {
 }
 
 impl Profile {
-    /// The profile of the samples that `keep` accepts, with only the locations and mappings they
-    /// use.
-    pub fn subset(&self, keep: impl Fn(&Sample) -> bool) -> Profile {
-        let mut out = Profile { mappings: Vec::new(), locations: Vec::new(), samples: Vec::new(), ..self.clone_header() };
-        let mut b = ProfileBuilder::default();
-        let mut locations: std::collections::HashMap<usize, usize> = std::collections::HashMap::new();
-        for sample in self.samples.iter().filter(|s| keep(s)) {
-            let stack = sample
-                .stack
-                .iter()
-                .map(|&l| {
-                    *locations.entry(l).or_insert_with(|| {
-                        let mut loc = self.locations[l].clone();
-                        loc.mapping = loc.mapping.map(|m| b.mapping(&mut out, self.mappings[m].clone()));
-                        b.location(&mut out, loc)
-                    })
-                })
-                .collect();
-            b.add_values(stack, sample.labels.clone(), &sample.values);
-        }
-        b.finish(&mut out);
-        out
-    }
-
     /// A profile of the same types, period and time, without samples.
     pub fn clone_header(&self) -> Profile {
         Profile {
@@ -180,6 +169,57 @@ impl Profile {
             samples: Vec::new(),
             comments: self.comments.clone(),
         }
+    }
+}
+
+/// A new profile made of samples of another (a series of a window, its largest stacks), with
+/// only the locations and mappings they use.
+pub struct ProfileCopy {
+    profile: Profile,
+    builder: ProfileBuilder,
+    locations: HashMap<usize, usize>,
+    frames: HashMap<String, usize>,
+}
+
+impl ProfileCopy {
+    /// Of the same types, period, time and comments as `from`.
+    pub fn of(from: &Profile) -> Self {
+        ProfileCopy { profile: from.clone_header(), builder: ProfileBuilder::default(), locations: HashMap::new(), frames: HashMap::new() }
+    }
+
+    /// Location `l` of `from`, here.
+    pub fn location(&mut self, from: &Profile, l: usize) -> usize {
+        let (profile, builder) = (&mut self.profile, &mut self.builder);
+        *self.locations.entry(l).or_insert_with(|| {
+            let mut loc = from.locations[l].clone();
+            loc.mapping = loc.mapping.map(|m| builder.mapping(profile, from.mappings[m].clone()));
+            builder.location(profile, loc)
+        })
+    }
+
+    /// A frame of this profile's own, by name.
+    pub fn frame(&mut self, name: &str, kind: FrameKind) -> usize {
+        if let Some(&l) = self.frames.get(name) {
+            return l;
+        }
+        let l = self.builder.location(&mut self.profile, Location::named(name, kind));
+        self.frames.insert(name.to_string(), l);
+        l
+    }
+
+    /// Sample `sample` of `from`, here.
+    pub fn copy(&mut self, from: &Profile, sample: &Sample) {
+        let stack = sample.stack.iter().map(|&l| self.location(from, l)).collect();
+        self.builder.add_values(stack, sample.labels.clone(), &sample.values);
+    }
+
+    pub fn add_values(&mut self, stack: Vec<usize>, labels: Labels, values: &[i64]) {
+        self.builder.add_values(stack, labels, values);
+    }
+
+    pub fn finish(mut self) -> Profile {
+        self.builder.finish(&mut self.profile);
+        self.profile
     }
 }
 
@@ -258,7 +298,7 @@ mod tests {
         let mut b = ProfileBuilder::default();
         let mapping = b.mapping(&mut profile, Mapping { path: "/tmp/lib\n.so".into(), build_id: Some("ab\0".into()) });
         let line = Line { function: "f\x1b".into(), file: Some("x\u{85}.py".into()), line: Some(3) };
-        let loc = b.location(&mut profile, Location { mapping: Some(mapping), address: 1, kernel: false, lines: vec![line] });
+        let loc = b.location(&mut profile, Location { mapping: Some(mapping), address: 1, kernel: false, kind: FrameKind::Native, lines: vec![line] });
         b.add(vec![loc], Labels { comm: Some("c\t;".into()), ..Default::default() }, 1);
         b.finish(&mut profile);
         assert_eq!(profile.mappings[0], Mapping { path: r"/tmp/lib\n.so".into(), build_id: Some(r"ab\x00".into()) });

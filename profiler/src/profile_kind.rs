@@ -1,81 +1,207 @@
-//! The profiles gpuflame records, by the names the CLI and Pyroscope use.
+//! The profiles gpuflame records, described once: the CLI word, Pyroscope's `__name__`, the pprof
+//! types, what a window's value means, and what each needs from the BPF side. Help text, the
+//! README's table, the agent's names and the session's set-up all read [`DESCRIPTORS`].
 
 use std::fmt;
 use std::str::FromStr;
 
-use crate::profile::ValueType;
+use crate::frame::FrameKind;
+use crate::profile::{Profile, ValueType};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ProfileKind {
-    /// CPU time, sampled.
     Cpu,
-    /// Device memory allocated per stack during the window.
     HbmAlloc,
-    /// Device memory live per stack at the end of the window.
     HbmInUse,
-    /// Kernel launches per stack.
     GpuLaunches,
-    /// Wall time inside CUDA calls per stack.
     CudaApi,
-    /// Kernel execution time on the device per launching stack (CUPTI).
     GpuTime,
-    /// Time target threads spent switched out, by the stack where they left the CPU.
     OffCpu,
-    /// CPU samples and off-CPU time together: where each thread's wall-clock time goes.
     Wall,
 }
 
+/// What a profile's value over a window is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WindowValue {
+    /// What happened during the window, summed (time, bytes allocated, launches).
+    Sum,
+    /// What holds at the window's end (bytes in use).
+    Snapshot,
+}
+
+/// The CUDA hooks a profile needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CudaHooks {
+    /// Allocations, frees and maps: always attached, every call counts.
+    Memory,
+    /// Launches and synchronisations too: attached part of each second unless `--cuda-exact`,
+    /// their counts scaled.
+    DutyCycled,
+}
+
+/// What a profile needs from the BPF side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Needs {
+    /// The perf-event sampler's CPU samples.
+    pub cpu_samples: bool,
+    /// The sched_switch program: target threads leaving and coming back to the CPU.
+    pub switches: bool,
+    pub cuda: Option<CudaHooks>,
+    /// The CUPTI injection library's kernel records (processes started with it).
+    pub cupti: bool,
+}
+
+const NOTHING: Needs = Needs { cpu_samples: false, switches: false, cuda: None, cupti: false };
+
+pub struct Descriptor {
+    pub kind: ProfileKind,
+    /// On the command line and in file names.
+    pub name: &'static str,
+    /// The `__name__` it is pushed to Pyroscope under.
+    pub pyroscope: &'static str,
+    /// One line for `--help` and the README.
+    pub about: &'static str,
+    /// The pprof sample types (type, unit), as Pyroscope names them; the first is what flame
+    /// graphs show.
+    pub sample_types: &'static [(&'static str, &'static str)],
+    /// Sampled time: each sample is one period of the sampling frequency.
+    pub sampled_time: bool,
+    pub window: WindowValue,
+    pub needs: Needs,
+    /// The kinds of frame it adds under the program's own, for the flame graph's legend.
+    pub adds_frames: &'static [FrameKind],
+}
+
+pub const DESCRIPTORS: [Descriptor; 8] = [
+    Descriptor {
+        kind: ProfileKind::Cpu,
+        name: "cpu",
+        pyroscope: "process_cpu",
+        about: "CPU time, sampled",
+        sample_types: &[("cpu", "nanoseconds")],
+        sampled_time: true,
+        window: WindowValue::Sum,
+        needs: Needs { cpu_samples: true, ..NOTHING },
+        adds_frames: &[],
+    },
+    Descriptor {
+        kind: ProfileKind::HbmAlloc,
+        name: "hbm-alloc",
+        pyroscope: "hbm_alloc",
+        about: "device memory allocated per stack during the window",
+        sample_types: &[("alloc_space", "bytes"), ("alloc_objects", "count")],
+        sampled_time: false,
+        window: WindowValue::Sum,
+        needs: Needs { cuda: Some(CudaHooks::Memory), ..NOTHING },
+        adds_frames: &[FrameKind::CudaApi],
+    },
+    Descriptor {
+        kind: ProfileKind::HbmInUse,
+        name: "hbm-inuse",
+        pyroscope: "hbm_inuse",
+        about: "device memory live per stack at the end of the window",
+        sample_types: &[("inuse_space", "bytes"), ("inuse_objects", "count")],
+        sampled_time: false,
+        window: WindowValue::Snapshot,
+        needs: Needs { cuda: Some(CudaHooks::Memory), ..NOTHING },
+        adds_frames: &[FrameKind::CudaApi],
+    },
+    Descriptor {
+        kind: ProfileKind::GpuLaunches,
+        name: "gpu-launches",
+        pyroscope: "gpu_launches",
+        about: "kernel launches per stack",
+        sample_types: &[("launches", "count")],
+        sampled_time: false,
+        window: WindowValue::Sum,
+        needs: Needs { cuda: Some(CudaHooks::DutyCycled), ..NOTHING },
+        adds_frames: &[FrameKind::CudaApi, FrameKind::GpuKernel],
+    },
+    Descriptor {
+        kind: ProfileKind::CudaApi,
+        name: "cuda-api",
+        pyroscope: "cuda_api",
+        about: "wall time inside CUDA calls per stack",
+        sample_types: &[("cuda_api", "nanoseconds")],
+        sampled_time: false,
+        window: WindowValue::Sum,
+        needs: Needs { cuda: Some(CudaHooks::DutyCycled), ..NOTHING },
+        adds_frames: &[FrameKind::CudaApi],
+    },
+    Descriptor {
+        kind: ProfileKind::GpuTime,
+        name: "gpu-time",
+        pyroscope: "gpu_time",
+        about: "kernel execution time on the device per launching stack (CUPTI)",
+        sample_types: &[("gpu", "nanoseconds")],
+        sampled_time: false,
+        window: WindowValue::Sum,
+        // Launch stacks come from the duty-cycled hook on the injection library's callback.
+        needs: Needs { cuda: Some(CudaHooks::DutyCycled), cupti: true, ..NOTHING },
+        adds_frames: &[FrameKind::GpuKernel],
+    },
+    Descriptor {
+        kind: ProfileKind::OffCpu,
+        name: "off-cpu",
+        // Pyroscope has no standard name for off-CPU time: its sample type's, as for the others.
+        pyroscope: "off_cpu",
+        about: "time threads spent switched out, by the stack where they left the CPU",
+        sample_types: &[("off_cpu", "nanoseconds")],
+        sampled_time: false,
+        window: WindowValue::Sum,
+        needs: Needs { switches: true, ..NOTHING },
+        adds_frames: &[FrameKind::Marker],
+    },
+    Descriptor {
+        kind: ProfileKind::Wall,
+        name: "wall",
+        // The Java, .NET, Python and Ruby agents push `wall` too.
+        pyroscope: "wall",
+        about: "CPU samples and off-CPU time together: where each thread's wall-clock time goes",
+        sample_types: &[("wall", "nanoseconds")],
+        sampled_time: false,
+        window: WindowValue::Sum,
+        needs: Needs { cpu_samples: true, switches: true, ..NOTHING },
+        adds_frames: &[FrameKind::Marker],
+    },
+];
+
 impl ProfileKind {
-    pub const ALL: [ProfileKind; 8] = [
-        ProfileKind::Cpu,
-        ProfileKind::HbmAlloc,
-        ProfileKind::HbmInUse,
-        ProfileKind::GpuLaunches,
-        ProfileKind::CudaApi,
-        ProfileKind::GpuTime,
-        ProfileKind::OffCpu,
-        ProfileKind::Wall,
-    ];
+    pub const ALL: [ProfileKind; 8] = {
+        let mut all = [ProfileKind::Cpu; 8];
+        let mut i = 0;
+        while i < DESCRIPTORS.len() {
+            all[i] = DESCRIPTORS[i].kind;
+            i += 1;
+        }
+        all
+    };
+
+    pub fn descriptor(self) -> &'static Descriptor {
+        // The table is in the enum's order (a test checks it).
+        &DESCRIPTORS[self as usize]
+    }
 
     pub fn name(self) -> &'static str {
-        match self {
-            ProfileKind::Cpu => "cpu",
-            ProfileKind::HbmAlloc => "hbm-alloc",
-            ProfileKind::HbmInUse => "hbm-inuse",
-            ProfileKind::GpuLaunches => "gpu-launches",
-            ProfileKind::CudaApi => "cuda-api",
-            ProfileKind::GpuTime => "gpu-time",
-            ProfileKind::OffCpu => "off-cpu",
-            ProfileKind::Wall => "wall",
-        }
+        self.descriptor().name
     }
 
-    /// The pprof sample types, as Pyroscope names them; the first is what flame graphs show.
     pub fn sample_types(self) -> Vec<ValueType> {
-        match self {
-            ProfileKind::Cpu => vec![ValueType::cpu_nanoseconds()],
-            ProfileKind::HbmAlloc => vec![ValueType::new("alloc_space", "bytes"), ValueType::new("alloc_objects", "count")],
-            ProfileKind::HbmInUse => vec![ValueType::new("inuse_space", "bytes"), ValueType::new("inuse_objects", "count")],
-            ProfileKind::GpuLaunches => vec![ValueType::new("launches", "count")],
-            ProfileKind::CudaApi => vec![ValueType::new("cuda_api", "nanoseconds")],
-            ProfileKind::GpuTime => vec![ValueType::new("gpu", "nanoseconds")],
-            ProfileKind::OffCpu => vec![ValueType::new("off_cpu", "nanoseconds")],
-            ProfileKind::Wall => vec![ValueType::new("wall", "nanoseconds")],
+        self.descriptor().sample_types.iter().map(|(t, u)| ValueType::new(t, u)).collect()
+    }
+
+    /// An empty profile of this kind; `frequency_hz` sets the period of sampled time.
+    pub fn empty_profile(self, frequency_hz: u64) -> Profile {
+        if self.descriptor().sampled_time {
+            Profile { period: 1_000_000_000 / frequency_hz.max(1) as i64, ..Profile::of(self.sample_types()) }
+        } else {
+            Profile::of(self.sample_types())
         }
     }
 
-    pub fn is_cuda(self) -> bool {
-        !matches!(self, ProfileKind::Cpu | ProfileKind::OffCpu | ProfileKind::Wall)
-    }
-
-    /// Whether it needs the scheduler's switches of target threads.
-    pub fn is_off_cpu(self) -> bool {
-        matches!(self, ProfileKind::OffCpu | ProfileKind::Wall)
-    }
-
-    /// Whether it needs CPU samples.
-    pub fn needs_cpu_samples(self) -> bool {
-        matches!(self, ProfileKind::Cpu | ProfileKind::Wall)
+    /// The profile names `--help` lists, comma-separated.
+    pub fn names() -> String {
+        DESCRIPTORS.iter().map(|d| d.name).collect::<Vec<_>>().join(", ")
     }
 
     /// Parses a comma-separated list, such as `cpu,hbm-inuse`; `all` is every profile.
@@ -97,13 +223,26 @@ impl ProfileKind {
     }
 }
 
+/// What a set of profiles needs from the BPF side, together.
+pub fn needs_of(kinds: &[ProfileKind]) -> Needs {
+    let mut all = NOTHING;
+    for k in kinds {
+        let n = k.descriptor().needs;
+        all.cpu_samples |= n.cpu_samples;
+        all.switches |= n.switches;
+        all.cupti |= n.cupti;
+        all.cuda = match (all.cuda, n.cuda) {
+            (Some(CudaHooks::DutyCycled), _) | (_, Some(CudaHooks::DutyCycled)) => Some(CudaHooks::DutyCycled),
+            (a, b) => a.or(b),
+        };
+    }
+    all
+}
+
 impl FromStr for ProfileKind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        ProfileKind::ALL.into_iter().find(|k| k.name() == s).ok_or_else(|| {
-            let names: Vec<&str> = ProfileKind::ALL.iter().map(|k| k.name()).collect();
-            format!("unknown profile {s:?} (known: {}, all)", names.join(", "))
-        })
+        ProfileKind::ALL.into_iter().find(|k| k.name() == s).ok_or_else(|| format!("unknown profile {s:?} (known: {}, all)", ProfileKind::names()))
     }
 }
 
@@ -124,5 +263,39 @@ mod tests {
         assert_eq!(ProfileKind::parse_list("off-cpu,wall").unwrap(), vec![ProfileKind::OffCpu, ProfileKind::Wall]);
         assert!(ProfileKind::parse_list("gpu").unwrap_err().contains("unknown profile \"gpu\""));
         assert!(ProfileKind::parse_list(",").is_err());
+    }
+
+    #[test]
+    fn the_table_is_in_the_enums_order_with_unique_names() {
+        for (i, d) in DESCRIPTORS.iter().enumerate() {
+            assert_eq!(d.kind as usize, i, "{}", d.name);
+            assert!(!d.sample_types.is_empty());
+            assert_eq!(DESCRIPTORS.iter().filter(|o| o.name == d.name || o.pyroscope == d.pyroscope).count(), 1, "{}", d.name);
+        }
+    }
+
+    /// Pyroscope's profile type IDs, `__name__:sample type:unit:period type:unit`.
+    fn type_ids(d: &Descriptor) -> String {
+        let profile = d.kind.empty_profile(100);
+        let period = &profile.period_type;
+        let ids: Vec<String> = d.sample_types.iter().map(|(t, u)| format!("`{}:{t}:{u}:{}:{}`", d.pyroscope, period.kind, period.unit)).collect();
+        ids.join(", ")
+    }
+
+    #[test]
+    fn the_readme_names_every_profile_as_the_table_does() {
+        let readme = include_str!("../../README.md");
+        for d in &DESCRIPTORS {
+            let row = format!("| `{}` | {}", d.name, type_ids(d));
+            assert!(readme.contains(&row), "README.md's table of profile type IDs lacks {row:?}");
+            assert!(readme.contains(&format!("`{}`", d.name)), "{}", d.name);
+        }
+    }
+
+    #[test]
+    fn gpu_time_needs_the_cycled_hooks_in_record_and_agent_alike() {
+        assert_eq!(needs_of(&[ProfileKind::GpuTime]).cuda, Some(CudaHooks::DutyCycled));
+        assert_eq!(needs_of(&[ProfileKind::HbmInUse]).cuda, Some(CudaHooks::Memory));
+        assert_eq!(needs_of(&[ProfileKind::Cpu]).cuda, None);
     }
 }

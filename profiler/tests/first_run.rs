@@ -64,6 +64,8 @@ fn the_readmes_first_command_works_in_a_bare_clone() {
     let output = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     eprintln!("first run: {:.0} s\n{output}", started.elapsed().as_secs_f64());
     assert!(out.status.success(), "scripts/gpuflame record -d 5 -o flame.svg exited with {:?}:\n{output}", out.status);
+    // Minutes of building are not silent: the script says so, then cargo shows its progress.
+    assert!(output.contains("gpuflame: building the release binary") && output.contains("Compiling gpuflame"), "the build was silent:\n{output}");
 
     let svg = std::fs::read_to_string(clone.join("flame.svg")).unwrap_or_else(|e| panic!("no flame.svg in the clone ({e}):\n{output}"));
     let samples = svg_samples(&svg);

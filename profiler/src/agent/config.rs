@@ -11,7 +11,8 @@ use regex::Regex;
 use serde::Deserialize;
 
 use super::series::{DeviceLabel, ThreadNames};
-use super::service::{NameFrom, NameRule};
+use crate::process::MAX_UNWIND_MIB;
+use crate::workload::service::{NameFrom, NameRule};
 use crate::UserError;
 
 /// Agent options. Secrets are read from the environment or from files, never from flags, so they
@@ -72,7 +73,7 @@ pub struct AgentArgs {
     pub metrics_addr: Option<String>,
     /// Kernel memory for unwind tables, in MiB [default: 256]; least recently used tables are
     /// evicted when it is full.
-    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=MAX_UNWIND_MIB))]
     pub unwind_memory: Option<u64>,
     /// The hostname label [default: the kernel's hostname; in a pod, pass the node name].
     #[arg(long, env = "GPUFLAME_HOSTNAME")]
@@ -290,8 +291,8 @@ impl AgentConfig {
             max_backoff: seconds(args.max_backoff.or(file.max_backoff).unwrap_or(30.0), "max backoff", TIMEOUT_S)?,
             metrics_addr,
             unwind_memory: match args.unwind_memory.or(file.unwind_memory).unwrap_or(gpuflame_bpf::SamplerConfig::DEFAULT_UNWIND_MEMORY >> 20) {
-                m if (1..=crate::cli::MAX_UNWIND_MIB).contains(&m) => m,
-                m => return Err(err(format!("unwind_memory {m} MiB is out of range (1 to {})", crate::cli::MAX_UNWIND_MIB))),
+                m if (1..=MAX_UNWIND_MIB).contains(&m) => m,
+                m => return Err(err(format!("unwind_memory {m} MiB is out of range (1 to {MAX_UNWIND_MIB})"))),
             },
             hostname: match args.hostname.clone().or(file.hostname) {
                 // Pyroscope refuses every series whose label value is over the limit.

@@ -3,14 +3,10 @@
 //! stores the series of a request independently, so a request that is refused in part and
 //! resent would store the accepted ones twice.
 
-pub mod cgroup;
 pub mod config;
-pub mod kube;
 pub mod labels;
 pub mod metrics;
-pub mod pods;
 pub mod series;
-pub mod service;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,21 +19,13 @@ use prost::Message;
 use tokio::sync::watch;
 
 use crate::cuda::DutyCycle;
-use crate::profile_kind::ProfileKind;
-use crate::session::{CudaOptions, Session, SessionConfig};
+use crate::session::{Flow, Session, SessionConfig};
+use crate::workload::service::ServiceNamer;
+use crate::workload::{kube, pods};
 use crate::{preflight, UserError};
 use config::{AgentArgs, AgentConfig};
 use metrics::AgentMetrics;
 use series::Series;
-use service::ServiceNamer;
-
-/// Pyroscope's profile type name of CPU profiles.
-pub const CPU_PROFILE_NAME: &str = "process_cpu";
-/// Pyroscope's name for wall-clock profiles (the Java, .NET, Python and Ruby agents push `wall`).
-pub const WALL_PROFILE_NAME: &str = "wall";
-/// Pyroscope has no standard name for off-CPU time; `off_cpu` matches its sample type, as the
-/// other gpuflame profiles do.
-pub const OFF_CPU_PROFILE_NAME: &str = "off_cpu";
 
 pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
     let cfg = AgentConfig::resolve(args)?;
@@ -142,17 +130,12 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
 
 /// Samples in windows until stopped; returns the number of windows.
 fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &Mutex<AgentMetrics>, seq: &mut u64) -> anyhow::Result<u64> {
-    let cuda = cfg.profiles.iter().any(|k| k.is_cuda()).then(|| CudaOptions {
-        launches: cfg.profiles.iter().any(|k| matches!(k, ProfileKind::GpuLaunches | ProfileKind::CudaApi)),
-        duty: Some(DutyCycle::DEFAULT),
-    });
     let mut session = Session::start(SessionConfig {
         targets: Targets::All,
         frequency_hz: cfg.frequency_hz,
         unwind_memory: cfg.unwind_memory << 20,
-        cpu: cfg.profiles.iter().any(|k| k.needs_cpu_samples()),
-        off_cpu: cfg.profiles.iter().any(|k| k.is_off_cpu()),
-        cuda,
+        profiles: cfg.profiles.clone(),
+        cuda_duty: Some(DutyCycle::DEFAULT),
     })?;
     eprintln!(
         "gpuflame agent: profiling the whole machine ({} processes) at {} Hz, pushing every {} s to {}",
@@ -188,53 +171,36 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
     let run_id = format!("{:x}", SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64));
     let mut windows = 0u64;
     let mut total_samples = 0u64;
-    let mut window_start = Instant::now();
-    let mut window_wall = SystemTime::now();
     let mut last_metrics = Instant::now();
     loop {
-        session.pump(Duration::from_millis(100))?;
-        // Processes are named while they live: a short one is gone by the end of the window.
-        for pid in session.aggregator.pids() {
-            if !namer.knows(pid) {
-                namer.observe(pid);
+        let window = session.window(Some(cfg.window), |session| {
+            // Processes are named while they live: a short one is gone by the end of the window.
+            for pid in session.pids() {
+                if !namer.knows(pid) {
+                    namer.observe(pid);
+                }
             }
-        }
-        let stopping = stop.load(Ordering::SeqCst);
-        let window_done = window_start.elapsed() >= cfg.window;
-        if stopping || window_done || last_metrics.elapsed() >= Duration::from_secs(1) {
-            last_metrics = Instant::now();
-            let mut m = metrics.lock().unwrap_or_else(|p| p.into_inner());
-            m.samples = total_samples + session.aggregator.samples();
-            m.counters = session.sampler.counters()?;
-            m.capacity = session.sampler.unwind_capacity();
-            m.windows = windows;
-            m.processes_tracked = session.tracker.processes();
-            m.series = stats;
-        }
-        if !(stopping || window_done) {
-            continue;
-        }
-        session.drain()?;
-        total_samples += session.aggregator.samples();
-        let elapsed = window_start.elapsed();
-        let mut profiles = Vec::new();
-        if let Some(c) = session.cuda.as_mut() {
-            let coverage = c.hooks.take_coverage();
-            profiles = c.profiles.take_profiles(&mut session.aggregator, &cfg.profiles, coverage, window_wall, elapsed);
-        }
-        for oom in std::mem::take(&mut session.ooms) {
-            let stack = session.aggregator.describe(&oom.stack);
-            tracing::warn!(pid = oom.pid, comm = %oom.comm, requested = oom.requested, in_use = oom.in_use, device = oom.device, %stack, "out of memory: {} failed", oom.api.symbol());
-        }
-        profiles.extend(session.take_time_profiles(&cfg.profiles, window_wall, elapsed));
-        session.aggregator.forget_exited();
-        window_start = Instant::now();
-        window_wall = SystemTime::now();
+            log_ooms(session);
+            let stopping = stop.load(Ordering::SeqCst);
+            if stopping || last_metrics.elapsed() >= Duration::from_secs(1) {
+                last_metrics = Instant::now();
+                let mut m = metrics.lock().unwrap_or_else(|p| p.into_inner());
+                m.samples = total_samples + session.samples_in_window();
+                m.counters = session.sampler.counters()?;
+                m.capacity = session.sampler.unwind_capacity();
+                m.windows = windows;
+                m.processes_tracked = session.tracker.processes();
+                m.series = stats;
+            }
+            Ok(if stopping { Flow::Stop } else { Flow::Continue })
+        })?;
+        log_ooms(&mut session);
+        total_samples += window.stats.samples;
         let id = format!("{run_id}-{windows}");
         windows += 1;
-        for (kind, profile) in &profiles {
+        for (kind, profile) in &window.profiles {
             for s in series::split(profile, &mut namer, &options, &mut stats) {
-                if let Some(body) = request(&s, pyroscope_name(*kind), cfg, &hostname, &id) {
+                if let Some(body) = request(&s, kind.descriptor().pyroscope, cfg, &hostname, &id) {
                     queue.push(PushItem::new(*seq, body));
                     *seq += 1;
                 }
@@ -242,23 +208,17 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
         }
         metrics.lock().unwrap_or_else(|p| p.into_inner()).series = stats;
         namer.retain(crate::target::process_alive);
-        if stopping || cfg.once {
+        if window.stopped || cfg.once {
             return Ok(windows);
         }
     }
 }
 
-/// The `__name__` a profile is pushed under.
-fn pyroscope_name(kind: ProfileKind) -> &'static str {
-    match kind {
-        ProfileKind::Cpu => CPU_PROFILE_NAME,
-        ProfileKind::HbmAlloc => "hbm_alloc",
-        ProfileKind::HbmInUse => "hbm_inuse",
-        ProfileKind::GpuLaunches => "gpu_launches",
-        ProfileKind::CudaApi => "cuda_api",
-        ProfileKind::GpuTime => "gpu_time",
-        ProfileKind::OffCpu => OFF_CPU_PROFILE_NAME,
-        ProfileKind::Wall => WALL_PROFILE_NAME,
+/// The agent writes no files: an out-of-memory failure is a warning with its stack.
+fn log_ooms(session: &mut Session) {
+    for oom in session.take_ooms() {
+        let r = &oom.report;
+        tracing::warn!(pid = r.pid, comm = %r.comm, requested = r.requested, in_use = r.in_use, device = r.device, stack = %oom.stack, "out of memory: {} failed", r.api.symbol());
     }
 }
 

@@ -9,10 +9,11 @@
 
 use std::collections::HashMap;
 
-use super::service::{Hint, Owner, ServiceNamer, KERNEL_SERVICE};
+use crate::workload::service::{Hint, Owner, ServiceNamer, KERNEL_SERVICE};
 use crate::output::pprof::{self, LabelStyle};
 use crate::output::pprof_proto as pb;
-use crate::profile::{Labels, Line, Location, Profile, ProfileBuilder};
+use crate::frame::FrameKind;
+use crate::profile::{Labels, Profile, ProfileCopy};
 use prost::Message;
 
 /// Pyroscope's default `validation.max-profile-stacktrace-samples`.
@@ -95,7 +96,7 @@ pub fn split(profile: &Profile, namer: &mut ServiceNamer, opts: &Options, stats:
         .collect();
 
     type Key = (String, Vec<(String, String)>, Option<u32>);
-    let mut groups: HashMap<Key, Group> = HashMap::new();
+    let mut groups: HashMap<Key, ProfileCopy> = HashMap::new();
     for s in &profile.samples {
         let (owner, workload) = &owners[&s.labels.pid.unwrap_or(0)];
         let service = match owner {
@@ -107,11 +108,11 @@ pub fn split(profile: &Profile, namer: &mut ServiceNamer, opts: &Options, stats:
             }
         };
         let device = if opts.device == DeviceLabel::Series { s.labels.device } else { None };
-        let group = groups.entry((service, workload.clone(), device)).or_insert_with(|| Group::new(profile));
+        let group = groups.entry((service, workload.clone(), device)).or_insert_with(|| ProfileCopy::of(profile));
         let thread = s.labels.comm.as_deref().unwrap_or("[unknown]");
         let mut stack = Vec::with_capacity(s.stack.len() + 1);
         if opts.thread_names == ThreadNames::Frame {
-            stack.push(group.frame(&format!("thread:{thread}")));
+            stack.push(group.frame(&format!("thread:{thread}"), FrameKind::Thread));
         }
         stack.extend(s.stack.iter().map(|&l| group.location(profile, l)));
         let labels = Labels {
@@ -120,19 +121,18 @@ pub fn split(profile: &Profile, namer: &mut ServiceNamer, opts: &Options, stats:
             comm: (opts.thread_names == ThreadNames::Label).then(|| thread.to_string()),
             device: s.labels.device.filter(|_| opts.device == DeviceLabel::Sample),
         };
-        group.builder.add_values(stack, labels, &s.values);
+        group.add_values(stack, labels, &s.values);
     }
     let mut keys: Vec<Key> = groups.keys().cloned().collect();
     keys.sort();
     keys.into_iter()
         .filter_map(|key| {
-            let mut group = groups.remove(&key)?;
-            group.builder.finish(&mut group.profile);
-            let (encoded, trimmed) = fit(&group.profile, opts.max_samples, opts.max_bytes);
+            let profile = groups.remove(&key)?.finish();
+            let (encoded, trimmed) = fit(&profile, opts.max_samples, opts.max_bytes);
             if trimmed > 0 {
                 stats.trimmed_profiles += 1;
                 stats.trimmed_stacks += trimmed as u64;
-                tracing::debug!(service = %key.0, stacks = group.profile.samples.len(), trimmed, "profile trimmed of its smallest stacks to fit Pyroscope's limits");
+                tracing::debug!(service = %key.0, stacks = profile.samples.len(), trimmed, "profile trimmed of its smallest stacks to fit Pyroscope's limits");
             }
             Some(Series { service: key.0, labels: key.1, device: key.2, profile: encoded })
         })
@@ -145,38 +145,6 @@ pub fn gzip(profile: &pb::Profile) -> Vec<u8> {
     // Writing into a Vec cannot fail.
     let _ = pprof::gzip(profile, &mut raw);
     raw
-}
-
-/// The profile of one series being built, with the window profile's locations it uses.
-struct Group {
-    profile: Profile,
-    builder: ProfileBuilder,
-    locations: HashMap<usize, usize>,
-    frames: HashMap<String, usize>,
-}
-
-impl Group {
-    fn new(window: &Profile) -> Self {
-        Group { profile: window.clone_header(), builder: ProfileBuilder::default(), locations: HashMap::new(), frames: HashMap::new() }
-    }
-
-    fn location(&mut self, window: &Profile, l: usize) -> usize {
-        let (profile, builder) = (&mut self.profile, &mut self.builder);
-        *self.locations.entry(l).or_insert_with(|| {
-            let mut loc = window.locations[l].clone();
-            loc.mapping = loc.mapping.map(|m| builder.mapping(profile, window.mappings[m].clone()));
-            builder.location(profile, loc)
-        })
-    }
-
-    fn frame(&mut self, name: &str) -> usize {
-        if let Some(&l) = self.frames.get(name) {
-            return l;
-        }
-        let l = self.builder.location(&mut self.profile, Location { mapping: None, address: 0, kernel: false, lines: vec![Line::function(name)] });
-        self.frames.insert(name.to_string(), l);
-        l
-    }
 }
 
 /// `profile` encoded within `max_samples` samples and `max_bytes` bytes: when it is larger, its
@@ -204,23 +172,9 @@ pub fn fit(profile: &Profile, max_samples: usize, max_bytes: usize) -> (pb::Prof
 fn keep_largest(profile: &Profile, keep: usize) -> Profile {
     let mut order: Vec<usize> = (0..profile.samples.len()).collect();
     order.sort_by_key(|&i| (std::cmp::Reverse(profile.samples[i].value().unsigned_abs()), i));
-    let mut out = profile.clone_header();
-    let mut b = ProfileBuilder::default();
-    let mut locations: HashMap<usize, usize> = HashMap::new();
+    let mut out = ProfileCopy::of(profile);
     for &i in &order[..keep.min(order.len())] {
-        let sample = &profile.samples[i];
-        let stack = sample
-            .stack
-            .iter()
-            .map(|&l| {
-                *locations.entry(l).or_insert_with(|| {
-                    let mut loc = profile.locations[l].clone();
-                    loc.mapping = loc.mapping.map(|m| b.mapping(&mut out, profile.mappings[m].clone()));
-                    b.location(&mut out, loc)
-                })
-            })
-            .collect();
-        b.add_values(stack, sample.labels.clone(), &sample.values);
+        out.copy(profile, &profile.samples[i]);
     }
     let rest = &order[keep.min(order.len())..];
     if !rest.is_empty() {
@@ -231,17 +185,16 @@ fn keep_largest(profile: &Profile, keep: usize) -> Profile {
             }
         }
         let name = format!("[trimmed: {} smaller stacks]", rest.len());
-        let l = b.location(&mut out, Location { mapping: None, address: 0, kernel: false, lines: vec![Line::function(name)] });
-        b.add_values(vec![l], Labels::default(), &sum);
+        let l = out.frame(&name, FrameKind::Marker);
+        out.add_values(vec![l], Labels::default(), &sum);
     }
-    b.finish(&mut out);
-    out
+    out.finish()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::Mapping;
+    use crate::profile::{Line, Location, Mapping, ProfileBuilder};
 
     /// A CPU profile of `n` distinct stacks of `depth` frames, stack i of weight i + 1.
     fn many_stacks(n: usize, depth: usize) -> Profile {
@@ -252,7 +205,7 @@ mod tests {
             let stack = (0..depth)
                 .map(|d| {
                     let name = if d + 1 == depth { format!("leaf_{i}") } else { format!("frame_{d}_{}", i % 7) };
-                    let loc = Location { mapping: Some(m), address: (i * depth + d) as u64, kernel: false, lines: vec![Line::function(name)] };
+                    let loc = Location { mapping: Some(m), address: (i * depth + d) as u64, kernel: false, kind: FrameKind::Native, lines: vec![Line::function(name)] };
                     b.location(&mut p, loc)
                 })
                 .collect();

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use gpuflame_bpf::{GpuKernelBatch, GpuKernelName};
 
-use crate::aggregate::{StackKey, StackValues, TailFrame};
+use crate::stacks::{StackKey, StackValues, TailFrame};
 
 /// Correlation ids kept for records still to come, at most.
 const LAUNCHES_LIMIT: usize = 1 << 20;
@@ -132,7 +132,7 @@ impl GpuTime {
                         kernel: Vec::new(),
                         user: Vec::new(),
                         root: None,
-                        tail: vec![TailFrame::Function("[launch stack not sampled]".into()), kernel],
+                        tail: vec![TailFrame::Marker("[launch stack not sampled]".into()), kernel],
                         leaf: None,
                     };
                     *out.entry(stack).or_default() += ns;

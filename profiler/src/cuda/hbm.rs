@@ -11,7 +11,7 @@ use std::rc::Rc;
 
 use gpuflame_bpf::{CudaApi, CudaClass};
 
-use crate::aggregate::StackKey;
+use crate::stacks::StackKey;
 
 /// What an allocation's stack and device are, shared by its records.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -2,12 +2,14 @@
 //! profile drawn as usual, each frame coloured by how its time changed against the base (red:
 //! more, blue: less, white: the same), after Brendan Gregg's `difffolded.pl` and inferno.
 
+use crate::frame::Rgb;
 use std::io::{self, Write};
 
 use inferno::differential;
 use inferno::flamegraph::{self, Options};
 
-use super::{folded, svg, Detail};
+use super::rendering::Detail;
+use super::{folded, svg};
 use crate::names::sanitize;
 use crate::profile::Profile;
 
@@ -84,7 +86,7 @@ pub fn write_svg(lines: &[String], title: &str, subtitle: &str, count_name: &str
     let mut svg = Vec::new();
     flamegraph::from_lines(&mut options, drawn.iter().map(String::as_str), &mut svg).map_err(io::Error::other)?;
     let svg = String::from_utf8(svg).map_err(io::Error::other)?;
-    let legend = [("more than in the base", (230, 60, 60)), ("fewer", (60, 60, 230)), ("the same", (250, 250, 250))];
+    let legend = [("more than in the base", Rgb(230, 60, 60)), ("fewer", Rgb(60, 60, 230)), ("the same", Rgb(250, 250, 250))];
     out.write_all(svg::with_legend(&svg::label_root(&svg), &legend).as_bytes())
 }
 

@@ -4,7 +4,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Write};
 
-use super::Detail;
+use super::rendering::Detail;
+use crate::frame::FrameKind;
 use crate::profile::{Labels, Line, Location, Mapping, Profile, ProfileBuilder, KERNEL_MAPPING, PYTHON_MAPPING};
 
 const KERNEL_SUFFIX: &str = "_[k]";
@@ -16,6 +17,9 @@ pub struct Folded {
     pub lines: Vec<String>,
     /// Python frames whose file is shown shortened, with the file's full path.
     pub full_paths: HashMap<String, String>,
+    /// What each frame of the lines is, by its name in them (the first location's kind, where
+    /// two kinds of frame have one name).
+    pub kinds: HashMap<String, FrameKind>,
 }
 
 /// The folded lines of a profile, merged over pid and tid, in sorted order. Values are sample
@@ -27,6 +31,7 @@ pub fn lines(profile: &Profile, detail: Detail) -> Vec<String> {
 pub fn fold(profile: &Profile, detail: Detail) -> Folded {
     let mut merged: BTreeMap<String, i64> = BTreeMap::new();
     let mut full_paths = HashMap::new();
+    let mut kinds = HashMap::new();
     // The main script's directory of each process, for the stacks of its other threads too.
     let mut script_dirs: HashMap<Option<u32>, &str> = HashMap::new();
     for sample in &profile.samples {
@@ -38,6 +43,9 @@ pub fn fold(profile: &Profile, detail: Detail) -> Folded {
         // A process may name itself "": an empty first frame would make an unreadable line.
         let comm = sample.labels.comm.as_deref().filter(|c| !c.is_empty()).unwrap_or("[unknown]");
         let mut frames = vec![sanitize(comm)];
+        // The process's name is no location of the profile: it keeps the colour its name gave
+        // it in every flame graph so far.
+        kinds.entry(frames[0].clone()).or_insert_with(|| FrameKind::guess(comm));
         let script_dir = script_dir(profile, &sample.stack).or_else(|| script_dirs.get(&sample.labels.pid).copied());
         for &loc in &sample.stack {
             let location = &profile.locations[loc];
@@ -55,13 +63,14 @@ pub fn fold(profile: &Profile, detail: Detail) -> Folded {
                 if location.kernel {
                     name.push_str(KERNEL_SUFFIX);
                 }
+                kinds.entry(name.clone()).or_insert(location.kind);
                 frames.push(name);
             }
         }
         *merged.entry(frames.join(";")).or_default() += profile.sample_count(sample.value());
     }
     let lines = merged.into_iter().filter(|(_, n)| *n > 0).map(|(stack, n)| format!("{stack} {n}")).collect();
-    Folded { lines, full_paths }
+    Folded { lines, full_paths, kinds }
 }
 
 pub fn write(profile: &Profile, detail: Detail, mut out: impl Write) -> io::Result<()> {
@@ -163,7 +172,8 @@ pub fn read(text: &str, period: i64) -> Result<Profile, FoldedError> {
             let mapping = kernel.then(|| {
                 builder.mapping(&mut profile, Mapping { path: KERNEL_MAPPING.into(), build_id: None })
             });
-            let location = Location { mapping, address: 0, kernel, lines: vec![Line::function(name)] };
+            // Folded text does not say what a frame is: its name is all there is to go by.
+            let location = Location { mapping, address: 0, kernel, kind: FrameKind::guess(frame), lines: vec![Line::function(name)] };
             locations.push(builder.location(&mut profile, location));
         }
         let labels = Labels { comm: Some(comm.to_string()), ..Default::default() };
@@ -206,7 +216,7 @@ mod tests {
     fn merges_threads_and_sanitizes() {
         let mut profile = Profile::cpu(100);
         let mut b = ProfileBuilder::default();
-        let loc = b.location(&mut profile, Location { mapping: None, address: 1, kernel: false, lines: vec![Line::function("a;b")] });
+        let loc = b.location(&mut profile, Location { mapping: None, address: 1, kernel: false, kind: FrameKind::Native, lines: vec![Line::function("a;b")] });
         for tid in [1, 2] {
             let labels = Labels { pid: Some(1), tid: Some(tid), comm: Some("x".into()), device: None };
             b.add(vec![loc], labels, 2 * profile.period);
@@ -221,7 +231,7 @@ mod tests {
         let mut b = ProfileBuilder::default();
         let line = Line { function: "f;\n\x1b".into(), file: Some("/a/b;\r.py".into()), line: Some(7) };
         let py = b.mapping(&mut profile, Mapping { path: PYTHON_MAPPING.into(), build_id: None });
-        let loc = b.location(&mut profile, Location { mapping: Some(py), address: 0, kernel: false, lines: vec![line] });
+        let loc = b.location(&mut profile, Location { mapping: Some(py), address: 0, kernel: false, kind: FrameKind::Python, lines: vec![line] });
         b.add(vec![loc], Labels { comm: Some(String::new()), ..Default::default() }, profile.period);
         b.finish(&mut profile);
         let text = lines(&profile, Detail::Lines);

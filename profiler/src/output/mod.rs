@@ -4,7 +4,11 @@ pub mod diff;
 pub mod folded;
 pub mod pprof;
 pub mod pprof_proto;
+pub mod rendering;
 pub mod svg;
+
+pub use pprof::MAX_PROFILE_BYTES;
+pub use rendering::{Detail, Rendering};
 
 use std::fmt;
 use std::io::Write;
@@ -76,26 +80,6 @@ impl Format {
     }
 }
 
-/// How finely Python frames are told apart in folded stacks and flame graphs; pprof always has
-/// the function and the line.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Detail {
-    /// One frame per function, `step (train.py)`: where the time goes by function, as perf,
-    /// pprof and Pyroscope draw it.
-    #[default]
-    Functions,
-    /// One frame per line, `step (train.py:41)`, as py-spy draws it.
-    Lines,
-}
-
-/// What a written profile says besides its samples.
-#[derive(Debug, Clone, Copy)]
-pub struct Rendering<'a> {
-    /// The flame graph's title.
-    pub title: &'a str,
-    pub detail: Detail,
-}
-
 pub fn write(profile: &Profile, format: Format, rendering: &Rendering<'_>, out: impl Write) -> std::io::Result<()> {
     match format {
         Format::Folded => folded::write(profile, rendering.detail, out),
@@ -103,12 +87,6 @@ pub fn write(profile: &Profile, format: Format, rendering: &Rendering<'_>, out: 
         Format::Svg => svg::write(profile, rendering, out),
     }
 }
-
-/// The most bytes of a profile that are read, and the most a gzipped pprof may decompress to:
-/// a gzip bomb stops here. 256 MiB is 2.5 times a pprof of a million distinct stacks (100 MiB),
-/// far more than a recording makes; decoding costs up to ~18 times the protobuf's size in memory
-/// (measured with a stack and a leaf location per sample), so this bounds `convert` to a few GiB.
-pub const MAX_PROFILE_BYTES: usize = 256 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {

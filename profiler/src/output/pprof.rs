@@ -9,8 +9,8 @@ use flate2::Compression;
 use prost::Message;
 
 use super::pprof_proto as pb;
-use super::MAX_PROFILE_BYTES;
-use crate::profile::{Labels, Line, Location, Mapping, Profile, ProfileBuilder, ValueType, KERNEL_MAPPING};
+use crate::frame::FrameKind;
+use crate::profile::{Labels, Line, Location, Mapping, Profile, ProfileBuilder, ValueType, KERNEL_MAPPING, PYTHON_MAPPING};
 
 /// Interns strings into a pprof string table, whose entry 0 must be "".
 struct Strings {
@@ -35,6 +35,12 @@ impl Strings {
 }
 
 /// How sample labels are written.
+/// The most bytes of a profile that are read, and the most a gzipped pprof may decompress to:
+/// a gzip bomb stops here. 256 MiB is 2.5 times a pprof of a million distinct stacks (100 MiB),
+/// far more than a recording makes; decoding costs up to ~18 times the protobuf's size in memory
+/// (measured with a stack and a leaf location per sample), so this bounds `convert` to a few GiB.
+pub const MAX_PROFILE_BYTES: usize = 256 << 20;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LabelStyle {
     /// The key of the thread name label.
@@ -263,7 +269,17 @@ fn decode(mut p: pb::LazyProfile) -> Result<Profile, PprofError> {
             let module = mapping.map_or("unknown", |m| profile.mappings[m].path.as_str());
             lines.push(Line::function(format!("[unknown] ({module}+{:#x})", l.address)));
         }
-        let location = Location { mapping, address: l.address, kernel, lines };
+        // pprof does not say what a frame is: the kernel's and Python's mappings do (a Python
+        // frame that could not be read, `[unknown python]`, is a marker), and the rest goes by
+        // name.
+        let python = mapping.is_some_and(|m| profile.mappings[m].path == PYTHON_MAPPING);
+        let kind = match lines.last() {
+            _ if kernel => FrameKind::Kernel,
+            Some(line) if python && !line.function.starts_with('[') => FrameKind::Python,
+            Some(line) => FrameKind::guess(&line.function),
+            None => FrameKind::Native,
+        };
+        let location = Location { mapping, address: l.address, kernel, kind, lines };
         locations.insert(l.id, builder.location(&mut profile, location));
     }
     let (pid_key, tid_key, device_key) = ("pid", "tid", "device");
@@ -305,17 +321,18 @@ mod tests {
         let mut b = ProfileBuilder::default();
         let exe = b.mapping(&mut profile, Mapping { path: "/bin/app".into(), build_id: Some("abcd".into()) });
         let k = b.mapping(&mut profile, Mapping { path: KERNEL_MAPPING.into(), build_id: None });
-        let main = b.location(&mut profile, Location { mapping: Some(exe), address: 0x1000, kernel: false, lines: vec![Line { function: "main".into(), file: Some("app.c".into()), line: Some(10) }] });
+        let main = b.location(&mut profile, Location { mapping: Some(exe), address: 0x1000, kernel: false, kind: FrameKind::Native, lines: vec![Line { function: "main".into(), file: Some("app.c".into()), line: Some(10) }] });
         let inl = b.location(
             &mut profile,
             Location {
                 mapping: Some(exe),
                 address: 0x1100,
                 kernel: false,
+                kind: FrameKind::Native,
                 lines: vec![Line { function: "outer".into(), file: Some("app.c".into()), line: Some(20) }, Line { function: "inlined".into(), file: Some("app.h".into()), line: Some(3) }],
             },
         );
-        let kread = b.location(&mut profile, Location { mapping: Some(k), address: 0xffff_ffff_8100_0000, kernel: true, lines: vec![Line::function("ksys_read")] });
+        let kread = b.location(&mut profile, Location { mapping: Some(k), address: 0xffff_ffff_8100_0000, kernel: true, kind: FrameKind::Kernel, lines: vec![Line::function("ksys_read")] });
         let labels = Labels { pid: Some(7), tid: Some(8), comm: Some("app".into()), device: None };
         b.add(vec![main, inl], labels.clone(), 3 * profile.period);
         b.add(vec![main, kread], labels, profile.period);

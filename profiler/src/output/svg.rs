@@ -4,14 +4,14 @@
 //! does not make a picture thousands of pixels tall.
 
 use std::collections::{HashMap, HashSet};
-use std::hash::{Hash, Hasher};
 use std::io::{self, Write};
 
 use inferno::flamegraph::color::{Color, PaletteMap};
 use inferno::flamegraph::{self, Options};
 
 use super::folded::Folded;
-use super::Rendering;
+use super::rendering::Rendering;
+use crate::frame::{FrameKind, Rgb};
 use crate::names::sanitize;
 use crate::profile::Profile;
 
@@ -40,70 +40,6 @@ fn cut(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
 }
 
 const COLLAPSED: &str = "[… deep stack: middle frames collapsed]";
-
-/// The kinds of frames, as the legend names them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FrameKind {
-    Python,
-    Native,
-    Kernel,
-    CudaApi,
-    GpuKernel,
-    Marker,
-}
-
-impl FrameKind {
-    const LEGEND: [FrameKind; 5] = [FrameKind::Python, FrameKind::Native, FrameKind::Kernel, FrameKind::CudaApi, FrameKind::GpuKernel];
-
-    /// Of a frame as the folded lines name it (kernel frames already marked ` [k]`).
-    pub fn of(frame: &str) -> FrameKind {
-        if frame.ends_with(" [k]") {
-            FrameKind::Kernel
-        } else if frame.starts_with("[gpu] ") {
-            FrameKind::GpuKernel
-        } else if frame == "[unknown python]" || (frame.ends_with(')') && (frame.contains(".py:") || frame.ends_with(".py)") || frame.contains("(<frozen "))) {
-            FrameKind::Python
-        } else if frame.starts_with('[') || frame.starts_with("thread:") {
-            FrameKind::Marker
-        } else if frame.starts_with("cuda") || frame.strip_prefix("cu").is_some_and(|r| r.starts_with(|c: char| c.is_ascii_uppercase())) {
-            FrameKind::CudaApi
-        } else {
-            FrameKind::Native
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            FrameKind::Python => "Python",
-            FrameKind::Native => "native",
-            FrameKind::Kernel => "kernel",
-            FrameKind::CudaApi => "CUDA API",
-            FrameKind::GpuKernel => "GPU kernel",
-            FrameKind::Marker => "marker",
-        }
-    }
-
-    /// A base colour per kind; frames vary around it so that neighbours stay apart.
-    fn base(self) -> (u8, u8, u8) {
-        match self {
-            FrameKind::Python => (96, 160, 220),
-            FrameKind::Native => (232, 130, 60),
-            FrameKind::Kernel => (180, 180, 120),
-            FrameKind::CudaApi => (90, 190, 100),
-            FrameKind::GpuKernel => (170, 110, 210),
-            FrameKind::Marker => (200, 200, 200),
-        }
-    }
-
-    fn color(self, frame: &str) -> Color {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        frame.hash(&mut h);
-        let v = (h.finish() % 41) as i16 - 20;
-        let (r, g, b) = self.base();
-        let shift = |c: u8| (c as i16 + v).clamp(0, 255) as u8;
-        Color { r: shift(r), g: shift(g), b: shift(b) }
-    }
-}
 
 /// The folded lines as the SVG draws them: kernel frames marked so that inferno keeps the mark,
 /// deep stacks collapsed. Also how many samples were in collapsed stacks (of the last count:
@@ -139,7 +75,7 @@ pub fn write(profile: &Profile, rendering: &Rendering<'_>, out: impl Write) -> i
     // XML's markup characters, not the control characters XML forbids.
     let title = sanitize(rendering.title);
     let title = title.as_ref();
-    let Folded { lines, full_paths } = super::folded::fold(profile, rendering.detail);
+    let Folded { lines, full_paths, kinds: folded_kinds } = super::folded::fold(profile, rendering.detail);
     let (lines, collapsed) = drawn_lines(lines, 1);
     let mut options = Options::default();
     options.title = title.to_string();
@@ -163,14 +99,14 @@ pub fn write(profile: &Profile, rendering: &Rendering<'_>, out: impl Write) -> i
     }
     let mut palette = PaletteMap::default();
     // inferno's own root, which it names "all".
-    palette.insert("", FrameKind::Marker.color(""));
+    palette.insert("", color(FrameKind::Marker, ""));
     let mut kinds = HashSet::new();
     for line in &lines {
         let stack = line.rsplit_once(' ').map_or(line.as_str(), |(s, _)| s);
         for frame in stack.split(';') {
-            let kind = FrameKind::of(frame);
-            kinds.insert(kind.name());
-            palette.insert(frame, kind.color(frame));
+            let kind = drawn_kind(frame, &folded_kinds);
+            kinds.insert(kind);
+            palette.insert(frame, color(kind, frame));
         }
     }
     options.palette_map = Some(&mut palette);
@@ -178,8 +114,23 @@ pub fn write(profile: &Profile, rendering: &Rendering<'_>, out: impl Write) -> i
     flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), &mut svg).map_err(io::Error::other)?;
     let svg = String::from_utf8(svg).map_err(io::Error::other)?;
     let mut out = out;
-    let legend: Vec<(&str, (u8, u8, u8))> = FrameKind::LEGEND.iter().filter(|k| kinds.contains(k.name())).map(|k| (k.name(), k.base())).collect();
+    let legend: Vec<(&str, Rgb)> = FrameKind::LEGEND.iter().filter(|k| kinds.contains(k)).map(|k| (k.name(), k.base())).collect();
     out.write_all(with_legend(&with_full_paths(&label_root(&svg), &full_paths), &legend).as_bytes())
+}
+
+/// What a frame as drawn is: as the profile says, by its folded name (kernel frames drawn
+/// ` [k]` are folded `_[k]`); the frame that stands for a deep stack's middle is a marker.
+fn drawn_kind(frame: &str, kinds: &HashMap<String, FrameKind>) -> FrameKind {
+    if frame == COLLAPSED {
+        return FrameKind::Marker;
+    }
+    let folded = frame.strip_suffix(" [k]").map(|k| format!("{k}_[k]"));
+    kinds.get(folded.as_deref().unwrap_or(frame)).copied().unwrap_or_else(|| FrameKind::guess(frame))
+}
+
+fn color(kind: FrameKind, frame: &str) -> Color {
+    let Rgb(r, g, b) = kind.color(frame);
+    Color { r, g, b }
 }
 
 /// Python frames' tooltips end with the file's full path, inside the parentheses that inferno's
@@ -235,12 +186,12 @@ pub(super) fn label_root(svg: &str) -> String {
 }
 
 /// The SVG made 24 px taller, with a legend along the bottom: a swatch and a name per entry.
-pub(super) fn with_legend(svg: &str, entries: &[(&str, (u8, u8, u8))]) -> String {
+pub(super) fn with_legend(svg: &str, entries: &[(&str, Rgb)]) -> String {
     let Some(height) = svg_height(svg) else { return svg.to_string() };
     let taller = height + 24;
     let mut legend = r#"<g id="legend" font-family="Verdana" font-size="12">"#.to_string();
     let mut x = 10;
-    for &(name, (r, g, b)) in entries {
+    for &(name, Rgb(r, g, b)) in entries {
         legend.push_str(&format!(
             r#"<rect x="{x}" y="{}" width="12" height="12" fill="rgb({r},{g},{b})"/><text x="{}" y="{}">{}</text>"#,
             height + 4,
@@ -285,7 +236,8 @@ pub(super) fn write_empty(title: &str, mut out: impl Write) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::output::{folded, Detail};
+    use crate::output::folded;
+    use crate::output::rendering::Detail;
     use crate::profile::{Labels, Line, Location, Mapping, ProfileBuilder, PYTHON_MAPPING};
 
     fn titled(title: &str) -> Rendering<'_> {
@@ -302,6 +254,7 @@ mod tests {
             mapping: Some(mapping),
             address: 0,
             kernel: false,
+            kind: FrameKind::Python,
             lines: vec![Line { function: function.into(), file: Some(file.into()), line: Some(line) }],
         };
         let module = b.location(&mut profile, frame("<module>", "/srv/app/main.py", 3));

@@ -1,20 +1,21 @@
-//! `gpuflame record`: sample, aggregate, symbolize, write.
+//! `gpuflame record`: one window of a session, written to files.
+
+mod report;
 
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use gpuflame_bpf::{Counters, Targets, UnwindCapacity};
+use gpuflame_bpf::Targets;
 
-use crate::output::{self, Format};
+use crate::cuda::{human_bytes, injection, ready, DutyCycle};
 use crate::outfile::{self, Output};
-use crate::process::ProcessTracker;
-use crate::cuda::{human_bytes, injection, ready, Coverage, CudaProfiles, DutyCycle};
+use crate::output::{self, Format};
 use crate::profile_kind::ProfileKind;
-use crate::session::{CudaOptions, CudaState, Session, SessionConfig};
+use crate::session::{Flow, Oom, Session, SessionConfig};
 use crate::status::StatusLine;
 use crate::target::{self, GatedChild};
 use crate::{preflight, UserError};
@@ -121,104 +122,49 @@ fn record(opts: &RecordOptions, format: Format, outputs: &[(ProfileKind, Output)
     } else {
         Targets::All
     };
-    let wants_cuda = opts.profiles.iter().any(|k| k.is_cuda());
-    let launches = opts.profiles.iter().any(|k| matches!(k, ProfileKind::GpuLaunches | ProfileKind::CudaApi | ProfileKind::GpuTime));
-    let cuda = wants_cuda.then(|| CudaOptions { launches, duty: (!opts.cuda_exact).then_some(DutyCycle { on: opts.cuda_window, ..DutyCycle::DEFAULT }) });
     let mut session = Session::start(SessionConfig {
         targets,
         frequency_hz: opts.frequency_hz,
         unwind_memory: opts.unwind_memory,
-        cpu: opts.profiles.iter().any(|k| k.needs_cpu_samples()),
-        off_cpu: opts.profiles.iter().any(|k| k.is_off_cpu()),
-        cuda,
+        profiles: opts.profiles.clone(),
+        cuda_duty: (!opts.cuda_exact).then_some(DutyCycle { on: opts.cuda_window, ..DutyCycle::DEFAULT }),
     })?;
     let mut ooms = OomWriter { output: opts.output.clone(), format, detail: opts.detail, count: 0 };
+    let mut child = start_command(opts, &mut session)?;
 
-    let mut child = None;
-    if !opts.command.is_empty() {
-        let mut env = Vec::new();
-        if opts.profiles.contains(&ProfileKind::GpuTime) {
-            if let Some(existing) = std::env::var_os(injection::INJECTION_VAR) {
-                eprintln!(
-                    "gpuflame: {} is already set ({}): gpu-time comes only if that is gpuflame's library; gpu-launches and cuda-api stand in",
-                    injection::INJECTION_VAR,
-                    existing.to_string_lossy()
-                );
-            } else {
-                let lib = injection::install_default().map_err(|e| UserError(format!("cannot write the CUPTI injection library: {e}")))?;
-                // Hooked before the command runs: the driver loads it during cuInit and calls it
-                // at once.
-                if let Some(c) = session.cuda.as_mut() {
-                    c.hooks.hook_path(&session.sampler, &lib);
-                }
-                env.push((injection::INJECTION_VAR.to_string(), lib.display().to_string()));
-                if std::env::var_os(ready::WAIT_VAR).is_none() {
-                    env.push((ready::WAIT_VAR.to_string(), ready::WAIT_MS.to_string()));
-                }
-            }
-        }
-        let gated = GatedChild::spawn(&opts.command, &env)?;
-        session.sampler.add_target(gated.pid())?;
-        child = Some(gated.release()?);
-    }
-
-    let start_wall = SystemTime::now();
     let start = Instant::now();
     let mut status = StatusLine::new();
     let mut child_status = None;
     let mut last_liveness_check = Instant::now();
-    loop {
-        session.pump(Duration::from_millis(100))?;
-        ooms.write_all(&mut session, start_wall);
+    let window = session.window(opts.duration, |session| {
+        ooms.write_all(session);
         if status.due() {
-            status.show(start.elapsed(), session.aggregator.samples(), session.sampler.counters()?.lost);
+            status.show(start.elapsed(), session.samples_in_window(), session.sampler.counters()?.lost);
         }
-        if stop.load(Ordering::SeqCst) || opts.duration.is_some_and(|d| start.elapsed() >= d) {
-            break;
+        if stop.load(Ordering::SeqCst) {
+            return Ok(Flow::Stop);
         }
         if let Some(c) = child.as_mut() {
             if let Some(s) = c.try_wait().context("waiting for the command")? {
                 child_status = Some(s);
-                break;
+                return Ok(Flow::Stop);
             }
         }
         if !opts.pids.is_empty() && last_liveness_check.elapsed() >= Duration::from_millis(500) {
             last_liveness_check = Instant::now();
             if !opts.pids.iter().any(|&p| target::process_alive(p)) {
                 tracing::info!("every target process has exited");
-                break;
+                return Ok(Flow::Stop);
             }
         }
-    }
-    session.drain()?;
-    ooms.write_all(&mut session, start_wall);
-    let duration = start.elapsed();
-    let counters = session.sampler.counters()?;
-    let malformed = session.sampler.malformed_records();
-    if let Some((runs, ns)) = session.sampler.sampler_run_stats().filter(|&(runs, _)| runs > 0) {
-        tracing::info!(runs, avg_ns = ns / runs, "BPF sampling program cost (kernel.bpf_stats_enabled=1)");
-    }
-    if let Some((runs, ns)) = session.off_cpu.as_ref().and_then(|_| session.sampler.off_cpu_run_stats()).filter(|&(runs, _)| runs > 0) {
-        tracing::info!(runs, avg_ns = ns / runs, "BPF context-switch program cost (kernel.bpf_stats_enabled=1)");
-    }
-    let sampler_capacity = session.sampler.unwind_capacity();
+        Ok(Flow::Continue)
+    })?;
+    ooms.write_all(&mut session);
     status.clear();
+    let end = report::End::of(&session, &window)?;
+    drop(session);
 
-    let samples = session.aggregator.samples();
-    let processes = session.aggregator.processes();
-    let complete = session.aggregator.complete_fraction();
-    let off_cpu_threads_left = session.off_cpu.is_some().then(|| session.sampler.off_cpu_threads().ok()).flatten();
-    let mut time_profiles = Vec::new();
-    if let Some(c) = session.cuda.as_mut() {
-        let coverage = c.hooks.take_coverage();
-        time_profiles = c.profiles.take_profiles(&mut session.aggregator, &opts.profiles, coverage, start_wall, duration);
-        report_cuda(c, coverage, &counters.cuda);
-    }
-    time_profiles.extend(session.take_time_profiles(&opts.profiles, start_wall, duration));
-    let Session { sampler, tracker, aggregator, .. } = session;
-    drop(sampler);
-    let unknown_python = aggregator.unknown_python_frames();
-    let mut profiles = time_profiles;
+    let mut profiles = window.profiles;
     if !opts.command.is_empty() {
         for (_, profile) in profiles.iter_mut() {
             // First, so that a subtitle cut to its length still shows it.
@@ -233,36 +179,7 @@ fn record(opts: &RecordOptions, format: Format, outputs: &[(ProfileKind, Output)
         out.write_with(|w| output::write(profile, format, &rendering, w)).with_context(|| format!("writing {}", out.path().display()))?;
         written.push(out.path().display().to_string());
     }
-
-    let failed = counters.kernel_stack_failed + counters.user_stack_failed;
-    eprintln!(
-        "gpuflame: {samples} samples from {processes} processes in {:.1} s ({} lost, {failed} incomplete stacks{}{}) → {} ({format})",
-        duration.as_secs_f64(),
-        counters.lost,
-        complete.map_or(String::new(), |c| format!(", {:.1}% of user stacks complete", c * 100.0)),
-        if malformed > 0 { format!(", {malformed} malformed records") } else { String::new() },
-        written.join(", "),
-    );
-    report_unwinding(&counters, &tracker, sampler_capacity, unknown_python);
-    if let Some(left) = off_cpu_threads_left {
-        let o = &counters.off_cpu;
-        tracing::info!(
-            switches = o.switches,
-            unwound = o.unwound,
-            over_cpu_budget = o.over_budget,
-            lost = o.lost,
-            threads_full = o.threads_full,
-            threads_followed = o.followed,
-            threads_left = left,
-            "off-CPU"
-        );
-        if o.lost > 0 || o.threads_full > 0 {
-            tracing::warn!(lost = o.lost, threads_not_followed = o.threads_full, "some off-CPU time was not recorded: the ring buffer was full, or no state could be made for some threads");
-        }
-    }
-    if counters.targets_full > 0 {
-        tracing::warn!(count = counters.targets_full, "new processes could not be followed: the target map was full");
-    }
+    end.report(&window.stats, window.duration, format, &written);
 
     match (child, child_status) {
         (Some(_), Some(s)) => Ok(target::exit_code(s)),
@@ -271,62 +188,35 @@ fn record(opts: &RecordOptions, format: Format, outputs: &[(ProfileKind, Output)
     }
 }
 
-/// Unwind failures by reason, on request (-v), or as a warning when tables could not be loaded.
-fn report_unwinding(counters: &Counters, tracker: &ProcessTracker, capacity: UnwindCapacity, unknown_python: u64) {
-    let u = &counters.unwind;
-    tracing::info!(
-        no_process = u.no_process,
-        no_mapping = u.no_mapping,
-        no_row = u.no_row,
-        bad_cfa = u.bad_cfa,
-        read_fault = u.read_fault,
-        truncated = u.truncated,
-        no_table_yet = u.no_table_yet,
-        no_unwind_info = u.bad_frame,
-        frame_pointer_steps = u.frame_pointer_steps,
-        frame_pointer_rejected = u.frame_pointer_rejected,
-        scanned_frames = u.scanned_frames,
-        python_after_gap = counters.python.after_gap,
-        python_truncated = counters.python.truncated,
-        python_unknown_frames = unknown_python,
-        kernel_stack_failed = counters.kernel_stack_failed,
-        "unwinding"
-    );
-    let t = &tracker.stats;
-    tracing::info!(
-        tables = t.tables_built,
-        rows = t.rows_loaded,
-        build_ms = t.build_time.as_millis() as u64,
-        evicted = t.tables_evicted,
-        evicted_for_room = t.tables_evicted_for_room,
-        failures = t.table_failures,
-        files_without_cfi = t.files_without_cfi,
-        first_demanded_table_ms = t.first_demanded_table.map(|d| d.as_millis() as u64),
-        rows_in_use = capacity.rows_used,
-        rows_budget = capacity.rows_total,
-        kernel_bytes = capacity.shard_bytes,
-        rules = capacity.rules,
-        "unwind tables"
-    );
-    if !t.no_room.is_empty() {
-        let names: Vec<&str> = t.no_room.iter().map(String::as_str).take(5).collect();
-        let more = t.no_room.len().saturating_sub(names.len());
-        tracing::warn!(
-            "unwind tables are full: {} file(s) did not fit in --unwind-memory {} MiB ({}{}); their stacks stop there — raise --unwind-memory",
-            t.no_room.len(),
-            (capacity.rows_total * gpuflame_bpf::SamplerConfig::BYTES_PER_ROW) >> 20,
-            names.join(", "),
-            if more > 0 { format!(" and {more} more") } else { String::new() }
-        );
+/// Starts the command after `--`, if there is one, held until the session follows it.
+fn start_command(opts: &RecordOptions, session: &mut Session) -> anyhow::Result<Option<std::process::Child>> {
+    if opts.command.is_empty() {
+        return Ok(None);
     }
-    if t.mappings_dropped > 0 || counters.process_events_lost > 0 || counters.mmap_throttled > 0 {
-        tracing::warn!(
-            mappings_dropped = t.mappings_dropped,
-            process_events_lost = counters.process_events_lost,
-            mmap_reports_throttled = counters.mmap_throttled,
-            "some code could not be described to the unwinder"
-        );
+    let mut env = Vec::new();
+    if opts.profiles.contains(&ProfileKind::GpuTime) {
+        if let Some(existing) = std::env::var_os(injection::INJECTION_VAR) {
+            eprintln!(
+                "gpuflame: {} is already set ({}): gpu-time comes only if that is gpuflame's library; gpu-launches and cuda-api stand in",
+                injection::INJECTION_VAR,
+                existing.to_string_lossy()
+            );
+        } else {
+            let lib = injection::install_default().map_err(|e| UserError(format!("cannot write the CUPTI injection library: {e}")))?;
+            // Hooked before the command runs: the driver loads it during cuInit and calls it
+            // at once.
+            if let Some(c) = session.cuda.as_mut() {
+                c.hooks.hook_path(&session.sampler, &lib);
+            }
+            env.push((injection::INJECTION_VAR.to_string(), lib.display().to_string()));
+            if std::env::var_os(ready::WAIT_VAR).is_none() {
+                env.push((ready::WAIT_VAR.to_string(), ready::WAIT_MS.to_string()));
+            }
+        }
     }
+    let gated = GatedChild::spawn(&opts.command, &env)?;
+    session.sampler.add_target(gated.pid())?;
+    Ok(Some(gated.release()?))
 }
 
 /// Writes the in-use snapshot of each process that ran out of memory, next to the output.
@@ -338,9 +228,8 @@ struct OomWriter {
 }
 
 impl OomWriter {
-    fn write_all(&mut self, session: &mut Session, start: SystemTime) {
-        for report in std::mem::take(&mut session.ooms) {
-            let profile = CudaProfiles::oom_snapshot(&mut session.aggregator, &report, start);
+    fn write_all(&mut self, session: &mut Session) {
+        for Oom { report, snapshot: profile, stack } in session.take_ooms() {
             let title = format!("gpuflame: HBM in use when {} of {} failed in pid {}", report.api.symbol(), human_bytes(report.requested), report.pid);
             // The process that ran out of memory may have planted a link at its snapshot's
             // path: never written through, the next number is taken instead.
@@ -353,7 +242,6 @@ impl OomWriter {
                 output::write(&profile, self.format, &output::Rendering { title: &title, detail: self.detail }, &mut w)?;
                 std::io::Write::flush(&mut w)
             });
-            let stack = session.aggregator.describe(&report.stack);
             let unplaced = report.stack.unplaced_frames();
             if unplaced > 0 {
                 tracing::warn!(
@@ -375,41 +263,11 @@ impl OomWriter {
     }
 }
 
-fn report_cuda(c: &CudaState, coverage: Coverage, counters: &gpuflame_bpf::CudaCounters) {
-    let h = &c.profiles.hbm.stats;
-    let s = &c.hooks.stats;
-    tracing::info!(
-        files_hooked = s.files_hooked,
-        files_searched = s.files_searched,
-        attach_failures = s.attach_failures,
-        max_attach_latency_ms = s.max_attach_latency.as_secs_f64() * 1e3,
-        allocations = h.allocations,
-        frees = h.frees,
-        unknown_frees = h.unknown_frees,
-        failed_allocations = h.failed_allocations,
-        launches_seen = c.profiles.launches_seen,
-        hooks_attached_ms = coverage.attached.as_millis() as u64,
-        scale = coverage.scale(),
-        "CUDA"
-    );
-    if h.unknown_frees > 0 {
-        tracing::info!(count = h.unknown_frees, "frees of memory allocated before the hooks were attached");
-    }
-    tracing::info!(calls = counters.calls, lost = counters.lost, table_full = counters.table_full, races = counters.races, "CUDA hook records");
-    if counters.lost > 0 || counters.table_full > 0 {
-        tracing::warn!(
-            lost = counters.lost,
-            calls_not_followed = counters.table_full,
-            "some CUDA calls were not recorded: the ring buffer or the table of calls in flight was full"
-        );
-    }
-}
-
 /// What a flame graph's title names: the program (the script, for an interpreter), PIDs, or the
 /// machine; the whole command line goes into the subtitle.
 fn describe_targets(opts: &RecordOptions) -> String {
     if !opts.command.is_empty() {
-        crate::agent::service::program_name(&opts.command).unwrap_or_else(|| opts.command.join(" "))
+        crate::workload::service::program_name(&opts.command).unwrap_or_else(|| opts.command.join(" "))
     } else if !opts.pids.is_empty() {
         let pids: Vec<String> = opts.pids.iter().map(u32::to_string).collect();
         format!("PID {}", pids.join(", "))

@@ -1,19 +1,24 @@
 //! A profiling session: the BPF programs, the process tracker that keeps their unwind tables
-//! current, the CUDA hooks, and the aggregators, fed in one loop. `record` runs one for a
-//! recording, `agent` forever.
+//! current, the CUDA hooks, and the sources of the profiles asked for, fed in one loop. Windows
+//! are closed here (`window.rs`): `record` runs one window, the agent one after another.
+
+mod collector;
+mod window;
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use gpuflame_bpf::{BpfError, CpuSampler, CudaApi, Event, OffCpuSampling, ProcessEventKind, SamplerConfig, Targets};
 
-use crate::aggregate::CpuAggregator;
-use crate::offcpu::OffCpuAggregator;
-use crate::profile::Profile;
-use crate::profile_kind::ProfileKind;
+pub use collector::Collector;
+pub use window::{Flow, Oom, Window, WindowStats};
+use window::OpenWindow;
+
 use crate::cuda::ready::{WaitingProcesses, STATUS_WAITING};
-use crate::cuda::{CudaHookManager, CudaProfiles, DutyCycle, OomReport};
+use crate::cuda::{CudaHookManager, DutyCycle};
 use crate::process::ProcessTracker;
+use crate::profile_kind::{needs_of, CudaHooks, ProfileKind};
+use crate::sources::{Input, SourceStats};
 use crate::UserError;
 
 /// How long a session waits for the tables of small files before sampling starts.
@@ -25,31 +30,22 @@ const TABLE_POLL: Duration = Duration::from_millis(10);
 /// generated one, a lambda of a loop) could no longer be named: with 100 ms, 29–31 of 60
 /// functions of 50 ms each were (19 in a CI run), with 20 ms 53–60.
 const PYTHON_POLL: Duration = Duration::from_millis(20);
-
-/// What the CUDA hooks are for.
-#[derive(Debug, Clone)]
-pub struct CudaOptions {
-    /// Hook launches and synchronisations too (gpu-launches, cuda-api).
-    pub launches: bool,
-    /// When their hooks are attached; None keeps them attached (exact counts).
-    pub duty: Option<DutyCycle>,
-}
+/// How often the work of a window's caller runs, between polls.
+const TICK: Duration = Duration::from_millis(100);
 
 pub struct SessionConfig {
     pub targets: Targets,
     pub frequency_hz: u64,
     /// Kernel memory for unwind tables, in bytes.
     pub unwind_memory: u64,
-    /// Sample CPU time.
-    pub cpu: bool,
-    /// Follow target threads' switches (off-cpu and wall profiles).
-    pub off_cpu: bool,
-    pub cuda: Option<CudaOptions>,
+    /// The profiles to make: they say what is attached (see `profile_kind::Needs`).
+    pub profiles: Vec<ProfileKind>,
+    /// When the duty-cycled CUDA hooks are attached; None keeps them attached (exact counts).
+    pub cuda_duty: Option<DutyCycle>,
 }
 
 pub struct CudaState {
     pub hooks: CudaHookManager,
-    pub profiles: CudaProfiles,
     /// Programs held at CUDA initialisation until their tables are in.
     pub waiting: WaitingProcesses,
 }
@@ -57,20 +53,14 @@ pub struct CudaState {
 pub struct Session {
     pub sampler: CpuSampler,
     pub tracker: ProcessTracker,
-    pub aggregator: CpuAggregator,
-    pub off_cpu: Option<OffCpuAggregator>,
+    collector: Collector,
+    profiles: Vec<ProfileKind>,
     pub cuda: Option<CudaState>,
-    /// Out-of-memory failures not yet reported.
-    pub ooms: Vec<OomReport>,
     pub frequency_hz: u64,
+    window: window::OpenWindow,
 }
 
 impl Session {
-    /// A CPU-only session.
-    pub fn start_cpu(targets: Targets, frequency_hz: u64, unwind_memory: u64) -> anyhow::Result<Self> {
-        Self::start(SessionConfig { targets, frequency_hz, unwind_memory, cpu: true, off_cpu: false, cuda: None })
-    }
-
     /// Loads the programs, the unwind tables of the processes that run now (all of them when
     /// `targets` is the whole machine), hooks the CUDA they map, then starts sampling.
     pub fn start(config: SessionConfig) -> anyhow::Result<Self> {
@@ -94,10 +84,13 @@ impl Session {
         // Small files' tables come in tens of ms: waiting a little for them makes the first
         // samples complete; big ones load when samples ask, while sampling runs.
         tracker.wait_for_tables(&mut sampler, PRELOAD_WAIT);
-        let mut cuda = config.cuda.map(|c| CudaState { hooks: CudaHookManager::new(c.launches, c.duty), profiles: CudaProfiles::default(), waiting: WaitingProcesses::default() });
+        let needs = needs_of(&config.profiles);
+        let mut cuda = needs.cuda.map(|hooks| CudaState {
+            hooks: CudaHookManager::new(hooks == CudaHooks::DutyCycled, config.cuda_duty),
+            waiting: WaitingProcesses::default(),
+        });
         if let Some(c) = cuda.as_mut() {
             c.hooks.calibrate(&sampler);
-            c.profiles.set_trap_cost(c.hooks.trap_cost());
             for pid in tracker.pids() {
                 if let Some(entries) = tracker.exec_entries(pid) {
                     c.hooks.process_mapped(&sampler, pid, entries, Instant::now());
@@ -112,15 +105,24 @@ impl Session {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "unwind tables loaded"
         );
-        if config.cpu {
+        if needs.cpu_samples {
             sampler.enable(frequency_hz)?;
         }
-        if config.off_cpu {
+        if needs.switches {
             sampler.enable_off_cpu()?;
         }
-        let off_cpu = config.off_cpu.then(OffCpuAggregator::default);
+        let trap_cost = cuda.as_ref().map_or(Duration::ZERO, |c| c.hooks.trap_cost());
+        let collector = Collector::new(&config.profiles, frequency_hz, trap_cost);
         report_ready(&mut tracker);
-        Ok(Session { sampler, tracker, aggregator: CpuAggregator::new(), off_cpu, cuda, ooms: Vec::new(), frequency_hz })
+        Ok(Session {
+            sampler,
+            tracker,
+            collector,
+            profiles: config.profiles,
+            cuda,
+            frequency_hz,
+            window: window::OpenWindow::now(),
+        })
     }
 
     /// Waits up to `timeout` for events and handles them; attaches and detaches the duty-cycled
@@ -177,18 +179,6 @@ impl Session {
                 }
             }
             match event {
-                Event::Sample(sample) => self.aggregator.add(&sample, self.tracker.files(sample.pid), self.tracker.python(sample.pid)),
-                Event::OffCpu(o) => {
-                    if let Some(off) = self.off_cpu.as_mut() {
-                        let pid = o.sample.pid;
-                        off.stack(&mut self.aggregator, &o, self.tracker.files(pid), self.tracker.python(pid));
-                    }
-                }
-                Event::OffCpuEnd(end) => {
-                    if let Some(off) = self.off_cpu.as_mut() {
-                        off.end(&end);
-                    }
-                }
                 Event::Process(ev) if matches!(ev.kind, ProcessEventKind::NeedTable { .. }) => self.tracker.handle(&mut self.sampler, ev),
                 Event::Process(ev) => {
                     // A burst of mmaps (a Python importing extensions) needs one refresh.
@@ -197,9 +187,7 @@ impl Session {
                     }
                     let seen = Instant::now();
                     if ev.kind == ProcessEventKind::Exit {
-                        if let Some(off) = self.off_cpu.as_mut() {
-                            off.thread_gone(ev.pid);
-                        }
+                        self.collector.process_exited(ev.pid);
                     }
                     self.tracker.handle(&mut self.sampler, ev);
                     tracing::debug!(pid = ev.pid, kind = ?ev.kind, "process event");
@@ -211,7 +199,6 @@ impl Session {
                     let Some(c) = self.cuda.as_mut() else { continue };
                     if ev.kind == ProcessEventKind::Exit {
                         c.hooks.process_exited(ev.pid);
-                        c.profiles.process_exited(ev.pid);
                     } else if let Some(entries) = self.tracker.exec_entries(ev.pid) {
                         c.hooks.process_mapped(&self.sampler, ev.pid, entries, seen);
                         if c.hooks.maps_cuda(ev.pid) {
@@ -219,34 +206,79 @@ impl Session {
                         }
                     }
                 }
-                Event::Cuda(call) => {
-                    let Some(c) = self.cuda.as_mut() else { continue };
-                    let pid = call.sample.pid;
-                    if call.api == CudaApi::CuptiStatus && call.result == STATUS_WAITING {
-                        self.tracker.hurry(&mut self.sampler, pid);
-                        c.waiting.add(pid, call.addr);
-                    }
-                    if let Some(oom) = c.profiles.add(&call, &mut self.aggregator, self.tracker.files(pid), self.tracker.python(pid)) {
-                        self.ooms.push(oom);
-                    }
-                }
-                Event::KernelName(k) => {
+                Event::Cuda(call) if call.api == CudaApi::CuptiStatus => {
                     if let Some(c) = self.cuda.as_mut() {
-                        c.profiles.kernel_named(k);
+                        if call.result == STATUS_WAITING {
+                            self.tracker.hurry(&mut self.sampler, call.sample.pid);
+                            c.waiting.add(call.sample.pid, call.addr);
+                        }
                     }
+                    self.collector.offer(&Input::CuptiStatus(&call));
                 }
-                Event::GpuKernels(batch) => {
-                    if let Some(c) = self.cuda.as_mut() {
-                        c.profiles.gpu_kernels(&batch);
-                    }
-                }
-                Event::GpuKernelName(n) => {
-                    if let Some(c) = self.cuda.as_mut() {
-                        c.profiles.gpu_kernel_named(n);
-                    }
+                Event::Cuda(_) if self.cuda.is_none() => {}
+                other => {
+                    let pid = record_pid(&other);
+                    let (files, python) = pid.map_or((None, None), |pid| (self.tracker.files(pid), self.tracker.python(pid)));
+                    self.collector.record(&other, files, python);
                 }
             }
         }
+    }
+
+    /// Whether target threads' switches are followed (the off-cpu and wall profiles).
+    pub fn off_cpu(&self) -> bool {
+        needs_of(&self.profiles).switches
+    }
+
+    /// What the sources counted so far.
+    pub fn source_stats(&self) -> SourceStats {
+        self.collector.stats()
+    }
+
+    /// The processes whose records were seen, and not yet found to have exited.
+    pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.collector.pids()
+    }
+
+    /// Python frames shown as `[unknown python]`: unreadable, or no longer the code sampled.
+    pub fn unknown_python_frames(&self) -> u64 {
+        self.collector.unknown_python_frames()
+    }
+}
+
+impl Session {
+    /// Runs the window until `length` has passed since it opened (never, for None) or `between`,
+    /// called every 100 ms, says stop; then closes it. A new window opens.
+    pub fn window(&mut self, length: Option<Duration>, mut between: impl FnMut(&mut Session) -> anyhow::Result<Flow>) -> anyhow::Result<Window> {
+        let stopped = loop {
+            self.pump(TICK)?;
+            if between(self)? == Flow::Stop {
+                break true;
+            }
+            if length.is_some_and(|l| self.window.start.elapsed() >= l) {
+                break false;
+            }
+        };
+        self.drain()?;
+        Ok(self.close_window(stopped))
+    }
+
+    fn close_window(&mut self, stopped: bool) -> Window {
+        let open = std::mem::replace(&mut self.window, OpenWindow::now());
+        let duration = open.start.elapsed();
+        let coverage = self.cuda.as_mut().map(|c| c.hooks.take_coverage());
+        let (profiles, stats) = self.collector.close(coverage, open.wall, duration);
+        Window { start: open.wall, duration, profiles, stats, coverage, stopped }
+    }
+
+    /// Samples of the window open now.
+    pub fn samples_in_window(&self) -> u64 {
+        self.collector.samples()
+    }
+
+    /// The out-of-memory failures seen since the last call, with their snapshots.
+    pub fn take_ooms(&mut self) -> Vec<Oom> {
+        self.collector.take_ooms(self.window.wall)
     }
 }
 
@@ -297,44 +329,6 @@ fn reports_first_for_new_processes(events: Vec<Event>, known: impl Fn(u32) -> bo
         out.extend(slots[i].take());
     }
     out
-}
-
-impl Session {
-    /// The cpu, off-cpu and wall profiles among `wanted` for the window that ends now; a new
-    /// window starts. Wall is both on one scale: CPU samples count their period. The caller
-    /// builds the CUDA profiles first, then lets the aggregator forget exited processes.
-    pub fn take_time_profiles(&mut self, wanted: &[ProfileKind], start: SystemTime, duration: Duration) -> Vec<(ProfileKind, Profile)> {
-        let mut out = Vec::new();
-        let cpu = self.aggregator.take_cpu_values(self.frequency_hz);
-        let (off, totals) = match self.off_cpu.as_mut() {
-            Some(o) => {
-                let (values, totals) = o.take_values();
-                (values, Some(totals))
-            }
-            None => (Vec::new(), None),
-        };
-        if wanted.contains(&ProfileKind::Cpu) {
-            let mut profile = Profile::cpu(self.frequency_hz);
-            self.aggregator.build(&mut profile, cpu.clone(), start, duration);
-            out.push((ProfileKind::Cpu, profile));
-        }
-        if wanted.contains(&ProfileKind::OffCpu) {
-            let mut profile = Profile::of(ProfileKind::OffCpu.sample_types());
-            profile.comments.extend(totals.map(|t| t.describe()));
-            self.aggregator.build(&mut profile, off.clone(), start, duration);
-            out.push((ProfileKind::OffCpu, profile));
-        }
-        if wanted.contains(&ProfileKind::Wall) {
-            let mut profile = Profile::of(ProfileKind::Wall.sample_types());
-            profile.comments.push(format!("wall: CPU samples at {} Hz (each one period of time) and off-CPU time", self.frequency_hz));
-            profile.comments.extend(totals.map(|t| t.describe()));
-            let mut values = cpu;
-            values.extend(off);
-            self.aggregator.build(&mut profile, values, start, duration);
-            out.push((ProfileKind::Wall, profile));
-        }
-        out
-    }
 }
 
 /// BPF failures that the user can act on become one-line usage errors.

@@ -1,14 +1,64 @@
-//! Off-CPU time by stack: the stacks at which target threads left the CPU, joined with the time
-//! each wait lasted. Not every switch-out is unwound (see `OffCpuSampling`); the time of the
-//! others is counted per thread and spread over that thread's unwound waits in proportion.
+//! Off-CPU and wall time by stack: the stacks at which target threads left the CPU, joined with
+//! the time each wait lasted. Not every switch-out is unwound (see `OffCpuSampling`); the time of
+//! the others is counted per thread and spread over that thread's unwound waits in proportion.
+//! Wall time is that and the CPU samples, on one scale: each sample counts its period.
 
 use std::collections::{HashMap, HashSet};
 
 use gpuflame_bpf::{OffCpuEnd, OffCpuStack};
-use gpuflame_pyframes::Interpreter;
-use gpuflame_symbolizer::MappedFile;
 
-use crate::aggregate::{CpuAggregator, StackKey, StackValues, TailFrame};
+use super::cpu::SampleCounts;
+use super::source::{Closed, Input, Source, WindowInfo};
+use crate::profile_kind::ProfileKind;
+use crate::stacks::{StackKey, StackValues, Stacks, TailFrame};
+
+/// The off-CPU and wall profiles, from the same waits.
+pub struct OffCpu {
+    waits: Waits,
+    off_cpu: bool,
+    /// The CPU samples, when wall time is wanted.
+    wall: Option<SampleCounts>,
+}
+
+impl OffCpu {
+    pub fn new(off_cpu: bool, wall: bool) -> Self {
+        OffCpu { waits: Waits::default(), off_cpu, wall: wall.then(SampleCounts::default) }
+    }
+}
+
+impl Source for OffCpu {
+    fn add(&mut self, input: &Input<'_>, _: &mut Stacks) {
+        match input {
+            Input::Sample { stack, .. } => {
+                if let Some(w) = self.wall.as_mut() {
+                    w.add(stack);
+                }
+            }
+            Input::OffCpu { record, stack } => self.waits.stack(record, stack),
+            Input::OffCpuEnd(end) => self.waits.end(end),
+            Input::ProcessExited(pid) => self.waits.thread_gone(*pid),
+            _ => {}
+        }
+    }
+
+    fn close(&mut self, window: &WindowInfo, _: &mut Stacks) -> Vec<Closed> {
+        let (off, totals) = self.waits.take_values();
+        let mut out = Vec::new();
+        if self.off_cpu {
+            out.push(Closed { kind: ProfileKind::OffCpu, values: off.clone(), comments: vec![totals.describe()] });
+        }
+        if let Some(w) = self.wall.as_mut() {
+            let mut values = w.take(window.frequency_hz);
+            values.extend(off);
+            let comments = vec![
+                format!("wall: CPU samples at {} Hz (each one period of time) and off-CPU time", window.frequency_hz),
+                totals.describe(),
+            ];
+            out.push(Closed { kind: ProfileKind::Wall, values, comments });
+        }
+        out
+    }
+}
 
 /// The frame of a thread's off-CPU time that no unwound wait of the window can carry.
 const NOT_UNWOUND: &str = "[off-cpu: waits not unwound]";
@@ -22,13 +72,11 @@ struct ThreadTime {
 }
 
 #[derive(Default)]
-pub struct OffCpuAggregator {
+struct Waits {
     /// tid → its current wait's number and stack, until the wait's end arrives.
     pending: HashMap<u32, (u64, StackKey)>,
     unwound: HashMap<StackKey, u64>,
     threads: HashMap<u32, ThreadTime>,
-    /// Ends whose stack record never came (dropped, or sent before the recording).
-    pub unmatched_ns: u64,
     /// Processes that exited since the last window.
     gone: HashSet<u32>,
 }
@@ -51,14 +99,14 @@ impl OffCpuTotals {
     }
 }
 
-impl OffCpuAggregator {
-    pub fn stack(&mut self, stacks: &mut CpuAggregator, o: &OffCpuStack, files: Option<&[MappedFile]>, python: Option<&Interpreter>) {
-        let mut key = stacks.stack(&o.sample, files, python, false);
+impl Waits {
+    fn stack(&mut self, o: &OffCpuStack, stack: &StackKey) {
+        let mut key = stack.clone();
         key.leaf = Some(o.state.label());
         self.pending.insert(o.sample.tid, (o.wait, key));
     }
 
-    pub fn end(&mut self, end: &OffCpuEnd) {
+    fn end(&mut self, end: &OffCpuEnd) {
         let thread = self.threads.entry(end.tid).or_default();
         thread.pid = end.pid;
         if thread.comm.is_empty() {
@@ -76,7 +124,6 @@ impl OffCpuAggregator {
             _ => {
                 // Its stack was dropped: the time still counts, as not unwound.
                 thread.not_unwound_ns += end.duration_ns;
-                self.unmatched_ns += end.duration_ns;
             }
         }
     }
@@ -84,12 +131,12 @@ impl OffCpuAggregator {
     /// The process exited: its waits still pending will never end, but only once the window is
     /// over: the exit comes on another ring buffer than the samples, and can be read before the
     /// end of a wait that its thread sent on its way out.
-    pub fn thread_gone(&mut self, pid: u32) {
+    fn thread_gone(&mut self, pid: u32) {
         self.gone.insert(pid);
     }
 
     /// Off-CPU nanoseconds per stack since the last call, scaled per thread.
-    pub fn take_values(&mut self) -> (StackValues, OffCpuTotals) {
+    fn take_values(&mut self) -> (StackValues, OffCpuTotals) {
         let gone = std::mem::take(&mut self.gone);
         if !gone.is_empty() {
             self.pending.retain(|_, (_, k)| !gone.contains(&k.pid));
@@ -113,7 +160,7 @@ impl OffCpuAggregator {
                     kernel: Vec::new(),
                     user: Vec::new(),
                     root: None,
-                    tail: vec![TailFrame::Function(NOT_UNWOUND.into())],
+                    tail: vec![TailFrame::Marker(NOT_UNWOUND.into())],
                     leaf: None,
                 };
                 values.push((key, None, vec![t.not_unwound_ns as i64]));

@@ -20,7 +20,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use gpuflame::output::pprof;
-use gpuflame::profile::Profile;
+use gpuflame::profile::{Profile, ProfileCopy};
 use gpuflame_server_upload::PushRequest;
 use prost::Message;
 
@@ -401,7 +401,11 @@ fn ingest(sent: &BTreeMap<String, String>, gz: &[u8], id: &str, headers: &BTreeM
             labels.entry(k.clone()).or_insert_with(|| v.clone());
         }
         check_labels(labels.iter().map(|(k, v)| (k.as_str(), v.as_str()))).map_err(bad)?;
-        let part = profile.subset(|s| sample_labels(&s.labels) == group);
+        let mut part = ProfileCopy::of(&profile);
+        for s in profile.samples.iter().filter(|s| sample_labels(&s.labels) == group) {
+            part.copy(&profile, s);
+        }
+        let part = part.finish();
         stored.push(Received {
             labels,
             sent_labels: sent.clone(),

@@ -234,7 +234,7 @@ impl ServiceNamer {
 /// A service name Pyroscope takes: sanitized like every name, within the label value limit, and
 /// never empty (a process may clear its own comm).
 fn finish(name: &str) -> String {
-    let name = super::labels::fit_value(&crate::names::sanitize(name));
+    let name = crate::agent::labels::fit_value(&crate::names::sanitize(name));
     if name.is_empty() {
         "unknown".to_string()
     } else {

@@ -1,0 +1,172 @@
+//! What a recording says when it ends: the summary line, and with `-v` what the unwinder, the
+//! off-CPU program and the CUDA hooks counted, with warnings where something was lost.
+
+use std::time::Duration;
+
+use gpuflame_bpf::{Counters, UnwindCapacity};
+
+use crate::cuda::hooks::HookStats;
+use crate::cuda::Coverage;
+use crate::output::Format;
+use crate::process::TrackerStats;
+use crate::session::{Session, Window, WindowStats};
+use crate::sources::SourceStats;
+
+/// What the session counted, kept when it ends for the report after the files are written.
+pub(super) struct End {
+    counters: Counters,
+    malformed: u64,
+    capacity: UnwindCapacity,
+    tracker: TrackerStats,
+    unknown_python: u64,
+    off_cpu_threads_left: Option<u64>,
+}
+
+impl End {
+    /// Reads the counters; says at once what the BPF programs and the CUDA hooks cost and saw.
+    pub(super) fn of(session: &Session, window: &Window) -> anyhow::Result<End> {
+        let counters = session.sampler.counters()?;
+        if let Some((runs, ns)) = session.sampler.sampler_run_stats().filter(|&(runs, _)| runs > 0) {
+            tracing::info!(runs, avg_ns = ns / runs, "BPF sampling program cost (kernel.bpf_stats_enabled=1)");
+        }
+        let off_cpu = session.off_cpu();
+        if let Some((runs, ns)) = off_cpu.then(|| session.sampler.off_cpu_run_stats()).flatten().filter(|&(runs, _)| runs > 0) {
+            tracing::info!(runs, avg_ns = ns / runs, "BPF context-switch program cost (kernel.bpf_stats_enabled=1)");
+        }
+        if let (Some(c), Some(coverage)) = (session.cuda.as_ref(), window.coverage) {
+            report_cuda(&c.hooks.stats, &session.source_stats(), coverage, &counters.cuda);
+        }
+        Ok(End {
+            malformed: session.sampler.malformed_records(),
+            capacity: session.sampler.unwind_capacity(),
+            tracker: session.tracker.stats.clone(),
+            unknown_python: session.unknown_python_frames(),
+            off_cpu_threads_left: off_cpu.then(|| session.sampler.off_cpu_threads().ok()).flatten(),
+            counters,
+        })
+    }
+
+    /// The summary line, then what went wrong or, with `-v`, what was counted.
+    pub(super) fn report(&self, stats: &WindowStats, duration: Duration, format: Format, written: &[String]) {
+        let counters = &self.counters;
+        let failed = counters.kernel_stack_failed + counters.user_stack_failed;
+        let malformed = self.malformed;
+        eprintln!(
+            "gpuflame: {} samples from {} processes in {:.1} s ({} lost, {failed} incomplete stacks{}{}) → {} ({format})",
+            stats.samples,
+            stats.processes(),
+            duration.as_secs_f64(),
+            counters.lost,
+            stats.complete_fraction().map_or(String::new(), |c| format!(", {:.1}% of user stacks complete", c * 100.0)),
+            if malformed > 0 { format!(", {malformed} malformed records") } else { String::new() },
+            written.join(", "),
+        );
+        report_unwinding(counters, &self.tracker, self.capacity, self.unknown_python);
+        if let Some(left) = self.off_cpu_threads_left {
+            let o = &counters.off_cpu;
+            tracing::info!(
+                switches = o.switches,
+                unwound = o.unwound,
+                over_cpu_budget = o.over_budget,
+                lost = o.lost,
+                threads_full = o.threads_full,
+                threads_followed = o.followed,
+                threads_left = left,
+                "off-CPU"
+            );
+            if o.lost > 0 || o.threads_full > 0 {
+                tracing::warn!(lost = o.lost, threads_not_followed = o.threads_full, "some off-CPU time was not recorded: the ring buffer was full, or no state could be made for some threads");
+            }
+        }
+        if counters.targets_full > 0 {
+            tracing::warn!(count = counters.targets_full, "new processes could not be followed: the target map was full");
+        }
+    }
+}
+
+/// Unwind failures by reason, on request (-v), or as a warning when tables could not be loaded.
+fn report_unwinding(counters: &Counters, t: &TrackerStats, capacity: UnwindCapacity, unknown_python: u64) {
+    let u = &counters.unwind;
+    tracing::info!(
+        no_process = u.no_process,
+        no_mapping = u.no_mapping,
+        no_row = u.no_row,
+        bad_cfa = u.bad_cfa,
+        read_fault = u.read_fault,
+        truncated = u.truncated,
+        no_table_yet = u.no_table_yet,
+        no_unwind_info = u.bad_frame,
+        frame_pointer_steps = u.frame_pointer_steps,
+        frame_pointer_rejected = u.frame_pointer_rejected,
+        scanned_frames = u.scanned_frames,
+        python_after_gap = counters.python.after_gap,
+        python_truncated = counters.python.truncated,
+        python_unknown_frames = unknown_python,
+        kernel_stack_failed = counters.kernel_stack_failed,
+        "unwinding"
+    );
+    tracing::info!(
+        tables = t.tables_built,
+        rows = t.rows_loaded,
+        build_ms = t.build_time.as_millis() as u64,
+        evicted = t.tables_evicted,
+        evicted_for_room = t.tables_evicted_for_room,
+        failures = t.table_failures,
+        files_without_cfi = t.files_without_cfi,
+        first_demanded_table_ms = t.first_demanded_table.map(|d| d.as_millis() as u64),
+        rows_in_use = capacity.rows_used,
+        rows_budget = capacity.rows_total,
+        kernel_bytes = capacity.shard_bytes,
+        rules = capacity.rules,
+        "unwind tables"
+    );
+    if !t.no_room.is_empty() {
+        let names: Vec<&str> = t.no_room.iter().map(String::as_str).take(5).collect();
+        let more = t.no_room.len().saturating_sub(names.len());
+        tracing::warn!(
+            "unwind tables are full: {} file(s) did not fit in --unwind-memory {} MiB ({}{}); their stacks stop there — raise --unwind-memory",
+            t.no_room.len(),
+            (capacity.rows_total * gpuflame_bpf::SamplerConfig::BYTES_PER_ROW) >> 20,
+            names.join(", "),
+            if more > 0 { format!(" and {more} more") } else { String::new() }
+        );
+    }
+    if t.mappings_dropped > 0 || counters.process_events_lost > 0 || counters.mmap_throttled > 0 {
+        tracing::warn!(
+            mappings_dropped = t.mappings_dropped,
+            process_events_lost = counters.process_events_lost,
+            mmap_reports_throttled = counters.mmap_throttled,
+            "some code could not be described to the unwinder"
+        );
+    }
+}
+
+fn report_cuda(s: &HookStats, sources: &SourceStats, coverage: Coverage, counters: &gpuflame_bpf::CudaCounters) {
+    let h = &sources.hbm;
+    tracing::info!(
+        files_hooked = s.files_hooked,
+        files_searched = s.files_searched,
+        attach_failures = s.attach_failures,
+        max_attach_latency_ms = s.max_attach_latency.as_secs_f64() * 1e3,
+        allocations = h.allocations,
+        frees = h.frees,
+        unknown_frees = h.unknown_frees,
+        failed_allocations = h.failed_allocations,
+        launches_seen = sources.launches_seen,
+        hooks_attached_ms = coverage.attached.as_millis() as u64,
+        scale = coverage.scale(),
+        "CUDA"
+    );
+    if h.unknown_frees > 0 {
+        tracing::info!(count = h.unknown_frees, "frees of memory allocated before the hooks were attached");
+    }
+    tracing::info!(calls = counters.calls, lost = counters.lost, table_full = counters.table_full, races = counters.races, "CUDA hook records");
+    if counters.lost > 0 || counters.table_full > 0 {
+        tracing::warn!(
+            lost = counters.lost,
+            calls_not_followed = counters.table_full,
+            "some CUDA calls were not recorded: the ring buffer or the table of calls in flight was full"
+        );
+    }
+}
+

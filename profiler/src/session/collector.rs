@@ -1,0 +1,132 @@
+//! The part of a session that knows no BPF: records in, through the sources, profiles out. Each
+//! record's stack is made once, by [`Stacks`], for every source that takes it.
+
+use std::time::{Duration, SystemTime};
+
+use gpuflame_bpf::Event;
+use gpuflame_pyframes::Interpreter;
+use gpuflame_symbolizer::MappedFile;
+
+use super::window::{Oom, WindowStats};
+use crate::cuda::Coverage;
+use crate::profile::Profile;
+use crate::profile_kind::ProfileKind;
+use crate::sources::{self, Input, OomReport, Source, SourceStats, WindowInfo};
+use crate::stacks::Stacks;
+
+pub struct Collector {
+    stacks: Stacks,
+    sources: Vec<Box<dyn Source>>,
+    profiles: Vec<ProfileKind>,
+    frequency_hz: u64,
+    /// Out-of-memory failures not yet taken.
+    ooms: Vec<OomReport>,
+    stats: WindowStats,
+}
+
+impl Collector {
+    /// `trap_cost`: what the traps of one hooked CUDA call cost, as calibrated.
+    pub fn new(profiles: &[ProfileKind], frequency_hz: u64, trap_cost: Duration) -> Self {
+        Collector {
+            stacks: Stacks::new(),
+            sources: sources::for_profiles(profiles, trap_cost),
+            profiles: profiles.to_vec(),
+            frequency_hz,
+            ooms: Vec::new(),
+            stats: WindowStats::default(),
+        }
+    }
+
+    /// Takes one record; `files` and `python` are its process's, as the tracker knows them.
+    pub fn record(&mut self, event: &Event, files: Option<&[MappedFile]>, python: Option<&Interpreter>) {
+        let (stacks, sources) = (&mut self.stacks, &mut self.sources);
+        match event {
+            Event::Sample(sample) => {
+                let stack = stacks.stack(sample, files, python, false);
+                self.stats.sample(sample);
+                sources.iter_mut().for_each(|s| s.add(&Input::Sample { sample, stack: &stack }, stacks));
+            }
+            Event::OffCpu(record) => {
+                let stack = stacks.stack(&record.sample, files, python, false);
+                sources.iter_mut().for_each(|s| s.add(&Input::OffCpu { record, stack: &stack }, stacks));
+            }
+            Event::Cuda(call) => {
+                let stack = stacks.call_stack(&call.sample, files, python);
+                sources.iter_mut().for_each(|s| s.add(&Input::CudaCall { call, stack: &stack, files }, stacks));
+                for s in sources.iter_mut() {
+                    self.ooms.extend(s.take_ooms());
+                }
+            }
+            Event::OffCpuEnd(e) => self.offer(&Input::OffCpuEnd(e)),
+            Event::KernelName(k) => self.offer(&Input::KernelName(k)),
+            Event::GpuKernels(b) => self.offer(&Input::GpuKernels(b)),
+            Event::GpuKernelName(n) => self.offer(&Input::GpuKernelName(n)),
+            Event::Process(_) => {}
+        }
+    }
+
+    /// A record without a stack.
+    pub fn offer(&mut self, input: &Input<'_>) {
+        for s in self.sources.iter_mut() {
+            s.add(input, &mut self.stacks);
+        }
+    }
+
+    pub fn process_exited(&mut self, pid: u32) {
+        self.stacks.process_exited(pid);
+        self.offer(&Input::ProcessExited(pid));
+    }
+
+    /// The window's profiles, symbolized, in the order of [`ProfileKind`], and its samples; a
+    /// new window starts. `coverage`: of the duty-cycled CUDA hooks, when CUDA is hooked.
+    pub fn close(&mut self, coverage: Option<Coverage>, start: SystemTime, duration: Duration) -> (Vec<(ProfileKind, Profile)>, WindowStats) {
+        let exact = Coverage { attached: duration, elapsed: duration, exact: true, trap_cost: Duration::ZERO };
+        let info = WindowInfo { frequency_hz: self.frequency_hz, coverage: coverage.unwrap_or(exact), length: duration };
+        let mut profiles = Vec::new();
+        for source in self.sources.iter_mut() {
+            for closed in source.close(&info, &mut self.stacks) {
+                if !self.profiles.contains(&closed.kind) {
+                    continue;
+                }
+                let mut profile = closed.kind.empty_profile(self.frequency_hz);
+                profile.comments = closed.comments;
+                self.stacks.build(&mut profile, closed.values, start, duration);
+                profiles.push((closed.kind, profile));
+            }
+        }
+        profiles.sort_by_key(|(k, _)| *k);
+        self.stacks.window_closed();
+        self.stacks.forget_exited();
+        (profiles, std::mem::take(&mut self.stats))
+    }
+
+    /// The out-of-memory failures seen since the last call, with their snapshots as of `at`.
+    pub fn take_ooms(&mut self, at: SystemTime) -> Vec<Oom> {
+        std::mem::take(&mut self.ooms)
+            .into_iter()
+            .map(|report| {
+                let snapshot = report.snapshot(&mut self.stacks, at);
+                let stack = self.stacks.describe(&report.stack);
+                Oom { report, snapshot, stack }
+            })
+            .collect()
+    }
+
+    pub fn samples(&self) -> u64 {
+        self.stats.samples
+    }
+
+    pub fn stats(&self) -> SourceStats {
+        let mut stats = SourceStats::default();
+        self.sources.iter().for_each(|s| s.stats(&mut stats));
+        stats
+    }
+
+    pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.stacks.pids()
+    }
+
+    pub fn unknown_python_frames(&self) -> u64 {
+        self.stacks.unknown_python_frames()
+    }
+}

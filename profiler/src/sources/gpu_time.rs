@@ -1,0 +1,61 @@
+//! GPU time: kernel records of the CUPTI injection library, attributed to the stacks that
+//! launched them (the attribution is `cuda::gputime`). Also says, once per process, why a
+//! process has no GPU time when its injection library reports a failure.
+
+use std::collections::HashMap;
+
+use gpuflame_bpf::CudaApi;
+
+use super::source::{Closed, Input, Source, WindowInfo};
+use crate::cuda::gputime::GpuTime;
+use crate::cuda::ready::STATUS_WAITING;
+use crate::profile_kind::ProfileKind;
+use crate::stacks::Stacks;
+
+#[derive(Default)]
+pub struct GpuTimeSource {
+    gpu_time: GpuTime,
+    /// Processes whose injection library reported that it has no GPU time, and why.
+    failures: HashMap<u32, i32>,
+}
+
+impl Source for GpuTimeSource {
+    fn add(&mut self, input: &Input<'_>, stacks: &mut Stacks) {
+        match input {
+            Input::CuptiStatus(call) => {
+                let pid = call.sample.pid;
+                // Waiting for gpuflame is not a failure: the session answers it.
+                if call.result != 0 && call.result != STATUS_WAITING && self.failures.insert(pid, call.result).is_none() {
+                    let why = match call.result {
+                        1 => "libcupti was not found (set GPUFLAME_CUPTI_PATH)",
+                        2 => "another CUPTI subscriber is active (the PyTorch profiler or Nsight?)",
+                        _ => "CUPTI refused the kernel activity",
+                    };
+                    eprintln!("gpuflame: pid {pid} ({}): no GPU time: {why}; its gpu-launches and cuda-api profiles stand in", call.sample.comm);
+                }
+            }
+            Input::CudaCall { call, stack, .. } if call.api == CudaApi::CuptiLaunch => {
+                // Reported from inside the launch, by the injection library through CUPTI: their
+                // frames are not the program's.
+                let mut stack = (*stack).clone();
+                stacks.trim_leaf_files(&mut stack, |f| f.starts_with("libgpuflame_cupti") || f.starts_with("libcupti"));
+                // A stack cut short (its libraries just loaded, their tables not in yet) would
+                // take its kernel's time away from the real call site: such a launch counts as
+                // unsampled.
+                if call.sample.unwind.is_complete() {
+                    self.gpu_time.launch(call.sample.pid, call.addr as u32, stack);
+                }
+            }
+            Input::GpuKernels(batch) => self.gpu_time.kernels(batch),
+            Input::GpuKernelName(n) => self.gpu_time.named((*n).clone()),
+            Input::ProcessExited(pid) => self.gpu_time.process_exited(*pid),
+            _ => {}
+        }
+    }
+
+    fn close(&mut self, _: &WindowInfo, _: &mut Stacks) -> Vec<Closed> {
+        let (values, stats) = self.gpu_time.take();
+        tracing::info!("{}", stats.describe());
+        vec![Closed { kind: ProfileKind::GpuTime, values, comments: vec![stats.describe()] }]
+    }
+}

@@ -1,0 +1,51 @@
+//! Sources: one per profile (or pair of profiles that share their state), each behind
+//! [`Source`]. A source takes the session's records one at a time, with their stacks already
+//! made by [`Stacks`], and when a window closes gives the values of its profiles by stack. It
+//! knows nothing of BPF maps, files or the network.
+//!
+//! To add a profile: its descriptor in `profile_kind.rs`, a file here, a line in
+//! [`for_profiles`]; see docs/ARCHITECTURE.md.
+
+mod cpu;
+mod cuda_api;
+mod cycled;
+mod gpu_time;
+mod hbm;
+mod launches;
+pub mod offcpu;
+pub mod oom;
+pub mod source;
+
+use std::time::Duration;
+
+use crate::profile_kind::ProfileKind;
+pub use oom::OomReport;
+pub use source::{Closed, Input, Source, SourceStats, WindowInfo};
+
+/// The sources that make `kinds`. `trap_cost`: what the traps of one hooked call cost, as
+/// calibrated, to correct the counts of duty-cycled hooks.
+pub fn for_profiles(kinds: &[ProfileKind], trap_cost: Duration) -> Vec<Box<dyn Source>> {
+    let wants = |k| kinds.contains(&k);
+    let mut out: Vec<Box<dyn Source>> = Vec::new();
+    if wants(ProfileKind::Cpu) {
+        out.push(Box::new(cpu::Cpu::default()));
+    }
+    if wants(ProfileKind::OffCpu) || wants(ProfileKind::Wall) {
+        out.push(Box::new(offcpu::OffCpu::new(wants(ProfileKind::OffCpu), wants(ProfileKind::Wall))));
+    }
+    // Memory is followed whenever CUDA is hooked: an out-of-memory failure is reported with
+    // what was in use, whatever the profiles.
+    if kinds.iter().any(|k| k.descriptor().needs.cuda.is_some()) {
+        out.push(Box::new(hbm::HbmSource::new(wants(ProfileKind::HbmAlloc), wants(ProfileKind::HbmInUse))));
+    }
+    if wants(ProfileKind::GpuLaunches) {
+        out.push(Box::new(launches::Launches::new(trap_cost)));
+    }
+    if wants(ProfileKind::CudaApi) {
+        out.push(Box::new(cuda_api::CudaApiTime::new(trap_cost)));
+    }
+    if wants(ProfileKind::GpuTime) {
+        out.push(Box::new(gpu_time::GpuTimeSource::default()));
+    }
+    out
+}

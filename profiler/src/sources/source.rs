@@ -1,0 +1,71 @@
+//! What a source is: what it takes ([`Input`]), and what it gives when a window closes
+//! ([`Closed`]).
+
+use std::time::Duration;
+
+use gpuflame_bpf::{CudaCall, GpuKernelBatch, GpuKernelName, KernelName, OffCpuEnd, OffCpuStack, Sample};
+use gpuflame_symbolizer::MappedFile;
+
+use super::oom::OomReport;
+use crate::cuda::hbm::HbmStats;
+use crate::cuda::Coverage;
+use crate::profile_kind::ProfileKind;
+use crate::stacks::{StackKey, StackValues, Stacks};
+
+/// One record of the session, as sources see it.
+pub enum Input<'a> {
+    /// A CPU sample and its stack.
+    Sample { sample: &'a Sample, stack: &'a StackKey },
+    /// A thread left the CPU here; its time comes with the [`OffCpuEnd`] of the same wait.
+    OffCpu { record: &'a OffCpuStack, stack: &'a StackKey },
+    OffCpuEnd(&'a OffCpuEnd),
+    /// A hooked CUDA call returned; `stack` is its caller's, without the call itself.
+    CudaCall { call: &'a CudaCall, stack: &'a StackKey, files: Option<&'a [MappedFile]> },
+    /// The CUPTI injection library said how it is doing.
+    CuptiStatus(&'a CudaCall),
+    KernelName(&'a KernelName),
+    GpuKernels(&'a GpuKernelBatch),
+    GpuKernelName(&'a GpuKernelName),
+    ProcessExited(u32),
+}
+
+/// What a window's profiles are closed with.
+pub struct WindowInfo {
+    pub frequency_hz: u64,
+    /// How much of the window the duty-cycled CUDA hooks were attached.
+    pub coverage: Coverage,
+    pub length: Duration,
+}
+
+/// One profile of a closed window, before symbolization.
+pub struct Closed {
+    pub kind: ProfileKind,
+    pub values: StackValues,
+    /// For the reader: how values were scaled or attributed.
+    pub comments: Vec<String>,
+}
+
+impl Closed {
+    pub fn new(kind: ProfileKind, values: StackValues) -> Self {
+        Closed { kind, values, comments: Vec::new() }
+    }
+}
+
+/// What the sources counted, for `-v` and the agent's metrics.
+#[derive(Debug, Clone, Default)]
+pub struct SourceStats {
+    pub hbm: HbmStats,
+    pub launches_seen: u64,
+}
+
+pub trait Source {
+    /// Takes one record.
+    fn add(&mut self, input: &Input<'_>, stacks: &mut Stacks);
+    /// The window's profiles of the kinds asked for; a new window starts.
+    fn close(&mut self, window: &WindowInfo, stacks: &mut Stacks) -> Vec<Closed>;
+    fn stats(&self, _into: &mut SourceStats) {}
+    /// Allocations that failed for lack of memory since the last call.
+    fn take_ooms(&mut self) -> Vec<OomReport> {
+        Vec::new()
+    }
+}

@@ -1,0 +1,9 @@
+//! Which workload a process belongs to: its service name, its cgroup's pod and container, and
+//! this node's pods as the Kubernetes API has them. A recording titles its flame graph with the
+//! program's name and the agent labels its series with all of it; neither owns it, so it is a
+//! module of its own rather than the agent's.
+
+pub mod cgroup;
+pub mod kube;
+pub mod pods;
+pub mod service;
