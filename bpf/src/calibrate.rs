@@ -6,8 +6,7 @@ use std::time::{Duration, Instant};
 
 use libbpf_rs::{ProgramMut, UprobeMultiOpts};
 
-use crate::error::BpfError;
-use crate::sampler::attach_error;
+use crate::error::{attach_error, BpfError};
 
 /// What one call of a function hooked by `prog` (entry and return, programs that do nothing)
 /// costs beyond the bare call.

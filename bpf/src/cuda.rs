@@ -1,6 +1,6 @@
-//! The CUDA functions gpuflame hooks, and the records their hooks send.
+//! The CUDA functions gpuflame hooks, and how each is hooked. The records their hooks send are
+//! decoded with the other records, in `events`.
 
-use crate::events::Sample;
 use crate::skel::types::cuda_api as raw;
 
 /// What a hooked function does, which decides how its calls are counted and whether its hooks
@@ -113,70 +113,6 @@ impl CudaApi {
         matches!(self.class(), CudaClass::Alloc | CudaClass::Free | CudaClass::Map | CudaClass::Meta)
             || (self.class() == CudaClass::Cupti && self != CudaApi::CuptiLaunch)
     }
-}
-
-/// A kernel's execution on the device, as CUPTI recorded it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GpuKernel {
-    /// Device timestamps, ns.
-    pub start: u64,
-    pub end: u64,
-    /// The id CUPTI gave the launch (a graph launch's kernels share it).
-    pub correlation: u32,
-    pub device: u32,
-    pub stream: u32,
-    /// The kernel's name, numbered by the injection library ([`GpuKernelName`]); 0 is unknown.
-    pub name_id: u32,
-    pub graph: u32,
-    pub graph_node: u64,
-}
-
-/// Kernel records of one process, in the order CUPTI delivered them.
-#[derive(Debug, Clone)]
-pub struct GpuKernelBatch {
-    pub pid: u32,
-    pub comm: String,
-    pub kernels: Vec<GpuKernel>,
-    /// Records the injection library dropped to its rate bound so far.
-    pub dropped_total: u64,
-}
-
-/// The name behind a kernel name id of the injection library.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GpuKernelName {
-    pub pid: u32,
-    pub id: u32,
-    pub name: String,
-}
-
-/// The return of an outermost hooked call.
-#[derive(Debug, Clone)]
-pub struct CudaCall {
-    /// Who called, when (at return), and the caller's stack; no kernel part.
-    pub sample: Sample,
-    pub api: CudaApi,
-    /// The CUresult or cudaError_t: 0 is success. [`CudaApi::CuptiStatus`]: the status code.
-    pub result: i32,
-    pub device: u32,
-    pub duration_ns: u64,
-    /// Bytes asked for (allocations, cuMemMap/cuMemUnmap).
-    pub size: u64,
-    /// The device pointer or handle allocated or freed; the address mapped; the kernel launched.
-    /// [`CudaApi::CuptiLaunch`]: the correlation id; [`CudaApi::CuptiStatus`]: the address of the
-    /// ready word.
-    pub addr: u64,
-    /// cuMemMap: the handle mapped at `addr`. [`CudaApi::CuptiLaunch`]: the callback id.
-    pub handle: u64,
-    /// What the return hook's program took, unwinding included: part of what hooking cost.
-    pub hook_ns: u64,
-}
-
-/// A kernel handle that cuModuleGetFunction returned, and the kernel's name.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KernelName {
-    pub pid: u32,
-    pub handle: u64,
-    pub name: String,
 }
 
 #[cfg(test)]

@@ -35,6 +35,15 @@ impl BpfError {
     }
 }
 
+/// Attaching failed: PermissionDenied when that is why, as [`BpfError::load`] does for loading.
+pub(crate) fn attach_error(what: &str, source: libbpf_rs::Error) -> BpfError {
+    if is_permission(&source) {
+        BpfError::PermissionDenied
+    } else {
+        BpfError::Attach { what: what.to_string(), source }
+    }
+}
+
 pub(crate) fn is_permission(e: &libbpf_rs::Error) -> bool {
     matches!(e.kind(), libbpf_rs::ErrorKind::PermissionDenied)
 }

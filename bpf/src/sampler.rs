@@ -16,7 +16,7 @@ use crate::calibrate;
 use crate::config::{SamplerConfig, Targets};
 use crate::counters::{self, Counters};
 use crate::cuda::CudaApi;
-use crate::error::{is_permission, BpfError};
+use crate::error::{attach_error, BpfError};
 use crate::events::{self, Event};
 use crate::perf;
 use crate::skel::{types, CpuSamplerSkel, CpuSamplerSkelBuilder};
@@ -306,12 +306,3 @@ fn run_stats(fd: i32) -> Option<(u64, u64)> {
     let ret = unsafe { libbpf_sys::bpf_prog_get_info_by_fd(fd, &mut info, &mut len) };
     (ret == 0).then_some((info.run_cnt, info.run_time_ns))
 }
-
-pub(crate) fn attach_error(what: &str, source: libbpf_rs::Error) -> BpfError {
-    if is_permission(&source) {
-        BpfError::PermissionDenied
-    } else {
-        BpfError::Attach { what: what.to_string(), source }
-    }
-}
-

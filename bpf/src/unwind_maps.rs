@@ -12,7 +12,7 @@ use libbpf_rs::{MapCore, MapFlags, MapHandle, MapMut, MapType};
 use crate::blocks::BlockAllocator;
 use crate::pod::as_bytes;
 use crate::skel::types;
-use crate::BpfError;
+use crate::error::BpfError;
 
 /// Rows per block (ROWS_PER_BLOCK in events.h).
 pub(crate) const ROWS_PER_BLOCK: usize = 16;

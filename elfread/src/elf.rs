@@ -1,10 +1,11 @@
 //! ELF64 little-endian headers, read by hand with checked arithmetic: only the headers are read
 //! up front; sections are read when asked for, each against a limit.
 
-use crate::limits::{MAX_BUILD_ID, MAX_HEADERS, MAX_NOTES, MAX_NAME, MAX_SECTION_NAMES, MAX_STRING_TABLE, MAX_SYMBOL_TABLE};
+use crate::limits::{MAX_BUILD_ID, MAX_HEADERS, MAX_NOTES, MAX_SECTION_NAMES, MAX_STRING_TABLE, MAX_SYMBOL_TABLE};
 use crate::source::ReadAt;
-use crate::symbols::Symbols;
-use crate::{consts, ElfError};
+use crate::consts;
+use crate::error::ElfError;
+use crate::symbols::{string_at, Symbols};
 
 const EHDR_SIZE: usize = 64;
 const PHDR_SIZE: u64 = 56;
@@ -91,15 +92,6 @@ fn parse_section(b: &[u8]) -> (u32, Section) {
         entsize: u64_at(b, 56),
     };
     (name, section)
-}
-
-/// The NUL-terminated string at `at` in a string table, None when it is out of range, not
-/// terminated, or longer than [`MAX_NAME`].
-pub(crate) fn string_at(table: &[u8], at: u32) -> Option<&[u8]> {
-    let rest = table.get(at as usize..)?;
-    let window = &rest[..rest.len().min(MAX_NAME + 1)];
-    let end = window.iter().position(|&c| c == 0)?;
-    Some(&window[..end])
 }
 
 impl<R: ReadAt> ElfFile<R> {

@@ -1,8 +1,19 @@
-//! A symbol table and its string table, owned.
+//! A symbol table and its string table, owned, and the string-table reader that section names
+//! use too.
 
-use crate::elf::string_at;
+use crate::consts::{SHN_UNDEF, STT_FUNC, STT_GNU_IFUNC};
+use crate::limits::MAX_NAME;
 
 const SYM_SIZE: usize = 24;
+
+/// The NUL-terminated string at `at` in a string table, None when it is out of range, not
+/// terminated, or longer than [`MAX_NAME`].
+pub(crate) fn string_at(table: &[u8], at: u32) -> Option<&[u8]> {
+    let rest = table.get(at as usize..)?;
+    let window = &rest[..rest.len().min(MAX_NAME + 1)];
+    let end = window.iter().position(|&c| c == 0)?;
+    Some(&window[..end])
+}
 
 /// One symbol; `name` is empty when its name is out of range, unterminated or too long.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,11 +33,11 @@ impl Symbol<'_> {
     }
 
     pub fn is_function(&self) -> bool {
-        matches!(self.kind, crate::consts::STT_FUNC | crate::consts::STT_GNU_IFUNC)
+        matches!(self.kind, STT_FUNC | STT_GNU_IFUNC)
     }
 
     pub fn is_defined(&self) -> bool {
-        self.shndx != crate::consts::SHN_UNDEF
+        self.shndx != SHN_UNDEF
     }
 }
 

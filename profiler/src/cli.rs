@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 pub use crate::process::MAX_UNWIND_MIB;
+use crate::profile_kind::{profiles_help, profiles_long_help};
 use crate::record::{RecordOptions, DEFAULT_FREQUENCY_HZ};
 
 /// The longest `record -d`: a year. Without -d a recording runs until Ctrl-C.
@@ -102,9 +103,8 @@ pub struct RecordArgs {
     /// The same budget in rows, for tests of a full budget.
     #[arg(long, value_name = "ROWS", hide = true, conflicts_with = "unwind_memory")]
     pub unwind_rows: Option<u64>,
-    /// Profiles to record, comma-separated: cpu, hbm-alloc, hbm-inuse, gpu-launches, cuda-api, or
-    /// all. With more than one, each goes to its own file, named by profile (out.cpu.svg, …).
-    #[arg(long, value_name = "LIST", default_value = "cpu")]
+    // Its help comes from the profiles' descriptors (profile_kind.rs).
+    #[arg(long, value_name = "LIST", default_value = "cpu", help = profiles_help("record"), long_help = profiles_long_help("record"))]
     pub profiles: String,
     /// Keep the launch and synchronisation hooks attached all the time: exact counts, at a cost
     /// of microseconds per call. By default they are attached 10 ms per second and scaled.
@@ -204,4 +204,24 @@ pub struct DiffArgs {
     /// One Python frame per line instead of per function.
     #[arg(long)]
     pub lines: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_and_agent_help_list_every_profile() {
+        use clap::CommandFactory;
+        let mut cli = Cli::command();
+        for (sub, verb) in [("record", "record"), ("agent", "push")] {
+            let cmd = cli.find_subcommand_mut(sub).expect(sub);
+            let arg = cmd.get_arguments().find(|a| a.get_id() == "profiles").expect("--profiles");
+            let help = arg.get_long_help().expect("long help").to_string();
+            assert!(help.starts_with(&profiles_help(verb)), "{help}");
+            for d in &crate::profile_kind::DESCRIPTORS {
+                assert!(help.contains(&format!("  {:<13} {}", d.name, d.about)), "{sub} --help lacks {}: {help}", d.name);
+            }
+        }
+    }
 }

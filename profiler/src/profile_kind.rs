@@ -239,6 +239,24 @@ pub fn needs_of(kinds: &[ProfileKind]) -> Needs {
     all
 }
 
+/// `--profiles`' help: the profiles' names, from their descriptors.
+pub fn profiles_help(verb: &str) -> String {
+    format!("Profiles to {verb}, comma-separated: {}, or all", ProfileKind::names())
+}
+
+/// `--profiles`' long help: a line per profile.
+pub fn profiles_long_help(verb: &str) -> String {
+    let mut help = profiles_help(verb);
+    if verb == "record" {
+        help.push_str(". With more than one, each goes to its own file, named by profile (out.cpu.svg, …)");
+    }
+    help.push(':');
+    for d in &DESCRIPTORS {
+        help.push_str(&format!("\n  {:<13} {}", d.name, d.about));
+    }
+    help
+}
+
 impl FromStr for ProfileKind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {

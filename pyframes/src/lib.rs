@@ -11,6 +11,7 @@ mod linetable;
 mod offsets;
 mod tables;
 mod unicode;
+mod versions;
 
 pub use detect::{find_interpreter, find_interpreter_with, Interpreter, Mapping, PyError};
 pub use linetable::line_for;

@@ -1,6 +1,5 @@
-//! The struct offsets the Python walker needs, per interpreter version.
-
-use crate::tables::TABLES;
+//! The struct offsets the Python walker needs, per interpreter version, and how 3.13+ give them
+//! at run time; the tables of older versions are looked up in `versions`.
 
 /// How the frames of one `_PyEval_EvalFrameDefault` call are told apart from its caller's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,11 +43,6 @@ pub struct PyOffsets {
 }
 
 impl PyOffsets {
-    /// The table for a version without `_Py_DebugOffsets` (3.8 to 3.12).
-    pub fn for_version(major: u8, minor: u8) -> Option<&'static PyOffsets> {
-        TABLES.iter().find(|t| t.version == (major, minor))
-    }
-
     /// Offsets from the `_Py_DebugOffsets` header that 3.13+ put at the start of `_PyRuntime`
     /// (`bytes` from there, at least 0x300 long), for the versions whose header layout is known
     /// (3.13, 3.14). The header is in the process's own memory, which the process can write:
@@ -132,16 +126,6 @@ pub enum DebugOffsetsError {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn tables_cover_3_8_to_3_13() {
-        for minor in 8..=13 {
-            let t = PyOffsets::for_version(3, minor).unwrap_or_else(|| panic!("no table for 3.{minor}"));
-            assert_eq!(matches!(t.frame_entry, FrameEntry::FrameObject), minor < 11);
-            assert_eq!(t.code_adaptive.is_some(), minor >= 11);
-        }
-        assert!(PyOffsets::for_version(3, 7).is_none());
-    }
 
     #[test]
     fn debug_offsets_need_the_cookie() {

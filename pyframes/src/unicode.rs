@@ -1,6 +1,6 @@
 //! Python `str` objects as the interpreter lays them out (PEP 393), decoded from their bytes.
 
-use crate::PyOffsets;
+use crate::offsets::PyOffsets;
 
 /// What a str header says: how many characters, of what width, stored where.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

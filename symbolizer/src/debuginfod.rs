@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use crate::config::config;
 use crate::copy::MAX_COPY;
-use crate::debuginfo::config;
 
 /// Downloads at once; the others queue.
 const PARALLEL: usize = 4;

@@ -9,6 +9,7 @@
 //! namespace all get the names of the file that was actually mapped, never of a file that
 //! happens to have its path here.
 
+mod config;
 mod copy;
 mod debuginfo;
 mod debuginfod;
@@ -19,7 +20,7 @@ mod modules;
 mod procmaps;
 mod python;
 
-pub use debuginfo::{configure, DebugConfig};
+pub use config::{configure, DebugConfig};
 pub use files::{FileError, ModuleFile};
 pub use frames::{Symbol, SymbolLine};
 pub use modules::{Module, ModuleId};
@@ -286,7 +287,7 @@ impl Symbolizer {
             .enable_code_info(true)
             .enable_inlined_fns(true)
             .enable_demangling(false)
-            .set_debug_dirs(Some(&debuginfo::config().debug_dirs))
+            .set_debug_dirs(Some(&config::config().debug_dirs))
             .build()
     }
 
@@ -323,7 +324,7 @@ impl Symbolizer {
                 Self::examine(&mut self.extras, &file, &self.modules.get(module).path.clone());
                 if let Some(Some(extras)) = self.extras.get_mut(&file.id()) {
                     if extras.pending.is_some() {
-                        extras.settle(Some(*wait_until.get_or_insert_with(|| Instant::now() + debuginfo::config().wait)));
+                        extras.settle(Some(*wait_until.get_or_insert_with(|| Instant::now() + config::config().wait)));
                         awaited |= extras.pending.is_some();
                     }
                 }

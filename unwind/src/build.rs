@@ -1,13 +1,16 @@
 //! Building an [`UnwindTable`] from an ELF file's call frame information.
 
 use std::collections::HashMap;
+use std::fs::File;
+use std::path::Path;
 
 use gimli::{BaseAddresses, CieOrFde, DebugFrame, EhFrame, LittleEndian, UnwindContext, UnwindSection};
 use gpuflame_elfread::limits::{MAX_CFI_SECTION, MAX_FDES, MAX_UNWIND_ROWS};
-use gpuflame_elfread::{consts, ElfFile, ReadAt};
+use gpuflame_elfread::{consts, open_regular, ElfError, ElfFile, ReadAt};
 
-use crate::rule::{classify, UnwindRule};
-use crate::{TableStats, UnwindError, UnwindRow, UnwindTable};
+use crate::error::UnwindError;
+use crate::rule::{classify, CfaRule, UnwindRule};
+use crate::table::{LoadSegment, TableStats, UnwindRow, UnwindTable};
 
 type Slice<'a> = gimli::EndianSlice<'a, LittleEndian>;
 
@@ -42,7 +45,31 @@ struct Budget {
     rows: usize,
 }
 
-pub(crate) fn from_elf<R: ReadAt>(elf: &ElfFile<R>) -> Result<UnwindTable, UnwindError> {
+impl UnwindTable {
+    /// Reads and builds the table of the ELF file at `path` (a /proc/PID/map_files/… path for
+    /// a mapped file: it reaches the mapped file itself). Only a regular file is opened, without
+    /// blocking, and it is read with pread: a file truncated meanwhile gives an error.
+    pub fn from_path(path: &Path) -> Result<Self, UnwindError> {
+        let read = |source: ElfError| UnwindError::Read { path: path.display().to_string(), source };
+        let file = open_regular(path).map_err(|e| read(e.into()))?;
+        Self::from_file(&file).map_err(|e| match e {
+            UnwindError::Elf(source) => read(source),
+            e => e,
+        })
+    }
+
+    /// Builds the table of an open ELF file.
+    pub fn from_file(file: &File) -> Result<Self, UnwindError> {
+        from_elf(&ElfFile::parse(file)?)
+    }
+
+    /// Builds the table from the bytes of an ELF file.
+    pub fn from_elf(data: &[u8]) -> Result<Self, UnwindError> {
+        from_elf(&ElfFile::parse(data)?)
+    }
+}
+
+fn from_elf<R: ReadAt>(elf: &ElfFile<R>) -> Result<UnwindTable, UnwindError> {
     from_elf_within(elf, Budget { fdes: MAX_FDES, rows: MAX_UNWIND_ROWS })
 }
 
@@ -102,7 +129,7 @@ fn from_elf_within<R: ReadAt>(elf: &ElfFile<R>, mut budget: Budget) -> Result<Un
     }
     let segments = elf
         .load_segments()
-        .map(|seg| crate::LoadSegment { file_offset: seg.offset, vaddr: seg.vaddr, file_size: seg.file_size })
+        .map(|seg| LoadSegment { file_offset: seg.offset, vaddr: seg.vaddr, file_size: seg.file_size })
         .collect();
     Ok(UnwindTable { rows: merge(fdes), segments, stats })
 }
@@ -141,7 +168,7 @@ where
         while let Ok(Some(row)) = table.next_row() {
             budget.rows = budget.rows.checked_sub(1).ok_or(UnwindError::Limit { what: "unwind rows", limit: MAX_UNWIND_ROWS })?;
             let rule = classify(row, section);
-            if matches!(rule.cfa, crate::CfaRule::Unsupported) {
+            if matches!(rule.cfa, CfaRule::Unsupported) {
                 stats.unsupported_rows += 1;
             }
             out.rows.push(UnwindRow { pc: row.start_address(), rule });
@@ -183,7 +210,7 @@ fn merge(mut fdes: Fdes) -> Vec<UnwindRow> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{CfaRule, RbpRule};
+    use crate::rule::RbpRule;
 
     fn rule(off: i32) -> UnwindRule {
         UnwindRule { cfa: CfaRule::RspOffset(off), rbp: RbpRule::Unchanged }

@@ -4,7 +4,8 @@
 
 use std::collections::HashMap;
 
-use crate::{UnwindRule, UnwindTable};
+use crate::rule::UnwindRule;
+use crate::table::UnwindTable;
 
 /// Rules shared by all tables, indexed by u16.
 #[derive(Debug, Default, Clone)]
@@ -100,7 +101,8 @@ impl CompactTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{CfaRule, RbpRule, UnwindRow};
+    use crate::rule::{CfaRule, RbpRule};
+    use crate::table::UnwindRow;
 
     #[test]
     fn compact_lookup_agrees_with_the_table() {

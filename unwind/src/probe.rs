@@ -7,7 +7,8 @@ use std::path::Path;
 
 use gpuflame_elfread::{open_regular, ElfError, ElfFile, ReadAt};
 
-use crate::{ExecutableKey, LoadSegment};
+use crate::elf::ExecutableKey;
+use crate::table::LoadSegment;
 
 /// An executable file as seen without reading its unwind information.
 #[derive(Debug, Clone, PartialEq, Eq)]

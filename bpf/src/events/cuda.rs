@@ -2,11 +2,75 @@
 //! library passes on. The injection library's launches and status reach the profiler as calls of
 //! their functions ([`CudaApi::CuptiLaunch`], [`CudaApi::CuptiStatus`]), as their hooks are.
 
+use super::record::Record;
 use super::sample::{sample_of, Sample, StackRead};
-use super::Record;
+use crate::cuda::CudaApi;
 use crate::pod::read_pod;
-use crate::cuda::{CudaApi, CudaCall, GpuKernel, GpuKernelBatch, GpuKernelName, KernelName};
 use crate::skel::types;
+
+/// A kernel's execution on the device, as CUPTI recorded it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuKernel {
+    /// Device timestamps, ns.
+    pub start: u64,
+    pub end: u64,
+    /// The id CUPTI gave the launch (a graph launch's kernels share it).
+    pub correlation: u32,
+    pub device: u32,
+    pub stream: u32,
+    /// The kernel's name, numbered by the injection library ([`GpuKernelName`]); 0 is unknown.
+    pub name_id: u32,
+    pub graph: u32,
+    pub graph_node: u64,
+}
+
+/// Kernel records of one process, in the order CUPTI delivered them.
+#[derive(Debug, Clone)]
+pub struct GpuKernelBatch {
+    pub pid: u32,
+    pub comm: String,
+    pub kernels: Vec<GpuKernel>,
+    /// Records the injection library dropped to its rate bound so far.
+    pub dropped_total: u64,
+}
+
+/// The name behind a kernel name id of the injection library.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuKernelName {
+    pub pid: u32,
+    pub id: u32,
+    pub name: String,
+}
+
+/// The return of an outermost hooked call.
+#[derive(Debug, Clone)]
+pub struct CudaCall {
+    /// Who called, when (at return), and the caller's stack; no kernel part.
+    pub sample: Sample,
+    pub api: CudaApi,
+    /// The CUresult or cudaError_t: 0 is success. [`CudaApi::CuptiStatus`]: the status code.
+    pub result: i32,
+    pub device: u32,
+    pub duration_ns: u64,
+    /// Bytes asked for (allocations, cuMemMap/cuMemUnmap).
+    pub size: u64,
+    /// The device pointer or handle allocated or freed; the address mapped; the kernel launched.
+    /// [`CudaApi::CuptiLaunch`]: the correlation id; [`CudaApi::CuptiStatus`]: the address of the
+    /// ready word.
+    pub addr: u64,
+    /// cuMemMap: the handle mapped at `addr`. [`CudaApi::CuptiLaunch`]: the callback id.
+    pub handle: u64,
+    /// What the return hook's program took, unwinding included: part of what hooking cost.
+    pub hook_ns: u64,
+}
+
+/// A kernel handle that cuModuleGetFunction returned, and the kernel's name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelName {
+    pub pid: u32,
+    pub handle: u64,
+    pub name: String,
+}
 
 /// EVENT_CUDA_CALL: cut after the caller's user stack, which has no kernel part.
 pub(super) fn decode_call(r: &Record) -> Option<CudaCall> {
@@ -78,8 +142,8 @@ pub(super) fn decode_cupti_kernels(r: &Record) -> GpuKernelBatch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::events::tests::{header, record};
-    use crate::events::{decode_record, Event, UserFrame};
+    use crate::events::record::tests::{decoded, header, record};
+    use crate::events::sample::UserFrame;
     use crate::pod::as_bytes;
 
     #[test]
@@ -98,17 +162,17 @@ mod tests {
             hook_ns: 30,
         };
         let data = record(h, stack, &payload, &[0x10, 0x20, 0x30]);
-        let Some(Event::Cuda(c)) = decode_record(&data) else { panic!("not a CUDA call") };
+        let Some(c) = decoded(&data, decode_call) else { panic!("not a CUDA call") };
         assert_eq!((c.api, c.result, c.device, c.duration_ns), (CudaApi::CudaMalloc, 2, 1, 500));
         assert_eq!((c.size, c.addr, c.handle, c.hook_ns, c.sample.pid), (4096, 0x7000, 9, 30, 42));
         assert_eq!(c.sample.user_stack, vec![UserFrame::Native(0x10), UserFrame::Native(0x20), UserFrame::Native(0x30)]);
         assert_eq!(c.sample.kernel_stack, StackRead::Frames(vec![]));
         // A record that claims more frames than it carries keeps only those it carries.
-        let Some(Event::Cuda(c)) = decode_record(&data[..data.len() - 16]) else { panic!() };
+        let Some(c) = decoded(&data[..data.len() - 16], decode_call) else { panic!() };
         assert_eq!(c.sample.user_stack.len(), 1);
         // An api the hooks do not know is no call.
         let data = record(h, stack, &types::cuda_call_payload { api: 0, ..payload }, &[]);
-        assert!(decode_record(&data).is_none());
+        assert!(decoded(&data, decode_call).is_none());
     }
 
     #[test]
@@ -116,12 +180,12 @@ mod tests {
         let h = header(types::event_kind::EVENT_CUPTI_LAUNCH, 42, 43, "trainer");
         let stack = types::event_stack { user_frames: 1, ..Default::default() };
         let data = record(h, stack, &types::cupti_launch_payload { correlation: 77, callback: 13 }, &[0x10]);
-        let Some(Event::Cuda(c)) = decode_record(&data) else { panic!("not a call") };
+        let Some(c) = decoded(&data, |r| Some(decode_cupti_launch(r))) else { panic!("not a call") };
         assert_eq!((c.api, c.addr, c.handle, c.sample.tid), (CudaApi::CuptiLaunch, 77, 13, 43));
         assert_eq!(c.sample.user_stack, vec![UserFrame::Native(0x10)]);
         let h = header(types::event_kind::EVENT_CUPTI_STATUS, 42, 43, "trainer");
         let data = record(h, Default::default(), &types::cupti_status_payload { code: 4, _pad: 0, ready_word: 0x5000 }, &[]);
-        let Some(Event::Cuda(c)) = decode_record(&data) else { panic!("not a call") };
+        let Some(c) = decoded(&data, |r| Some(decode_cupti_status(r))) else { panic!("not a call") };
         assert_eq!((c.api, c.result, c.addr), (CudaApi::CuptiStatus, 4, 0x5000));
         assert!(c.sample.user_stack.is_empty());
     }
@@ -137,11 +201,11 @@ mod tests {
         };
         let h = header(types::event_kind::EVENT_CUDA_KERNEL, 42, 42, "trainer");
         let data = record(h, Default::default(), &types::kernel_name_payload { handle: 0xf00d, name_len: 4, _pad: 0 }, &name("gemm"));
-        let Some(Event::KernelName(k)) = decode_record(&data) else { panic!("not a kernel name") };
+        let Some(k) = decoded(&data, |r| Some(decode_kernel_name(r))) else { panic!("not a kernel name") };
         assert_eq!(k, KernelName { pid: 42, handle: 0xf00d, name: "gemm".into() });
         let h = header(types::event_kind::EVENT_CUPTI_NAME, 42, 42, "trainer");
         let data = record(h, Default::default(), &types::cupti_name_payload { id: 3, name_len: 10 }, &name("flash_attn"));
-        let Some(Event::GpuKernelName(n)) = decode_record(&data) else { panic!("not a kernel name id") };
+        let Some(n) = decoded(&data, |r| Some(decode_cupti_name(r))) else { panic!("not a kernel name id") };
         assert_eq!(n, GpuKernelName { pid: 42, id: 3, name: "flash_attn".into() });
     }
 
@@ -153,7 +217,7 @@ mod tests {
         for c in [77, 78, 79] {
             data.extend_from_slice(as_bytes(&k(c)));
         }
-        let Some(Event::GpuKernels(b)) = decode_record(&data) else { panic!("not kernel records") };
+        let Some(b) = decoded(&data, |r| Some(decode_cupti_kernels(r))) else { panic!("not kernel records") };
         assert_eq!((b.pid, b.comm.as_str(), b.dropped_total), (42, "trainer", 5));
         assert_eq!(b.kernels.iter().map(|k| k.correlation).collect::<Vec<_>>(), vec![77, 78]);
     }

@@ -6,17 +6,16 @@
 mod cuda;
 mod offcpu;
 mod process;
+mod record;
 mod sample;
 
-use std::mem::{offset_of, size_of};
-
+pub use cuda::{CudaCall, GpuKernel, GpuKernelBatch, GpuKernelName, KernelName};
 pub use offcpu::{OffCpuEnd, OffCpuStack, OffCpuState};
 pub use process::{ProcessEvent, ProcessEventKind};
 pub(crate) use process::decode_process_event;
 pub use sample::{python_name_tag, LeafFile, Sample, StackRead, UnwindStatus, UserFrame};
 
-use crate::cuda::{CudaCall, GpuKernelBatch, GpuKernelName, KernelName};
-use crate::pod::{read_pod, Pod};
+use record::Record;
 use crate::skel::types;
 
 /// What the sampler's ring buffers deliver, in order of arrival per buffer.
@@ -30,59 +29,6 @@ pub enum Event {
     KernelName(KernelName),
     GpuKernels(GpuKernelBatch),
     GpuKernelName(GpuKernelName),
-}
-
-const STACK_AT: usize = offset_of!(types::event_record, stack);
-const PAYLOAD_AT: usize = offset_of!(types::event_record, payload);
-/// Where the fixed part ends, and the stack (or a name, or kernel records) begins.
-const FIXED_BYTES: usize = offset_of!(types::event_record, user_stack);
-const KERNEL_STACK_AT: usize = offset_of!(types::event_record, kernel_stack);
-const RECORD_BYTES: usize = size_of::<types::event_record>();
-/// 8-byte slots after the fixed part of a whole record: the user stack's, then the kernel's.
-const SLOTS: usize = (RECORD_BYTES - FIXED_BYTES) / size_of::<u64>();
-const USER_SLOTS: usize = (KERNEL_STACK_AT - FIXED_BYTES) / size_of::<u64>();
-
-/// A record of the `samples` ring whose fixed part is all there.
-struct Record<'a> {
-    header: types::event_header,
-    stack: types::event_stack,
-    data: &'a [u8],
-}
-
-impl<'a> Record<'a> {
-    fn new(data: &'a [u8]) -> Option<Self> {
-        if data.len() < FIXED_BYTES {
-            return None;
-        }
-        Some(Record { header: read_pod(data)?, stack: read_pod(&data[STACK_AT..])?, data })
-    }
-
-    /// The payload, as the struct of the record's kind.
-    fn payload<T: Pod>(&self) -> T {
-        read_pod(&self.data[PAYLOAD_AT..]).expect("the fixed part holds every payload")
-    }
-
-    /// What follows the fixed part: a stack, a name, or kernel records.
-    fn tail(&self) -> &'a [u8] {
-        &self.data[FIXED_BYTES..]
-    }
-
-    /// The 8-byte slots after the fixed part, as many as the record carries, at most a whole
-    /// record's.
-    fn slots(&self) -> Vec<u64> {
-        self.tail().chunks_exact(size_of::<u64>()).take(SLOTS).map(|c| u64::from_ne_bytes(c.try_into().expect("8 bytes"))).collect()
-    }
-
-    /// The `len` bytes of a name that follows the fixed part, as far as the record holds it.
-    fn name(&self, len: u32) -> String {
-        let bytes = self.tail();
-        String::from_utf8_lossy(&bytes[..(len as usize).min(bytes.len())]).into_owned()
-    }
-
-    fn comm(&self) -> String {
-        let bytes: Vec<u8> = self.header.comm.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
-        String::from_utf8_lossy(&bytes).into_owned()
-    }
 }
 
 /// Decodes a record of the `samples` ring. None: too short for its kind, or of a kind unknown.
@@ -114,54 +60,40 @@ pub(crate) fn decode_record(data: &[u8]) -> Option<Event> {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-    use crate::pod::as_bytes;
+    use crate::cuda::CudaApi;
+    use record::tests::{header, record};
+    use record::{FIXED_BYTES, SLOTS};
 
-    /// A record as the programs send it: the fixed part, then `tail`.
-    pub(crate) fn record<P: Copy>(header: types::event_header, stack: types::event_stack, payload: &P, tail: &[u64]) -> Vec<u8> {
-        let mut data = vec![0u8; FIXED_BYTES];
-        data[..size_of::<types::event_header>()].copy_from_slice(as_bytes(&header));
-        data[STACK_AT..][..size_of::<types::event_stack>()].copy_from_slice(as_bytes(&stack));
-        data[PAYLOAD_AT..][..size_of::<P>()].copy_from_slice(as_bytes(payload));
-        data.extend(tail.iter().flat_map(|s| s.to_ne_bytes()));
-        data
+    /// A record of `kind` from process 1, decoded.
+    fn decoded<P: Copy>(kind: types::event_kind, payload: &P, tail: &[u64]) -> Option<Event> {
+        decode_record(&record(header(kind, 1, 1, "x"), types::event_stack::default(), payload, tail))
     }
 
-    pub(crate) fn header(kind: types::event_kind, pid: u32, tid: u32, comm: &str) -> types::event_header {
-        let mut h = types::event_header { kind: kind.0, pid, tid, cpu: 1, timestamp_ns: 1234, comm: [0; 16] };
-        for (d, s) in h.comm.iter_mut().zip(comm.bytes()) {
-            *d = s as i8;
-        }
-        h
-    }
-
+    // The decoders' own tests read records of their kinds by themselves: here, that each kind
+    // reaches its decoder.
     #[test]
-    fn the_record_layout_is_the_c_one() {
-        // A 40-byte header, 40 bytes of stack outcome, the largest payload (a CUDA call, 56),
-        // then 512 user and 127 kernel frames. A CPU sample goes whole: its size is ring space.
-        assert_eq!((size_of::<types::event_header>(), STACK_AT), (40, 40));
-        assert_eq!((size_of::<types::event_stack>(), PAYLOAD_AT), (40, 80));
-        assert_eq!((size_of::<types::event_payload>(), size_of::<types::cuda_call_payload>()), (56, 56));
-        assert_eq!((FIXED_BYTES, KERNEL_STACK_AT, RECORD_BYTES), (136, 136 + 512 * 8, 136 + 512 * 8 + 127 * 8));
-        assert_eq!((SLOTS, USER_SLOTS), (512 + 127, 512));
-        // Every payload fits the union, and starts where it does.
-        for size in [
-            size_of::<types::kernel_name_payload>(),
-            size_of::<types::cupti_kernels_payload>(),
-            size_of::<types::cupti_name_payload>(),
-            size_of::<types::cupti_launch_payload>(),
-            size_of::<types::cupti_status_payload>(),
-            size_of::<types::offcpu_stack_payload>(),
-            size_of::<types::offcpu_end_payload>(),
-        ] {
-            assert!(size <= size_of::<types::event_payload>());
-        }
-        assert_eq!(offset_of!(types::event_payload, offcpu_end), 0);
-        assert_eq!(size_of::<types::unwind_block>(), 16 * 6);
-        assert_eq!(size_of::<types::unwind_rule>(), 8);
-        assert_eq!(size_of::<types::exec_mapping>(), 32);
-        assert_eq!(size_of::<types::process_info>(), 8 + 1024 * 32);
+    fn every_kind_is_decoded_as_its_event() {
+        use types::event_kind as kind;
+        // A CPU sample is never cut short: it comes with all its slots.
+        assert!(matches!(decoded(kind::EVENT_CPU_SAMPLE, &[0u8; 0], &[0; SLOTS]), Some(Event::Sample(_))));
+        let call = types::cuda_call_payload { api: types::cuda_api::CUDA_MALLOC.0, ..Default::default() };
+        assert!(matches!(decoded(kind::EVENT_CUDA_CALL, &call, &[]), Some(Event::Cuda(c)) if c.api == CudaApi::CudaMalloc));
+        let launch = types::cupti_launch_payload::default();
+        assert!(matches!(decoded(kind::EVENT_CUPTI_LAUNCH, &launch, &[]), Some(Event::Cuda(c)) if c.api == CudaApi::CuptiLaunch));
+        let status = types::cupti_status_payload::default();
+        assert!(matches!(decoded(kind::EVENT_CUPTI_STATUS, &status, &[]), Some(Event::Cuda(c)) if c.api == CudaApi::CuptiStatus));
+        let name = types::kernel_name_payload::default();
+        assert!(matches!(decoded(kind::EVENT_CUDA_KERNEL, &name, &[]), Some(Event::KernelName(_))));
+        let kernels = types::cupti_kernels_payload::default();
+        assert!(matches!(decoded(kind::EVENT_CUPTI_KERNELS, &kernels, &[]), Some(Event::GpuKernels(_))));
+        let name = types::cupti_name_payload::default();
+        assert!(matches!(decoded(kind::EVENT_CUPTI_NAME, &name, &[]), Some(Event::GpuKernelName(_))));
+        let stack = types::offcpu_stack_payload::default();
+        assert!(matches!(decoded(kind::EVENT_OFFCPU_STACK, &stack, &[]), Some(Event::OffCpu(_))));
+        let end = types::offcpu_end_payload::default();
+        assert!(matches!(decoded(kind::EVENT_OFFCPU_END, &end, &[]), Some(Event::OffCpuEnd(_))));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Off-CPU records: where a target thread left the CPU, and, at its return, how long it was away.
 
 use super::sample::{sample_of, Sample, StackRead};
-use super::{Record, USER_SLOTS};
+use super::record::{Record, USER_SLOTS};
 use crate::skel::types;
 
 /// Why a thread left the CPU: its scheduler state at the switch-out.
@@ -83,8 +83,8 @@ pub(super) fn decode_end(r: &Record) -> OffCpuEnd {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::events::tests::{header, record};
-    use crate::events::{decode_record, Event, UserFrame};
+    use crate::events::record::tests::{decoded, header, record};
+    use crate::events::sample::UserFrame;
 
     #[test]
     fn decodes_an_off_cpu_stack_with_its_kernel_frames_after_the_user_ones() {
@@ -92,12 +92,12 @@ mod tests {
         let stack = types::event_stack { kernel_stack_bytes: 16, user_frames: 2, ..Default::default() };
         let payload = types::offcpu_stack_payload { wait: 7, state: 1, _pad: 0 };
         let data = record(h, stack, &payload, &[0x10, 0x20, 0xffff_ffff_8100_0000, 0xffff_ffff_8200_0000]);
-        let Some(Event::OffCpu(o)) = decode_record(&data) else { panic!("not an off-CPU stack") };
+        let Some(o) = decoded(&data, |r| Some(decode_stack(r))) else { panic!("not an off-CPU stack") };
         assert_eq!((o.wait, o.state, o.sample.tid, o.sample.comm.as_str()), (7, OffCpuState::Sleeping, 44, "loader"));
         assert_eq!(o.sample.user_stack, vec![UserFrame::Native(0x10), UserFrame::Native(0x20)]);
         assert_eq!(o.sample.kernel_stack, StackRead::Frames(vec![0xffff_ffff_8100_0000, 0xffff_ffff_8200_0000]));
         // A record cut short keeps what it carries.
-        let Some(Event::OffCpu(o)) = decode_record(&data[..data.len() - 8]) else { panic!() };
+        let Some(o) = decoded(&data[..data.len() - 8], |r| Some(decode_stack(r))) else { panic!() };
         assert_eq!(o.sample.kernel_stack.frames().len(), 1);
         assert_eq!(OffCpuState::from_raw(0), OffCpuState::Preempted);
         assert_eq!(OffCpuState::from_raw(0x102), OffCpuState::Uninterruptible);
@@ -107,7 +107,7 @@ mod tests {
     fn decodes_the_end_of_a_wait() {
         let h = header(types::event_kind::EVENT_OFFCPU_END, 42, 44, "loader");
         let payload = types::offcpu_end_payload { wait: 7, off_ns: 5_000_000, not_unwound_ns: 300 };
-        let Some(Event::OffCpuEnd(end)) = decode_record(&record(h, Default::default(), &payload, &[])) else { panic!("not an off-CPU end") };
+        let Some(end) = decoded(&record(h, Default::default(), &payload, &[]), |r| Some(decode_end(r))) else { panic!("not an off-CPU end") };
         assert_eq!((end.pid, end.tid, end.comm.as_str()), (42, 44, "loader"));
         assert_eq!((end.wait, end.duration_ns, end.not_unwound_ns), (7, 5_000_000, 300));
     }

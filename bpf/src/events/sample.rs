@@ -3,7 +3,7 @@
 
 use std::mem::size_of;
 
-use super::{Record, KERNEL_STACK_AT, RECORD_BYTES, USER_SLOTS};
+use super::record::{Record, KERNEL_STACK_AT, RECORD_BYTES, USER_SLOTS};
 use crate::skel::types;
 
 /// The outcome of the kernel stack read.
@@ -218,8 +218,7 @@ pub(super) fn kernel_stack(frames: &[u64], bytes: i32) -> StackRead {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::events::tests::{header, record};
-    use crate::events::{decode_record, Event};
+    use crate::events::record::tests::{decoded, header, record};
 
     #[test]
     fn decodes_a_sample() {
@@ -236,14 +235,14 @@ mod tests {
         let mut slots = vec![0u64; 512 + 127];
         slots[..2].copy_from_slice(&[0x1000, 0x2000]);
         let data = record(header(types::event_kind::EVENT_CPU_SAMPLE, 42, 43, "foo"), stack, &[0u8; 0], &slots);
-        let Some(Event::Sample(s)) = decode_record(&data) else { panic!("not a sample") };
+        let Some(s) = decoded(&data, decode_cpu_sample) else { panic!("not a sample") };
         assert_eq!(s.leaf_file, Some(LeafFile { dev: libc::makedev(8, 1), ino: 77, size: 4096, offset: 0x1234 }));
         assert_eq!((s.pid, s.tid, s.comm.as_str(), s.timestamp_ns), (42, 43, "foo", 1234));
         assert_eq!(s.kernel_stack, StackRead::Frames(vec![]));
         assert_eq!(s.user_stack, vec![UserFrame::Native(0x1000), UserFrame::Native(0x2000)]);
         assert_eq!(s.unwind, UnwindStatus::Truncated);
-        assert!(decode_record(&data[..10]).is_none());
-        assert!(decode_record(&data[..200]).is_none(), "a CPU sample is never cut short");
+        assert!(decoded(&data[..10], decode_cpu_sample).is_none());
+        assert!(decoded(&data[..200], decode_cpu_sample).is_none(), "a CPU sample is never cut short");
     }
 
     #[test]
@@ -253,7 +252,7 @@ mod tests {
         slots[0] = 0x1000;
         slots[512..515].copy_from_slice(&[0xffff_ffff_8100_0000, 0xffff_ffff_8200_0000, 0xffff_ffff_8300_0000]);
         let data = record(header(types::event_kind::EVENT_CPU_SAMPLE, 42, 43, "foo"), stack, &[0u8; 0], &slots);
-        let Some(Event::Sample(s)) = decode_record(&data) else { panic!("not a sample") };
+        let Some(s) = decoded(&data, decode_cpu_sample) else { panic!("not a sample") };
         assert_eq!(s.kernel_stack, StackRead::Frames(vec![0xffff_ffff_8100_0000, 0xffff_ffff_8200_0000]));
         assert_eq!(kernel_stack(&[], -5), StackRead::Failed(5));
     }

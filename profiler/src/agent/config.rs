@@ -12,6 +12,7 @@ use serde::Deserialize;
 
 use super::series::{DeviceLabel, ThreadNames};
 use crate::process::MAX_UNWIND_MIB;
+use crate::profile_kind::{profiles_help, profiles_long_help};
 use crate::workload::service::{NameFrom, NameRule};
 use crate::UserError;
 
@@ -78,8 +79,8 @@ pub struct AgentArgs {
     /// The hostname label [default: the kernel's hostname; in a pod, pass the node name].
     #[arg(long, env = "GPUFLAME_HOSTNAME")]
     pub hostname: Option<String>,
-    /// Profiles to push, comma-separated: cpu, hbm-alloc, hbm-inuse, gpu-launches, cuda-api [default: cpu].
-    #[arg(long, value_name = "LIST", env = "GPUFLAME_PROFILES")]
+    // Its help comes from the profiles' descriptors (profile_kind.rs).
+    #[arg(long, value_name = "LIST", env = "GPUFLAME_PROFILES", help = format!("{} [default: cpu]", profiles_help("push")), long_help = profiles_long_help("push"))]
     pub profiles: Option<String>,
     /// Push one window and exit.
     #[arg(long)]

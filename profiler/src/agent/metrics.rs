@@ -45,6 +45,10 @@ pub fn render(m: &AgentMetrics, q: &QueueStats) -> String {
         ],
     );
     metric("gpuflame_kernel_stack_errors_total", "counter", "Kernel stack reads that failed.", &[("", m.counters.kernel_stack_failed)]);
+    // Every counter of the BPF programs, from the one list that declares them (bpf/src/counters.rs).
+    let bpf: Vec<(String, u64)> = m.counters.named().into_iter().map(|(name, v)| (format!("{{counter=\"{name}\"}}"), v)).collect();
+    let bpf: Vec<(&str, u64)> = bpf.iter().map(|(l, v)| (l.as_str(), *v)).collect();
+    metric("gpuflame_bpf_counter_total", "counter", "The BPF programs' counters, by name (group.field).", &bpf);
     metric("gpuflame_windows_total", "counter", "Profile windows completed.", &[("", m.windows)]);
     metric("gpuflame_profiles_pushed_total", "counter", "Push requests delivered.", &[("", q.pushed.load(Ordering::Relaxed))]);
     metric("gpuflame_profiles_failed_total", "counter", "Push requests the server refused (4xx).", &[("", q.failed.load(Ordering::Relaxed))]);
@@ -101,5 +105,23 @@ pub async fn serve(listener: std::net::TcpListener, state: Arc<Mutex<AgentMetric
             let _ = conn.write_all(response.as_bytes()).await;
             let _ = conn.shutdown().await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_bpf_counter_is_exported_by_name() {
+        let mut m = AgentMetrics::default();
+        m.counters.unwind.no_row = 7;
+        m.counters.off_cpu.switches = 3;
+        let text = render(&m, &QueueStats::default());
+        for (name, _) in m.counters.named() {
+            assert!(text.contains(&format!("gpuflame_bpf_counter_total{{counter=\"{name}\"}} ")), "{name} missing:\n{text}");
+        }
+        assert!(text.contains("gpuflame_bpf_counter_total{counter=\"unwind.no_row\"} 7"), "{text}");
+        assert!(text.contains("gpuflame_bpf_counter_total{counter=\"off_cpu.switches\"} 3"), "{text}");
     }
 }

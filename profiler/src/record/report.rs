@@ -86,25 +86,10 @@ impl End {
 
 /// Unwind failures by reason, on request (-v), or as a warning when tables could not be loaded.
 fn report_unwinding(counters: &Counters, t: &TrackerStats, capacity: UnwindCapacity, unknown_python: u64) {
-    let u = &counters.unwind;
-    tracing::info!(
-        no_process = u.no_process,
-        no_mapping = u.no_mapping,
-        no_row = u.no_row,
-        bad_cfa = u.bad_cfa,
-        read_fault = u.read_fault,
-        truncated = u.truncated,
-        no_table_yet = u.no_table_yet,
-        no_unwind_info = u.bad_frame,
-        frame_pointer_steps = u.frame_pointer_steps,
-        frame_pointer_rejected = u.frame_pointer_rejected,
-        scanned_frames = u.scanned_frames,
-        python_after_gap = counters.python.after_gap,
-        python_truncated = counters.python.truncated,
-        python_unknown_frames = unknown_python,
-        kernel_stack_failed = counters.kernel_stack_failed,
-        "unwinding"
-    );
+    // Every counter of the BPF programs, from the one list that declares them (bpf/src/counters.rs).
+    let listed: Vec<String> = counters.named().into_iter().map(|(name, value)| format!("{name}={value}")).collect();
+    tracing::info!("BPF counters: {}", listed.join(" "));
+    tracing::info!(python_unknown_frames = unknown_python, "unwinding");
     tracing::info!(
         tables = t.tables_built,
         rows = t.rows_loaded,
