@@ -4,12 +4,17 @@
 #
 #   sudo benches/agent_overhead.sh [SECONDS]        (default 600)
 #
-# A local stand-in for Pyroscope (benches/push_sink.py) accepts the pushes.
+# A local stand-in for Pyroscope (benches/push_sink.py) accepts the pushes. GPUFLAME_BIN: the
+# gpuflame to measure (default: `cargo build --release -p gpuflame` here), to compare builds.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 secs=${1:-600}
-cargo build --release --quiet --manifest-path "$root/Cargo.toml" -p gpuflame
-exe="$root/target/release/gpuflame"
+if [ -n "${GPUFLAME_BIN:-}" ]; then
+  exe=$GPUFLAME_BIN
+else
+  cargo build --release --quiet --manifest-path "$root/Cargo.toml" -p gpuflame
+  exe="$root/target/release/gpuflame"
+fi
 tmp=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$tmp"' EXIT
 
