@@ -87,11 +87,8 @@ pub(crate) fn events() -> Vec<Event> {
     out.push(call(CudaApi::CudaMalloc, &alloc_site, 8 << 30, 0, 2, 5_000));
 
     out.push(Event::GpuKernelName(GpuKernelName { pid: PID, id: 3, name: "flash_attn_fwd".into() }));
-    let mut cupti = call(CudaApi::CuptiLaunch, &[0x40_8080, 0x40_3030], 0, 77, 0, 0);
-    if let Event::Cuda(c) = &mut cupti {
-        c.addr = 77;
-    }
-    out.push(cupti);
+    // A sampled launch with CUPTI's correlation id 77.
+    out.push(call(CudaApi::CuptiLaunch, &[0x40_8080, 0x40_3030], 0, 77, 0, 0));
     let kernel = |correlation, name_id, ns: u64| GpuKernel { start: 1_000, end: 1_000 + ns, correlation, device: 0, stream: 7, name_id, graph: 0, graph_node: 0 };
     out.push(Event::GpuKernels(GpuKernelBatch {
         pid: PID,

@@ -22,6 +22,11 @@ impl ValueType {
     }
 }
 
+/// The time one sample stands for at `frequency_hz`, in nanoseconds.
+pub fn sampling_period(frequency_hz: u64) -> i64 {
+    1_000_000_000 / frequency_hz.max(1) as i64
+}
+
 /// The file that code of a [`Location`] lives in.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Mapping {
@@ -116,7 +121,7 @@ pub struct Profile {
 
 impl Profile {
     pub fn cpu(frequency_hz: u64) -> Self {
-        Profile { period: 1_000_000_000 / frequency_hz.max(1) as i64, ..Profile::of(vec![ValueType::cpu_nanoseconds()]) }
+        Profile { period: sampling_period(frequency_hz), ..Profile::of(vec![ValueType::cpu_nanoseconds()]) }
     }
 
     /// A profile of values that are not sampled time, such as bytes and counts.

@@ -6,7 +6,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::frame::FrameKind;
-use crate::profile::{Profile, ValueType};
+use crate::profile::{sampling_period, Profile, ValueType};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ProfileKind {
@@ -193,7 +193,7 @@ impl ProfileKind {
     /// An empty profile of this kind; `frequency_hz` sets the period of sampled time.
     pub fn empty_profile(self, frequency_hz: u64) -> Profile {
         if self.descriptor().sampled_time {
-            Profile { period: 1_000_000_000 / frequency_hz.max(1) as i64, ..Profile::of(self.sample_types()) }
+            Profile { period: sampling_period(frequency_hz), ..Profile::of(self.sample_types()) }
         } else {
             Profile::of(self.sample_types())
         }

@@ -19,8 +19,6 @@ pub struct Collector {
     sources: Vec<Box<dyn Source>>,
     profiles: Vec<ProfileKind>,
     frequency_hz: u64,
-    /// Out-of-memory failures not yet taken.
-    ooms: Vec<OomReport>,
     stats: WindowStats,
 }
 
@@ -32,7 +30,6 @@ impl Collector {
             sources: sources::for_profiles(profiles, trap_cost),
             profiles: profiles.to_vec(),
             frequency_hz,
-            ooms: Vec::new(),
             stats: WindowStats::default(),
         }
     }
@@ -53,9 +50,6 @@ impl Collector {
             Event::Cuda(call) => {
                 let stack = stacks.call_stack(&call.sample, files, python);
                 sources.iter_mut().for_each(|s| s.add(&Input::CudaCall { call, stack: &stack, files }, stacks));
-                for s in sources.iter_mut() {
-                    self.ooms.extend(s.take_ooms());
-                }
             }
             Event::OffCpuEnd(e) => self.offer(&Input::OffCpuEnd(e)),
             Event::KernelName(k) => self.offer(&Input::KernelName(k)),
@@ -102,7 +96,8 @@ impl Collector {
 
     /// The out-of-memory failures seen since the last call, with their snapshots as of `at`.
     pub fn take_ooms(&mut self, at: SystemTime) -> Vec<Oom> {
-        std::mem::take(&mut self.ooms)
+        let reports: Vec<OomReport> = self.sources.iter_mut().flat_map(|s| s.take_ooms()).collect();
+        reports
             .into_iter()
             .map(|report| {
                 let snapshot = report.snapshot(&mut self.stacks, at);

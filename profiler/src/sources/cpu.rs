@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 
 use super::source::{Closed, Input, Source, WindowInfo};
+use crate::profile::sampling_period;
 use crate::profile_kind::ProfileKind;
 use crate::stacks::{StackKey, StackValues, Stacks};
 
@@ -27,7 +28,7 @@ impl SampleCounts {
 
     /// Nanoseconds per stack (samples × period); the counts start again from zero.
     pub(super) fn take(&mut self, frequency_hz: u64) -> StackValues {
-        let period = 1_000_000_000 / frequency_hz.max(1) as i64;
+        let period = sampling_period(frequency_hz);
         std::mem::take(&mut self.0).into_iter().map(|(k, n)| (k, None, vec![n as i64 * period])).collect()
     }
 }

@@ -1,49 +1,34 @@
 //! Wall time inside CUDA calls per stack: exact for the calls whose hooks are always attached
-//! (memory), scaled for the duty-cycled ones (launches, synchronisations, copies).
+//! (memory), scaled for the duty-cycled ones (launches, synchronisations, copies). Fed by the
+//! duty-cycled hooks' source (`cycled.rs`).
 
 use std::collections::HashMap;
-use std::time::Duration;
 
-use gpuflame_bpf::CudaApi;
+use gpuflame_bpf::CudaCall;
 
-use super::cycled::{sampling_comment, CycledCalls};
-use super::source::{Closed, Input, Source, WindowInfo};
-use crate::profile_kind::ProfileKind;
-use crate::stacks::{StackKey, Stacks, TailFrame};
+use super::scaling::ThreadScales;
+use crate::stacks::{StackKey, StackValues, TailFrame};
 
-pub struct CudaApiTime {
+#[derive(Default)]
+pub(super) struct CudaApiTime {
     exact: HashMap<StackKey, i64>,
     cycled_time: HashMap<StackKey, i64>,
-    cycled: CycledCalls,
 }
 
 impl CudaApiTime {
-    pub fn new(trap_cost: Duration) -> Self {
-        CudaApiTime { exact: HashMap::new(), cycled_time: HashMap::new(), cycled: CycledCalls::new(trap_cost) }
-    }
-}
-
-impl Source for CudaApiTime {
-    fn add(&mut self, input: &Input<'_>, _: &mut Stacks) {
-        let Input::CudaCall { call, stack, .. } = input else { return };
-        if call.api == CudaApi::CuptiLaunch {
-            return;
-        }
-        self.cycled.saw(call);
-        let mut stack = (*stack).clone();
+    pub(super) fn returned(&mut self, call: &CudaCall, stack: &StackKey) {
+        let mut stack = stack.clone();
         stack.tail.push(TailFrame::Call(call.api.symbol().to_string()));
         let time = if call.api.always_on() { &mut self.exact } else { &mut self.cycled_time };
         *time.entry(stack).or_default() += call.duration_ns as i64;
     }
 
-    fn close(&mut self, window: &WindowInfo, _: &mut Stacks) -> Vec<Closed> {
-        let scales = self.cycled.take_scales(window.coverage);
+    /// Nanoseconds per stack, the cycled calls' scaled; a new window starts.
+    pub(super) fn take(&mut self, scales: &ThreadScales) -> StackValues {
         let mut sum = std::mem::take(&mut self.exact);
         for (k, v) in std::mem::take(&mut self.cycled_time) {
             *sum.entry(k.clone()).or_default() += scales.scaled(k.tid, v);
         }
-        let mut closed = Closed::new(ProfileKind::CudaApi, sum.into_iter().map(|(k, v)| (k, None, vec![v])).collect());
-        closed.comments.extend(sampling_comment(&window.coverage));
-        vec![closed]
+        sum.into_iter().map(|(k, v)| (k, None, vec![v])).collect()
     }
 }

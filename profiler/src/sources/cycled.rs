@@ -1,61 +1,73 @@
-//! Calls seen through the duty-cycled hooks stand for more than themselves: what each thread's
-//! calls are scaled by, from the time the hooks were attached and what they cost it.
+//! The profiles of the duty-cycled hooks (launches, synchronisations, copies): gpu-launches and
+//! cuda-api, from one source, so that what each thread's calls stand for (`scaling.rs`) is
+//! followed once for both.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
-use gpuflame_bpf::CudaCall;
+use gpuflame_bpf::{CudaApi, CudaClass};
 
-use crate::cuda::hooks::ThreadRate;
-use crate::cuda::Coverage;
+use super::cuda_api::CudaApiTime;
+use super::launches::Launches;
+use super::scaling::{sampling_comment, CycledCalls};
+use super::source::{Closed, Input, Source, SourceStats, WindowInfo};
+use crate::profile_kind::ProfileKind;
+use crate::stacks::Stacks;
 
-pub(super) struct CycledCalls {
-    threads: HashMap<u32, ThreadRate>,
-    trap_cost: Duration,
+/// gpu-launches, cuda-api, or both.
+pub struct CycledHooks {
+    calls: CycledCalls,
+    launches: Option<Launches>,
+    api_time: Option<CudaApiTime>,
 }
 
-impl CycledCalls {
-    pub(super) fn new(trap_cost: Duration) -> Self {
-        CycledCalls { threads: HashMap::new(), trap_cost }
+impl CycledHooks {
+    pub fn new(trap_cost: Duration, launches: bool, api_time: bool) -> Self {
+        CycledHooks { calls: CycledCalls::new(trap_cost), launches: launches.then(Launches::default), api_time: api_time.then(CudaApiTime::default) }
     }
+}
 
-    /// Notes a call, if it came through a cycled hook.
-    pub(super) fn saw(&mut self, call: &CudaCall) {
-        if !call.api.always_on() {
-            self.threads.entry(call.sample.tid).or_default().add(call.sample.timestamp_ns, call.hook_ns, self.trap_cost);
+impl Source for CycledHooks {
+    fn add(&mut self, input: &Input<'_>, stacks: &mut Stacks) {
+        match input {
+            // The injection library's launch callback is GPU time's, not a call of the program.
+            Input::CudaCall { call, .. } if call.api == CudaApi::CuptiLaunch => {}
+            Input::CudaCall { call, stack, files } => {
+                self.calls.saw(call);
+                if let Some(l) = self.launches.as_mut().filter(|_| call.api.class() == CudaClass::Launch && call.result == 0) {
+                    l.launched(call, stack, *files, stacks);
+                }
+                if let Some(t) = self.api_time.as_mut() {
+                    t.returned(call, stack);
+                }
+            }
+            Input::KernelName(k) => {
+                if let Some(l) = self.launches.as_mut() {
+                    l.kernel_named(k);
+                }
+            }
+            Input::ProcessExited(pid) => {
+                if let Some(l) = self.launches.as_mut() {
+                    l.process_exited(*pid);
+                }
+            }
+            _ => {}
         }
     }
 
-    /// What each thread's calls of the window stand for; a new window starts.
-    pub(super) fn take_scales(&mut self, coverage: Coverage) -> ThreadScales {
-        let threads = std::mem::take(&mut self.threads).into_iter().map(|(tid, mut rate)| (tid, coverage.thread_scale(&mut rate))).collect();
-        ThreadScales { threads, default: coverage.scale() }
+    fn close(&mut self, window: &WindowInfo, _: &mut Stacks) -> Vec<Closed> {
+        let scales = self.calls.take_scales(window.coverage);
+        let comment = sampling_comment(&window.coverage);
+        let mut out = Vec::new();
+        if let Some(l) = self.launches.as_mut() {
+            out.push(Closed { kind: ProfileKind::GpuLaunches, values: l.take(&scales), comments: comment.iter().cloned().collect() });
+        }
+        if let Some(t) = self.api_time.as_mut() {
+            out.push(Closed { kind: ProfileKind::CudaApi, values: t.take(&scales), comments: comment.into_iter().collect() });
+        }
+        out
     }
-}
 
-pub(super) struct ThreadScales {
-    threads: HashMap<u32, f64>,
-    default: f64,
-}
-
-impl ThreadScales {
-    pub(super) fn scaled(&self, tid: u32, v: i64) -> i64 {
-        (v as f64 * self.threads.get(&tid).copied().unwrap_or(self.default)).round() as i64
+    fn stats(&self, into: &mut SourceStats) {
+        into.launches_seen = self.launches.as_ref().map_or(0, |l| l.seen);
     }
-}
-
-/// The comment of a profile whose counts were scaled.
-pub(super) fn sampling_comment(coverage: &Coverage) -> Option<String> {
-    if coverage.exact {
-        return None;
-    }
-    let scale = coverage.scale();
-    Some(format!(
-        "sampled: launch and synchronisation hooks were attached {:.2}% of the time ({:.0} ms of {:.1} s); counts and times are scaled by {:.1}, more for threads the hooks slowed down ({} ns of traps per call)",
-        100.0 / scale,
-        coverage.attached.as_secs_f64() * 1e3,
-        coverage.elapsed.as_secs_f64(),
-        scale,
-        coverage.trap_cost.as_nanos()
-    ))
 }

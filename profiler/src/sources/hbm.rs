@@ -4,7 +4,7 @@
 
 use std::rc::Rc;
 
-use gpuflame_bpf::{CudaApi, CudaCall, CudaClass};
+use gpuflame_bpf::{CudaCall, CudaClass};
 
 use super::oom::{site_values, OomReport};
 use super::source::{Closed, Input, Source, SourceStats, WindowInfo};
@@ -67,7 +67,7 @@ impl HbmSource {
 impl Source for HbmSource {
     fn add(&mut self, input: &Input<'_>, _: &mut Stacks) {
         match input {
-            Input::CudaCall { call, stack, .. } if call.api != CudaApi::CuptiLaunch => self.call(call, stack),
+            Input::CudaCall { call, stack, .. } => self.call(call, stack),
             Input::ProcessExited(pid) => self.hbm.process_exited(*pid),
             _ => {}
         }

@@ -1,31 +1,25 @@
 //! Kernel launches per stack, the kernel under its launching call: by the symbol of its host
 //! stub (runtime launches), by the name cuModuleGetFunction gave its handle (driver launches);
-//! graph launches count as themselves.
+//! graph launches count as themselves. Fed by the duty-cycled hooks' source (`cycled.rs`).
 
 use std::collections::HashMap;
-use std::time::Duration;
 
-use gpuflame_bpf::{CudaApi, CudaCall, CudaClass};
+use gpuflame_bpf::{CudaApi, CudaCall, KernelName};
 use gpuflame_symbolizer::MappedFile;
 
-use super::cycled::{sampling_comment, CycledCalls};
-use super::source::{Closed, Input, Source, SourceStats, WindowInfo};
-use crate::profile_kind::ProfileKind;
-use crate::stacks::{StackKey, Stacks, TailFrame};
+use super::scaling::ThreadScales;
+use crate::stacks::{StackKey, StackValues, Stacks, TailFrame};
 
-pub struct Launches {
+#[derive(Default)]
+pub(super) struct Launches {
     counts: HashMap<StackKey, i64>,
     kernel_names: HashMap<(u32, u64), String>,
-    cycled: CycledCalls,
-    seen: u64,
+    pub(super) seen: u64,
 }
 
 impl Launches {
-    pub fn new(trap_cost: Duration) -> Self {
-        Launches { counts: HashMap::new(), kernel_names: HashMap::new(), cycled: CycledCalls::new(trap_cost), seen: 0 }
-    }
-
-    fn call(&mut self, call: &CudaCall, stack: &StackKey, files: Option<&[MappedFile]>, stacks: &mut Stacks) {
+    /// A launch that succeeded.
+    pub(super) fn launched(&mut self, call: &CudaCall, stack: &StackKey, files: Option<&[MappedFile]>, stacks: &mut Stacks) {
         let pid = call.sample.pid;
         let kernel = match call.api {
             CudaApi::CudaLaunchKernel | CudaApi::CudaLaunchKernelPtsz | CudaApi::CudaLaunchKernelExC | CudaApi::CudaLaunchKernelExCPtsz => {
@@ -40,37 +34,20 @@ impl Launches {
         *self.counts.entry(stack).or_default() += 1;
         self.seen += 1;
     }
-}
 
-impl Source for Launches {
-    fn add(&mut self, input: &Input<'_>, stacks: &mut Stacks) {
-        match input {
-            Input::CudaCall { call, stack, files } if call.api.class() != CudaClass::Cupti => {
-                self.cycled.saw(call);
-                if call.api.class() == CudaClass::Launch && call.result == 0 {
-                    self.call(call, stack, *files, stacks);
-                }
-            }
-            Input::KernelName(k) => {
-                self.kernel_names.insert((k.pid, k.handle), k.name.clone());
-            }
-            Input::ProcessExited(pid) => self.kernel_names.retain(|&(p, _), _| p != *pid),
-            _ => {}
-        }
+    pub(super) fn kernel_named(&mut self, k: &KernelName) {
+        self.kernel_names.insert((k.pid, k.handle), k.name.clone());
     }
 
-    fn close(&mut self, window: &WindowInfo, _: &mut Stacks) -> Vec<Closed> {
-        let scales = self.cycled.take_scales(window.coverage);
-        let values = std::mem::take(&mut self.counts).into_iter().map(|(k, n)| {
+    pub(super) fn process_exited(&mut self, pid: u32) {
+        self.kernel_names.retain(|&(p, _), _| p != pid);
+    }
+
+    /// Launches per stack, scaled; the counts start again from zero.
+    pub(super) fn take(&mut self, scales: &ThreadScales) -> StackValues {
+        std::mem::take(&mut self.counts).into_iter().map(|(k, n)| {
             let v = scales.scaled(k.tid, n);
             (k, None, vec![v])
-        });
-        let mut closed = Closed::new(ProfileKind::GpuLaunches, values.collect());
-        closed.comments.extend(sampling_comment(&window.coverage));
-        vec![closed]
-    }
-
-    fn stats(&self, into: &mut SourceStats) {
-        into.launches_seen = self.seen;
+        }).collect()
     }
 }

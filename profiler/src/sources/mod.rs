@@ -14,6 +14,7 @@ mod hbm;
 mod launches;
 pub mod offcpu;
 pub mod oom;
+mod scaling;
 pub mod source;
 
 use std::time::Duration;
@@ -38,11 +39,8 @@ pub fn for_profiles(kinds: &[ProfileKind], trap_cost: Duration) -> Vec<Box<dyn S
     if kinds.iter().any(|k| k.descriptor().needs.cuda.is_some()) {
         out.push(Box::new(hbm::HbmSource::new(wants(ProfileKind::HbmAlloc), wants(ProfileKind::HbmInUse))));
     }
-    if wants(ProfileKind::GpuLaunches) {
-        out.push(Box::new(launches::Launches::new(trap_cost)));
-    }
-    if wants(ProfileKind::CudaApi) {
-        out.push(Box::new(cuda_api::CudaApiTime::new(trap_cost)));
+    if wants(ProfileKind::GpuLaunches) || wants(ProfileKind::CudaApi) {
+        out.push(Box::new(cycled::CycledHooks::new(trap_cost, wants(ProfileKind::GpuLaunches), wants(ProfileKind::CudaApi))));
     }
     if wants(ProfileKind::GpuTime) {
         out.push(Box::new(gpu_time::GpuTimeSource::default()));

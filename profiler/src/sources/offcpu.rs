@@ -44,17 +44,17 @@ impl Source for OffCpu {
     fn close(&mut self, window: &WindowInfo, _: &mut Stacks) -> Vec<Closed> {
         let (off, totals) = self.waits.take_values();
         let mut out = Vec::new();
-        if self.off_cpu {
-            out.push(Closed { kind: ProfileKind::OffCpu, values: off.clone(), comments: vec![totals.describe()] });
-        }
         if let Some(w) = self.wall.as_mut() {
             let mut values = w.take(window.frequency_hz);
-            values.extend(off);
+            values.extend(off.iter().cloned());
             let comments = vec![
                 format!("wall: CPU samples at {} Hz (each one period of time) and off-CPU time", window.frequency_hz),
                 totals.describe(),
             ];
             out.push(Closed { kind: ProfileKind::Wall, values, comments });
+        }
+        if self.off_cpu {
+            out.push(Closed { kind: ProfileKind::OffCpu, values: off, comments: vec![totals.describe()] });
         }
         out
     }
