@@ -314,9 +314,16 @@ fn deep_python_recursion_in_one_eval_call_keeps_its_frames() {
         let spinning: Vec<&Stack> = stacks.iter().filter(|s| s.user().iter().any(|f| f.starts_with("spin ("))).collect();
         let all: u64 = spinning.iter().map(|s| s.count).sum();
         let deep: u64 = spinning.iter().filter(|s| s.user().iter().filter(|f| f.starts_with("recurse (")).count() >= 81).map(|s| s.count).sum();
-        // Before, a stack without any Python frame still counted as complete: none may be.
-        let lost: u64 = stacks.iter().filter(|s| s.user().first() == Some(&"_start") && !s.user().iter().any(|f| f.contains(".py"))).map(|s| s.count).sum();
-        eprintln!("{}: {deep} of {all} spinning samples with all 81 recurse frames, {lost} complete without Python", python.display());
+        // Before, a stack without any Python frame still counted as complete: none may be while
+        // the script runs (under PyEval_EvalCode). The interpreter's start and its shutdown
+        // (Py_FinalizeEx's collections and frees, 3–12 of ~410 samples) have no Python frame to
+        // lose, and counting them failed the bound on a machine where shutdown took 30 ms.
+        let lost: u64 = stacks
+            .iter()
+            .filter(|s| s.user().first() == Some(&"_start") && s.user().contains(&"PyEval_EvalCode") && !s.user().iter().any(|f| f.contains(".py")))
+            .map(|s| s.count)
+            .sum();
+        eprintln!("{}: {deep} of {all} spinning samples with all 81 recurse frames, {lost} complete without Python while the script ran", python.display());
         if all < 200 || deep * 100 < all * 95 || lost * 100 > total(&stacks) {
             failures.push(format!("{}: {deep} of {all} deep, {lost} without Python:\n{}", python.display(), describe(&stacks)));
         }
