@@ -20,6 +20,9 @@ pub enum CudaClass {
     Meta,
     /// gpuflame's CUPTI injection library: launches with their correlation ids, kernel records.
     Cupti,
+    /// NCCL's collectives and point-to-point calls: element count and datatype. Tens to
+    /// thousands a second, each microseconds of NCCL's own: every call is hooked.
+    Collective,
 }
 
 macro_rules! cuda_apis {
@@ -101,6 +104,17 @@ cuda_apis! {
     CuptiKernels = CUPTI_KERNELS, "gpuflame_cupti_kernels", Cupti;
     CuptiName = CUPTI_NAME, "gpuflame_cupti_name", Cupti;
     CuptiStatus = CUPTI_STATUS, "gpuflame_cupti_status", Cupti;
+    NcclAllReduce = NCCL_ALL_REDUCE, "ncclAllReduce", Collective;
+    NcclAllGather = NCCL_ALL_GATHER, "ncclAllGather", Collective;
+    NcclReduceScatter = NCCL_REDUCE_SCATTER, "ncclReduceScatter", Collective;
+    NcclBroadcast = NCCL_BROADCAST, "ncclBroadcast", Collective;
+    NcclBcast = NCCL_BCAST, "ncclBcast", Collective;
+    NcclReduce = NCCL_REDUCE, "ncclReduce", Collective;
+    NcclAlltoAll = NCCL_ALLTOALL, "ncclAlltoAll", Collective;
+    NcclGather = NCCL_GATHER, "ncclGather", Collective;
+    NcclScatter = NCCL_SCATTER, "ncclScatter", Collective;
+    NcclSend = NCCL_SEND, "ncclSend", Collective;
+    NcclRecv = NCCL_RECV, "ncclRecv", Collective;
 }
 
 impl CudaApi {
@@ -110,7 +124,7 @@ impl CudaApi {
 
     /// The hook must see every call (memory, names); the others may be duty-cycled.
     pub fn always_on(self) -> bool {
-        matches!(self.class(), CudaClass::Alloc | CudaClass::Free | CudaClass::Map | CudaClass::Meta)
+        matches!(self.class(), CudaClass::Alloc | CudaClass::Free | CudaClass::Map | CudaClass::Meta | CudaClass::Collective)
             || (self.class() == CudaClass::Cupti && self != CudaApi::CuptiLaunch)
     }
 }
@@ -141,6 +155,7 @@ mod tests {
             CudaClass::Api => c::CUDA_CLASS_API.0,
             CudaClass::Meta => c::CUDA_CLASS_META.0,
             CudaClass::Cupti => c::CUDA_CLASS_CUPTI.0,
+            CudaClass::Collective => c::CUDA_CLASS_COLLECTIVE.0,
         }
     }
 

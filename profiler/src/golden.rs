@@ -53,7 +53,7 @@ fn call(api: CudaApi, user: &[u64], size: u64, addr: u64, result: i32, duration_
 
 /// A training step's worth of everything: CPU samples (whole, cut at a gap, truncated),
 /// off-CPU waits (unwound and not), allocations and frees, launches by stub and by handle, an
-/// out-of-memory failure, CUPTI launches and their kernels.
+/// out-of-memory failure, CUPTI launches and their kernels, NCCL's collectives.
 pub(crate) fn events() -> Vec<Event> {
     let main = [0x40_1010, 0x40_2020, 0x40_3030];
     let mut out = Vec::new();
@@ -97,6 +97,18 @@ pub(crate) fn events() -> Vec<Event> {
         kernels: vec![kernel(77, 3, 500_000), kernel(78, 3, 250_000), kernel(90, 4, 125_000)],
         dropped_total: 2,
     }));
+
+    // Two all-reduces of 1 Mi float32 from one site, one of a datatype NCCL does not define from
+    // another, and the device time of their kernel.
+    let nccl = |user: &[u64], datatype| match call(CudaApi::NcclAllReduce, user, 1 << 20, 0, 0, 6_000) {
+        Event::Cuda(c) => Event::Cuda(CudaCall { handle: datatype, ..c }),
+        other => other,
+    };
+    out.push(nccl(&[0x40_a0a0, 0x40_3030], 7));
+    out.push(nccl(&[0x40_a0a0, 0x40_3030], 7));
+    out.push(nccl(&[0x40_b0b0, 0x40_3030], 99));
+    out.push(Event::GpuKernelName(GpuKernelName { pid: PID, id: 5, name: "ncclDevKernel_AllReduce_Sum_f32_RING_LL".into() }));
+    out.push(Event::GpuKernels(GpuKernelBatch { pid: PID, comm: "trainer".into(), kernels: vec![kernel(91, 5, 300_000)], dropped_total: 2 }));
     out
 }
 
@@ -213,7 +225,7 @@ fn outputs_of_a_fixed_recording_stay_the_same() {
     let bless = std::env::var_os("GPUFLAME_BLESS").is_some();
     let recorded = recorded();
     let names: Vec<&str> = recorded.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(names, ["oom", "cpu", "hbm-alloc", "hbm-inuse", "gpu-launches", "cuda-api", "gpu-time", "off-cpu", "wall"]);
+    assert_eq!(names, ["oom", "cpu", "hbm-alloc", "hbm-inuse", "gpu-launches", "cuda-api", "gpu-time", "off-cpu", "wall", "collectives", "collective-time"]);
     let mut differ = compare("hand-built", &hand_built(), bless);
     for (name, profile) in &recorded {
         assert!(!profile.samples.is_empty(), "{name} has no samples");

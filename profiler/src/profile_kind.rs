@@ -18,6 +18,8 @@ pub enum ProfileKind {
     GpuTime,
     OffCpu,
     Wall,
+    Collectives,
+    CollectiveTime,
 }
 
 /// What a profile's value over a window is.
@@ -72,7 +74,7 @@ pub struct Descriptor {
     pub adds_frames: &'static [FrameKind],
 }
 
-pub const DESCRIPTORS: [Descriptor; 8] = [
+pub const DESCRIPTORS: [Descriptor; 10] = [
     Descriptor {
         kind: ProfileKind::Cpu,
         name: "cpu",
@@ -164,11 +166,34 @@ pub const DESCRIPTORS: [Descriptor; 8] = [
         needs: Needs { cpu_samples: true, switches: true, ..NOTHING },
         adds_frames: &[FrameKind::Marker],
     },
+    Descriptor {
+        kind: ProfileKind::Collectives,
+        name: "collectives",
+        pyroscope: "nccl_collectives",
+        about: "NCCL collective and point-to-point calls per stack, and the bytes each moved",
+        sample_types: &[("calls", "count"), ("bytes", "bytes")],
+        sampled_time: false,
+        window: WindowValue::Sum,
+        // NCCL's functions are hooked with the memory ones: every call counts.
+        needs: Needs { cuda: Some(CudaHooks::Memory), ..NOTHING },
+        adds_frames: &[FrameKind::CudaApi],
+    },
+    Descriptor {
+        kind: ProfileKind::CollectiveTime,
+        name: "collective-time",
+        pyroscope: "nccl_collective_time",
+        about: "device time of NCCL's kernels per collective call stack (CUPTI): where a rank waits for the others",
+        sample_types: &[("gpu", "nanoseconds")],
+        sampled_time: false,
+        window: WindowValue::Sum,
+        needs: Needs { cuda: Some(CudaHooks::Memory), cupti: true, ..NOTHING },
+        adds_frames: &[FrameKind::CudaApi],
+    },
 ];
 
 impl ProfileKind {
-    pub const ALL: [ProfileKind; 8] = {
-        let mut all = [ProfileKind::Cpu; 8];
+    pub const ALL: [ProfileKind; 10] = {
+        let mut all = [ProfileKind::Cpu; 10];
         let mut i = 0;
         while i < DESCRIPTORS.len() {
             all[i] = DESCRIPTORS[i].kind;

@@ -1,4 +1,4 @@
-/* The CUDA functions the hooks know, and the records of gpuflame's CUPTI injection library: the
+/* The CUDA functions the hooks know (NCCL's collectives among them), and the records of gpuflame's CUPTI injection library: the
  * numbering both sides use (the attach cookie). Which class each function is in is a table in
  * cuda_hooks.h that the Rust side checks against its own list. */
 #ifndef GPUFLAME_CUDA_API_H
@@ -61,7 +61,20 @@ enum cuda_api {
 	CUPTI_NAME = 45,           /* (name id, name) */
 	CUPTI_STATUS = 46,         /* (code, ready word): 0 active, 1 no libcupti, 2 another subscriber,
 	                            * 3 error, 4 waiting for gpuflame to set the ready word */
-	CUDA_API_MAX = 47,
+	/* NCCL's collectives (libnccl.so.2): count and datatype args 2 and 3, or 1 and 2 for
+	 * ncclBcast, ncclSend and ncclRecv */
+	NCCL_ALL_REDUCE = 47,
+	NCCL_ALL_GATHER = 48,
+	NCCL_REDUCE_SCATTER = 49,
+	NCCL_BROADCAST = 50,
+	NCCL_BCAST = 51,
+	NCCL_REDUCE = 52,
+	NCCL_ALLTOALL = 53,
+	NCCL_GATHER = 54,
+	NCCL_SCATTER = 55,
+	NCCL_SEND = 56,
+	NCCL_RECV = 57,
+	CUDA_API_MAX = 58,
 };
 
 /* Hooked calls nest (cudaMalloc calls cuMemAlloc_v2): per thread and class, only the outermost
@@ -74,6 +87,7 @@ enum cuda_class {
 	CUDA_CLASS_API = 4,
 	CUDA_CLASS_META = 5,
 	CUDA_CLASS_CUPTI = 6,  /* handled at entry: no return hook */
+	CUDA_CLASS_COLLECTIVE = 7,
 };
 
 /* A kernel activity record as the injection library passes it (struct gpuflame_kernel). */

@@ -98,6 +98,17 @@ const volatile __u8 cuda_class_by_api[CUDA_CLASS_TABLE] = {
 	[CUPTI_KERNELS] = CUDA_CLASS_CUPTI,
 	[CUPTI_NAME] = CUDA_CLASS_CUPTI,
 	[CUPTI_STATUS] = CUDA_CLASS_CUPTI,
+	[NCCL_ALL_REDUCE] = CUDA_CLASS_COLLECTIVE,
+	[NCCL_ALL_GATHER] = CUDA_CLASS_COLLECTIVE,
+	[NCCL_REDUCE_SCATTER] = CUDA_CLASS_COLLECTIVE,
+	[NCCL_BROADCAST] = CUDA_CLASS_COLLECTIVE,
+	[NCCL_BCAST] = CUDA_CLASS_COLLECTIVE,
+	[NCCL_REDUCE] = CUDA_CLASS_COLLECTIVE,
+	[NCCL_ALLTOALL] = CUDA_CLASS_COLLECTIVE,
+	[NCCL_GATHER] = CUDA_CLASS_COLLECTIVE,
+	[NCCL_SCATTER] = CUDA_CLASS_COLLECTIVE,
+	[NCCL_SEND] = CUDA_CLASS_COLLECTIVE,
+	[NCCL_RECV] = CUDA_CLASS_COLLECTIVE,
 };
 
 static __always_inline enum cuda_class cuda_class_of(__u32 api)
@@ -331,6 +342,16 @@ static __always_inline int cuda_return(struct pt_regs *ctx)
 	case CUDA_CLASS_LAUNCH:
 		c->addr = (api == CUDA_LAUNCH_KERNEL_EXC || api == CUDA_LAUNCH_KERNEL_EXC_PTSZ ||
 			   api == CU_LAUNCH_KERNEL_EX || api == CU_LAUNCH_KERNEL_EX_PTSZ) ? call.args[1] : call.args[0];
+		break;
+	case CUDA_CLASS_COLLECTIVE:
+		/* The element count and the datatype; user space knows the datatypes' sizes. */
+		if (api == NCCL_BCAST || api == NCCL_SEND || api == NCCL_RECV) {
+			c->size = call.args[1];
+			c->handle = call.args[2];
+		} else {
+			c->size = call.args[2];
+			c->handle = call.args[3];
+		}
 		break;
 	default:
 		break;

@@ -82,10 +82,11 @@ struct cuda_call_payload {
 	__u32 device;      /* the calling thread's current device, or the one asked for */
 	__u32 _pad;
 	__u64 duration_ns; /* entry to return */
-	__u64 size;        /* bytes allocated, or mapped or unmapped */
+	__u64 size;        /* bytes allocated, or mapped or unmapped; a collective's element count */
 	__u64 addr;        /* the device pointer or handle allocated or freed, the address mapped or
 			    * unmapped, the kernel launched */
-	__u64 handle;      /* cuMemMap: the physical memory handle mapped at addr */
+	__u64 handle;      /* cuMemMap: the physical memory handle mapped at addr; a collective's
+			    * ncclDataType_t */
 	__u64 hook_ns;     /* time the return hook's program took (unwinding included) */
 };
 

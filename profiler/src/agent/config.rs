@@ -264,8 +264,10 @@ impl AgentConfig {
             return Err(err(format!("frequency {frequency_hz} Hz is out of range (1 to 10000)")));
         }
         let profiles = crate::profile_kind::ProfileKind::parse_list(&args.profiles.clone().or(file.profiles).unwrap_or_else(|| "cpu".into())).map_err(err)?;
-        if profiles.contains(&crate::profile_kind::ProfileKind::GpuTime) {
-            return Err(err("gpu-time needs processes started under `gpuflame record -- CMD`; the agent pushes gpu-launches and cuda-api"));
+        if let Some(k) = profiles.iter().find(|k| k.descriptor().needs.cupti) {
+            return Err(err(format!(
+                "{k} needs processes started under `gpuflame record -- CMD` (CUPTI); the agent pushes gpu-launches and cuda-api in place of gpu-time, collectives in place of collective-time"
+            )));
         }
         let metrics_addr = args.metrics_addr.clone().or(file.metrics_addr).map(|a| if a.contains(':') { a } else { format!("127.0.0.1:{a}") });
         Ok(AgentConfig {

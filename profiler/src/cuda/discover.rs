@@ -63,10 +63,10 @@ fn functions_in(src: impl ReadAt) -> Result<Vec<(CudaApi, u64)>, ElfError> {
 }
 
 /// Whether a symbol name may be one of the hooked functions: they all start with "cu" (CUDA's
-/// runtime and driver) or "gpuflame_cupti_" (the injection library), so most of a big table is
-/// passed over without comparing it with each.
+/// runtime and driver), "nccl" (NCCL's collectives) or "gpuflame_cupti_" (the injection
+/// library), so most of a big table is passed over without comparing it with each.
 fn could_be_hooked(name: &[u8]) -> bool {
-    name.starts_with(b"cu") || name.starts_with(b"gpuflame_cupti_")
+    name.starts_with(b"cu") || name.starts_with(b"nccl") || name.starts_with(b"gpuflame_cupti_")
 }
 
 #[cfg(test)]

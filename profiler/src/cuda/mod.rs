@@ -1,13 +1,14 @@
 //! CUDA: finding and hooking the runtime and driver in the processes that map them (with the
 //! duty cycle of the launch hooks), the CUPTI injection library and its handshake, and the
 //! accounting that the CUDA profiles' sources (`crate::sources`) build on: device memory by
-//! allocation, GPU time by launch.
+//! allocation, GPU time by launch, NCCL's device time by collective call.
 
 mod discover;
 pub mod gputime;
 pub mod hbm;
 pub mod hooks;
 pub mod injection;
+pub mod nccl;
 pub mod ready;
 
 pub use discover::{cuda_functions, DiscoverError};

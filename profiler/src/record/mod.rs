@@ -89,6 +89,12 @@ pub fn run(opts: &RecordOptions) -> anyhow::Result<i32> {
             );
         }
     }
+    if opts.profiles.contains(&ProfileKind::CollectiveTime) && opts.command.is_empty() {
+        eprintln!(
+            "gpuflame: collective-time comes only from processes started with {}= gpuflame's CUPTI library (`gpuflame cupti-library PATH` writes it); the collectives profile counts the calls of the others",
+            injection::INJECTION_VAR
+        );
+    }
     let opts = &opts;
     let mut outputs = Vec::new();
     for (kind, path) in output_paths(&opts.output, &opts.profiles) {
@@ -194,10 +200,10 @@ fn start_command(opts: &RecordOptions, session: &mut Session) -> anyhow::Result<
         return Ok(None);
     }
     let mut env = Vec::new();
-    if opts.profiles.contains(&ProfileKind::GpuTime) {
+    if crate::profile_kind::needs_of(&opts.profiles).cupti {
         if let Some(existing) = std::env::var_os(injection::INJECTION_VAR) {
             eprintln!(
-                "gpuflame: {} is already set ({}): gpu-time comes only if that is gpuflame's library; gpu-launches and cuda-api stand in",
+                "gpuflame: {} is already set ({}): gpu-time and collective-time come only if that is gpuflame's library; gpu-launches, cuda-api and collectives stand in",
                 injection::INJECTION_VAR,
                 existing.to_string_lossy()
             );

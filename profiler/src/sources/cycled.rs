@@ -31,6 +31,8 @@ impl Source for CycledHooks {
         match input {
             // The injection library's launch callback is GPU time's, not a call of the program.
             Input::CudaCall { call, .. } if call.api == CudaApi::CuptiLaunch => {}
+            // NCCL's calls are the collectives profiles'.
+            Input::CudaCall { call, .. } if call.api.class() == CudaClass::Collective => {}
             Input::CudaCall { call, stack, files } => {
                 self.calls.saw(call);
                 if let Some(l) = self.launches.as_mut().filter(|_| call.api.class() == CudaClass::Launch && call.result == 0) {

@@ -6,6 +6,7 @@
 //! To add a profile: its descriptor in `profile_kind.rs`, a file here, a line in
 //! [`for_profiles`]; see docs/ARCHITECTURE.md.
 
+mod collectives;
 mod cpu;
 mod cuda_api;
 mod cycled;
@@ -44,6 +45,9 @@ pub fn for_profiles(kinds: &[ProfileKind], trap_cost: Duration) -> Vec<Box<dyn S
     }
     if wants(ProfileKind::GpuTime) {
         out.push(Box::new(gpu_time::GpuTimeSource::default()));
+    }
+    if wants(ProfileKind::Collectives) || wants(ProfileKind::CollectiveTime) {
+        out.push(Box::new(collectives::Collectives::new(wants(ProfileKind::Collectives), wants(ProfileKind::CollectiveTime))));
     }
     out
 }

@@ -70,6 +70,12 @@ pub struct StackKey {
 }
 
 impl StackKey {
+    /// A stack of the process that has only what gpuflame says in its place (`tail`): time or
+    /// bytes no stack of the program can be given.
+    pub fn marker(pid: u32, comm: String, tail: Vec<TailFrame>) -> Self {
+        StackKey { pid, tid: 0, comm, kernel: Vec::new(), user: Vec::new(), root: None, tail, leaf: None }
+    }
+
     /// Native frames that no file of the process was found to hold: anonymous code (a JIT), or
     /// a process whose mappings were not read while it lived.
     pub fn unplaced_frames(&self) -> usize {

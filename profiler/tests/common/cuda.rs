@@ -27,3 +27,13 @@ pub fn build_stand_ins(dir: &Path) -> PathBuf {
     cc_in(dir, &["-O2", "-g", "-rdynamic", "-o", "cuda_app", &source("cuda_app.c"), "-L.", "-l:libcudart.so.13", "-l:libcuda.so.1", &rpath]);
     dir.join("cuda_app")
 }
+
+/// Builds the stand-in libnccl.so.2 into `dir`, next to the stand-in driver it launches through
+/// (build_stand_ins first); returns its path.
+pub fn build_nccl(dir: &Path) -> PathBuf {
+    cc_in(dir, &[
+        "-O2", "-g", "-Wall", "-shared", "-fPIC", "-Wl,-soname,libnccl.so.2", "-o", "libnccl.so.2", &source("fake_nccl.c"), "-L.", "-l:libcuda.so.1",
+        "-Wl,-rpath,$ORIGIN", "-ldl", "-lpthread", "-lrt",
+    ]);
+    dir.join("libnccl.so.2")
+}

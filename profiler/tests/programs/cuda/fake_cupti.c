@@ -2,8 +2,10 @@
  * that gpuflame's injection library uses, with the real signatures and record layout. The fake
  * driver (fake_cuda.c) reports each launch through fake_cupti_launch(): a launch callback with a
  * new correlation id, then one kernel record per kernel the launch runs, lasting 1000 ns per
- * character of the kernel's name, so that tests know every record's duration. FAKE_CUPTI_BUSY=1
- * plays another subscriber (the PyTorch profiler, Nsight). */
+ * character of the kernel's name, so that tests know every record's duration, unless the launching
+ * thread called fake_cupti_next_kernel_ns() just before (the stand-in NCCL, fake_nccl.c, does: its
+ * kernels last as long as the rank waited for its peers). FAKE_CUPTI_BUSY=1 plays another
+ * subscriber (the PyTorch profiler, Nsight). */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -38,6 +40,7 @@ static uint8_t *buffer;
 static size_t buffer_size, used;
 static uint32_t next_correlation = 1;
 static uint64_t clock_ns = 1000000;
+static __thread uint64_t next_kernel_ns; /* fake_cupti_next_kernel_ns()'s duration; 0: none */
 
 CUptiResult cuptiSubscribe(void **subscriber, CUpti_CallbackFunc cb, void *userdata)
 {
@@ -86,7 +89,8 @@ CUptiResult cuptiActivityFlushAll(uint32_t flag)
 	return 0;
 }
 
-static void add_record(const char *name, uint32_t correlation, uint32_t graph, uint64_t node)
+/* `ns`: the record's duration; 0 for 1000 ns per character of the name. */
+static void add_record(const char *name, uint32_t correlation, uint32_t graph, uint64_t node, uint64_t ns)
 {
 	uint8_t *r;
 	uint32_t kind = 10, device = 0, stream = 7;
@@ -100,7 +104,7 @@ static void add_record(const char *name, uint32_t correlation, uint32_t graph, u
 	r = buffer + used;
 	memset(r, 0, RECORD);
 	start = clock_ns;
-	end = start + 1000ULL * strlen(name);
+	end = start + (ns ? ns : 1000ULL * strlen(name));
 	clock_ns = end + 500;
 	memcpy(r + 0, &kind, 4);
 	memcpy(r + 16, &start, 8);
@@ -116,11 +120,17 @@ static void add_record(const char *name, uint32_t correlation, uint32_t graph, u
 		deliver();
 }
 
+/* For the stand-in NCCL: the next launch this thread reports (whether it makes a record or not)
+ * records its first kernel as lasting `ns` nanoseconds. */
+void fake_cupti_next_kernel_ns(uint64_t ns) { next_kernel_ns = ns; }
+
 /* Called by the fake driver for each launch: `kernels` names what it runs (a graph runs several). */
 void fake_cupti_launch(const char *function, const char **kernels, int count, uint32_t graph)
 {
 	struct callback_data cb = { 0 };
+	uint64_t ns = next_kernel_ns;
 
+	next_kernel_ns = 0;
 	if (!subscribed)
 		return;
 	pthread_mutex_lock(&lock);
@@ -133,6 +143,6 @@ void fake_cupti_launch(const char *function, const char **kernels, int count, ui
 		return;
 	pthread_mutex_lock(&lock);
 	for (int i = 0; i < count; i++)
-		add_record(kernels[i], cb.correlation_id, graph, graph ? (uint64_t)i + 1 : 0);
+		add_record(kernels[i], cb.correlation_id, graph, graph ? (uint64_t)i + 1 : 0, i ? 0 : ns);
 	pthread_mutex_unlock(&lock);
 }

@@ -1,0 +1,126 @@
+//! NCCL's collectives against a stand-in libnccl.so.2 (the real names and signatures; its
+//! collectives block until every rank has arrived, through shared memory, and then run one
+//! "kernel" whose device time is how long the rank waited): a 4-rank Python job in which rank 2
+//! does three times the work of the others before each collective. Real BPF, real processes;
+//! run as root.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use common::*;
+use gpuflame::output::pprof;
+use gpuflame::profile::Profile;
+
+const STEPS: u64 = 12;
+const SLOW_RANK: u32 = 2;
+
+/// What each rank printed: pid → its `key=value` pairs (rank, pid, the calls and bytes it made).
+fn ranks_of(stdout: &str) -> BTreeMap<u32, BTreeMap<String, String>> {
+    let mut by_rank: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    for line in stdout.lines() {
+        let kv: BTreeMap<String, String> = line.split_whitespace().filter_map(|w| w.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        if let Some(rank) = kv.get("rank") {
+            by_rank.entry(rank.clone()).or_default().extend(kv);
+        }
+    }
+    by_rank.into_values().map(|kv| (kv["pid"].parse().expect("a pid"), kv)).collect()
+}
+
+/// The function names of a sample's stack, root first.
+fn frames(p: &Profile, s: &gpuflame::profile::Sample) -> Vec<String> {
+    s.stack.iter().flat_map(|&l| p.locations[l].lines.iter().map(|line| line.function.clone())).collect()
+}
+
+/// A Python frame's function without its class (`Rank.compute` is `compute`) or line.
+fn python_function(frame: &str) -> &str {
+    let name = frame.split(" (").next().unwrap_or(frame);
+    name.rsplit('.').next().unwrap_or(name)
+}
+
+/// Sum of value `i` over the samples of `pid` whose stack holds `function` and ends in `leaf`
+/// (or holds it anywhere, when `leaf` is empty).
+fn sum(p: &Profile, pid: u32, function: &str, leaf: &str, i: usize) -> i64 {
+    p.samples
+        .iter()
+        .filter(|s| s.labels.pid == Some(pid))
+        .filter(|s| {
+            let f = frames(p, s);
+            f.iter().any(|n| python_function(n) == function) && (leaf.is_empty() || f.last().is_some_and(|l| l.starts_with(leaf)))
+        })
+        .map(|s| s.values[i])
+        .sum()
+}
+
+fn describe_profile(p: &Profile) -> String {
+    let mut lines: Vec<String> = p.samples.iter().map(|s| format!("pid {:?} {:?}: {}", s.labels.pid, s.values, frames(p, s).join(" → "))).collect();
+    lines.sort();
+    lines.truncate(60);
+    lines.join("\n")
+}
+
+#[test]
+fn each_ranks_collectives_are_exact_and_the_fast_ranks_wait_for_the_slow_one() {
+    require_bpf();
+    let python = "/usr/bin/python3.11";
+    assert!(Path::new(python).exists(), "Debian's python3.11 is needed (scripts/setup.sh installs python3)");
+    let dir = tempfile::tempdir().unwrap();
+    common::cuda::build_stand_ins(dir.path());
+    let nccl = common::cuda::build_nccl(dir.path());
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    let script = common::cuda::source("ranks.py");
+    let out = path("job.pb.gz");
+    let steps = STEPS.to_string();
+    let slow = SLOW_RANK.to_string();
+    let env = [
+        format!("NCCL={}", nccl.display()),
+        format!("CUDA={}", path("libcuda.so.1")),
+        format!("GPUFLAME_CUPTI_PATH={}", path("libcupti.so.13")),
+    ];
+    let mut args = vec!["record", "--profiles", "cpu,collectives,collective-time", "-F", "199", "-o", &out, "--", "env"];
+    args.extend(env.iter().map(String::as_str));
+    args.extend([python, &script, "4", &steps, &slow]);
+    let run = gpuflame_ok(&args, 0);
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    let ranks = ranks_of(&stdout);
+    assert_eq!(ranks.len(), 4, "four ranks reported:\n{stdout}\n{stderr}");
+
+    let read = |kind: &str| pprof::read(&std::fs::read(path(&format!("job.{kind}.pb.gz"))).unwrap()).unwrap();
+    let calls = read("collectives");
+    let time = read("collective-time");
+    let cpu = read("cpu");
+    let ctx = format!("{}\n--- time\n{}\n--- stderr\n{stderr}", describe_profile(&calls), describe_profile(&time));
+
+    let mut waits = BTreeMap::new();
+    for (&pid, kv) in &ranks {
+        let rank: u32 = kv["rank"].parse().unwrap();
+        let n = |k: &str| -> i64 { kv[k].parse().unwrap() };
+        // Every call, under the Python function that made it, with its bytes: exact.
+        assert_eq!(sum(&calls, pid, "all_reduce_gradients", "ncclAllReduce", 0), n("allreduce_calls"), "rank {rank}\n{ctx}");
+        assert_eq!(sum(&calls, pid, "all_reduce_gradients", "ncclAllReduce", 1), n("allreduce_bytes"), "rank {rank}\n{ctx}");
+        assert_eq!(sum(&calls, pid, "gather_metrics", "ncclAllGather", 0), n("allgather_calls"), "rank {rank}\n{ctx}");
+        assert_eq!(sum(&calls, pid, "gather_metrics", "ncclAllGather", 1), n("allgather_bytes"), "rank {rank}\n{ctx}");
+        assert_eq!(n("allreduce_calls"), STEPS as i64);
+        assert_eq!(n("allreduce_bytes"), STEPS as i64 * 4 * 1024 * 1024);
+        // Device time under the same lines.
+        let reduce = sum(&time, pid, "all_reduce_gradients", "[gpu] ncclDevKernel_AllReduce", 0);
+        assert!(reduce > 0, "rank {rank} has all-reduce time\n{ctx}");
+        waits.insert(rank, reduce + sum(&time, pid, "gather_metrics", "[gpu] ncclDevKernel_AllGather", 0));
+    }
+    // The ranks that wait for rank 2 spend at least twice its time in collectives.
+    let slow_wait = waits[&SLOW_RANK];
+    for (&rank, &w) in &waits {
+        if rank != SLOW_RANK {
+            assert!(w >= 2 * slow_wait, "rank {rank} waited {w} ns, rank {SLOW_RANK} {slow_wait} ns: {waits:?}\n{ctx}");
+        }
+    }
+    // And rank 2's CPU profile shows why: more of its time in compute than any other rank's.
+    let computing: BTreeMap<u32, i64> = ranks.iter().map(|(&pid, kv)| (kv["rank"].parse().unwrap(), sum(&cpu, pid, "compute", "", 0))).collect();
+    for (&rank, &c) in &computing {
+        if rank != SLOW_RANK {
+            assert!(computing[&SLOW_RANK] > 2 * c, "compute time by rank: {computing:?}");
+        }
+    }
+}
