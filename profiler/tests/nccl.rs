@@ -9,6 +9,8 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use common::agent::{agent, assert_clean, serial};
+use common::receiver::Receiver;
 use common::*;
 use gpuflame::output::pprof;
 use gpuflame::profile::Profile;
@@ -121,6 +123,62 @@ fn each_ranks_collectives_are_exact_and_the_fast_ranks_wait_for_the_slow_one() {
     for (&rank, &c) in &computing {
         if rank != SLOW_RANK {
             assert!(computing[&SLOW_RANK] > 2 * c, "compute time by rank: {computing:?}");
+        }
+    }
+}
+
+/// The agent, with ranks started with gpuflame's CUPTI library as a user would start them: one
+/// series per rank and profile, labelled with the rank, within Pyroscope's rules; the ranks that
+/// wait have the collective time.
+#[test]
+fn the_agent_pushes_each_rank_as_its_own_series() {
+    require_bpf();
+    let _serial = serial();
+    let python = "/usr/bin/python3.11";
+    assert!(Path::new(python).exists(), "Debian's python3.11 is needed (scripts/setup.sh installs python3)");
+    let dir = tempfile::tempdir().unwrap();
+    common::cuda::build_stand_ins(dir.path());
+    let nccl = common::cuda::build_nccl(dir.path());
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    let injection = path("libgpuflame_cupti.so");
+    gpuflame_ok(&["cupti-library", &injection], 0);
+    let receiver = Receiver::start(Box::new(|_| 200));
+    let agent = agent(&["--server", &receiver.url(), "--window", "2", "-F", "49", "--profiles", "cpu,collectives,collective-time"]);
+    let ranks = std::process::Command::new(python)
+        .args([&common::cuda::source("ranks.py"), "4", &STEPS.to_string(), &SLOW_RANK.to_string()])
+        .env("NCCL", &nccl)
+        .env("CUDA", path("libcuda.so.1"))
+        .env("CUDA_INJECTION64_PATH", &injection)
+        .env("GPUFLAME_CUPTI_PATH", path("libcupti.so.13"))
+        // The library waits for the agent to have its tables and hooks, as record -- CMD has it.
+        .env("GPUFLAME_CUPTI_WAIT_MS", "5000")
+        .output()
+        .unwrap();
+    let log = agent.stop();
+    let stdout = String::from_utf8_lossy(&ranks.stdout);
+    assert!(ranks.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&ranks.stderr));
+    assert_clean(&receiver);
+
+    let got = receiver.received();
+    let of = |name: &str| -> BTreeMap<String, i64> {
+        let mut by_rank = BTreeMap::new();
+        for r in got.iter().filter(|r| r.labels.get("__name__").map(String::as_str) == Some(name)) {
+            if let Some(rank) = r.labels.get("rank") {
+                *by_rank.entry(rank.clone()).or_default() += r.profile.total();
+            }
+        }
+        by_rank
+    };
+    let calls = of("nccl_collectives");
+    let time = of("nccl_collective_time");
+    let ctx = format!("calls {calls:?}, time {time:?}\n{log}");
+    let ranks: Vec<String> = (0..4).map(|r| r.to_string()).collect();
+    assert_eq!(calls.keys().cloned().collect::<Vec<_>>(), ranks, "a collectives series per rank: {ctx}");
+    assert_eq!(time.keys().cloned().collect::<Vec<_>>(), ranks, "a collective-time series per rank: {ctx}");
+    let slow = time[&SLOW_RANK.to_string()];
+    for (rank, &t) in &time {
+        if *rank != SLOW_RANK.to_string() {
+            assert!(t >= 2 * slow, "rank {rank} waited {t} ns, the slow rank {slow} ns: {ctx}");
         }
     }
 }

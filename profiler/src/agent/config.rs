@@ -265,9 +265,12 @@ impl AgentConfig {
         }
         let profiles = crate::profile_kind::ProfileKind::parse_list(&args.profiles.clone().or(file.profiles).unwrap_or_else(|| "cpu".into())).map_err(err)?;
         if let Some(k) = profiles.iter().find(|k| k.descriptor().needs.cupti) {
-            return Err(err(format!(
-                "{k} needs processes started under `gpuflame record -- CMD` (CUPTI); the agent pushes gpu-launches and cuda-api in place of gpu-time, collectives in place of collective-time"
-            )));
+            // The agent starts no program, so it cannot load the injection library into one; a
+            // program started with it has kernel records all the same.
+            eprintln!(
+                "gpuflame agent: {k} comes only from processes started with {}= gpuflame's CUPTI library (`gpuflame cupti-library PATH` writes it)",
+                crate::cuda::injection::INJECTION_VAR
+            );
         }
         let metrics_addr = args.metrics_addr.clone().or(file.metrics_addr).map(|a| if a.contains(':') { a } else { format!("127.0.0.1:{a}") });
         Ok(AgentConfig {
