@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On a machine with an NVIDIA GPU and PyTorch: records a real PyTorch workload (allocations of
 # known sizes, bf16 matmuls, expandable segments, torch.compile) with the CUDA profiles, and prints
-# the profiles' totals beside torch.cuda.memory_reserved() and the launches the workload made.
+# the profiles' totals beside torch.cuda.memory_reserved() and the launches the workload made; on
+# two GPUs or more, a torchrun all-reduce job's collectives per rank beside what torch measured.
 #
 #   sudo scripts/gpu-check.sh [OUTDIR]          (GPUFLAME=path/to/gpuflame to skip the build)
 set -euo pipefail
@@ -59,4 +60,22 @@ for mode in default compile; do
 	echo "  top stacks:"
 	sort -t' ' -k2 -nr "$out/$mode.gt.gpu-time.folded" | head -5 | awk '{ n = $NF; $NF = ""; printf "    %14d ns  %s\n", n, substr($0, length($0) > 240 ? length($0) - 240 : 1) }'
 done
+gpus=$(nvidia-smi --list-gpus 2>/dev/null | wc -l)
+if [ "$gpus" -ge 2 ]; then
+	echo "== NCCL: torchrun, 2 ranks, all-reduce of 64 MiB x 30 (the last rank slow)"
+	"$exe" record -v --profiles cpu,collectives,collective-time --format pprof -o "$out/ddp.pb.gz" -- \
+		"$python" -m torch.distributed.run --nproc-per-node 2 "$root/scripts/gpu_allreduce.py" 30 >"$out/ddp.out" 2>"$out/ddp.err"
+	sed 's/^/  torch: /' "$out/ddp.out"
+	for f in collectives collective-time; do
+		"$exe" convert "$out/ddp.$f.pb.gz" -o "$out/ddp.$f.folded" 2>/dev/null
+		echo "  $f under sync_gradients: $(under "$out/ddp.$f.folded" 'sync_gradients (gpu_allreduce.py')"
+	done
+	for r in 0 1; do
+		"$exe" convert "$out/ddp.collective-time.pb.gz" --where "rank=$r" -o "$out/ddp.time.$r.folded" 2>/dev/null
+		echo "  rank $r collective time: $(total "$out/ddp.time.$r.folded") ns (torch's events: wait_s above)"
+	done
+	grep -h "NCCL kernel records\|CUDA found and hooked" "$out/ddp.err" | sed 's/^/  /' || true
+else
+	echo "== NCCL: skipped, $gpus GPU(s) (the torchrun check needs two)"
+fi
 echo "profiles in $out"

@@ -37,6 +37,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -204,20 +205,38 @@ static void kernel_name(char *out, size_t size, const struct call *c)
 	}
 }
 
-/* Launches the kernel of `c`, which the stand-in CUPTI, if loaded, records as lasting `ns`. */
+/* Launches the kernel of `c`, which the stand-in CUPTI, if loaded, records as lasting `ns`. The
+ * kernel is looked up once per name and libcupti once per process, as the real library resolves
+ * its kernels at initialisation: a collective costs what the real one does, a launch. */
 static ncclResult_t launch(const struct call *c, uint64_t ns)
 {
 	static void (*next_kernel_ns)(uint64_t);
+	static int looked_for_cupti;
+	static struct { char name[96]; CUfunction f; } kernels[32];
+	static int kernel_count;
+	static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 	char name[96];
-	CUfunction f;
+	CUfunction f = NULL;
+	int i;
 
-	if (!next_kernel_ns) {
+	kernel_name(name, sizeof(name), c);
+	pthread_mutex_lock(&lock);
+	if (!looked_for_cupti) {
 		void *h = dlopen("libcupti.so.13", RTLD_NOW | RTLD_NOLOAD);
+		looked_for_cupti = 1;
 		if (h && !(next_kernel_ns = (void (*)(uint64_t))dlsym(h, "fake_cupti_next_kernel_ns")))
 			dlclose(h);
 	}
-	kernel_name(name, sizeof(name), c);
-	if (cuModuleGetFunction(&f, NULL, name))
+	for (i = 0; i < kernel_count && strcmp(kernels[i].name, name); i++)
+		;
+	if (i < kernel_count) {
+		f = kernels[i].f;
+	} else if (cuModuleGetFunction(&f, NULL, name) == 0 && kernel_count < 32) {
+		snprintf(kernels[kernel_count].name, sizeof(kernels[0].name), "%s", name);
+		kernels[kernel_count++].f = f;
+	}
+	pthread_mutex_unlock(&lock);
+	if (!f)
 		return ncclUnhandledCudaError;
 	if (next_kernel_ns)
 		next_kernel_ns(ns < 1000 ? 1000 : ns);
