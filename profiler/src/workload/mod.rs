@@ -4,6 +4,7 @@
 //! module of its own rather than the agent's.
 
 pub mod cgroup;
+pub mod environ;
 pub mod kube;
 pub mod pods;
 pub mod service;
