@@ -136,6 +136,8 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
         unwind_memory: cfg.unwind_memory << 20,
         profiles: cfg.profiles.clone(),
         cuda_duty: Some(DutyCycle::DEFAULT),
+        // Series labels of their own, next.
+        rank_labels: crate::workload::rank::RankLabels::none(),
     })?;
     eprintln!(
         "gpuflame agent: profiling the whole machine ({} processes) at {} Hz, pushing every {} s to {}",

@@ -77,7 +77,7 @@ pub struct Series {
 }
 
 /// The label style of pushed profiles.
-pub const STYLE: LabelStyle = LabelStyle { comm_key: "thread_name", device_as_string: true };
+pub const STYLE: LabelStyle = LabelStyle { comm_key: "thread_name", device_as_string: true, process_labels: false };
 
 /// Cuts `profile` into series; none when nothing was sampled.
 pub fn split(profile: &Profile, namer: &mut ServiceNamer, opts: &Options, stats: &mut Stats) -> Vec<Series> {
