@@ -117,6 +117,11 @@ pub struct RecordArgs {
     /// per function (`step (train.py)`). pprof always has both.
     #[arg(long)]
     pub lines: bool,
+    /// A sample label read from each process's environment, from the first of the variables
+    /// that holds a number (repeatable; replaces the default list of rank, local_rank,
+    /// world_size and group_rank; `none` reads none).
+    #[arg(long = "rank-label", value_name = "LABEL=VAR[,VAR…]")]
+    pub rank_labels: Vec<String>,
     /// Command to start and profile, with its descendants; its exit code is passed through.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -150,6 +155,7 @@ impl RecordArgs {
             cuda_exact: self.cuda_exact,
             cuda_window: Duration::from_millis(self.cuda_window_ms),
             detail: detail(self.lines),
+            rank_labels: crate::workload::rank::RankLabels::parse(&self.rank_labels).map_err(crate::UserError)?,
         })
     }
 }

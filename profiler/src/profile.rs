@@ -1,6 +1,6 @@
 //! The symbolized, format-independent profile that every writer takes and every reader returns.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::frame::FrameKind;
 use crate::names::sanitize_in_place;
@@ -117,6 +117,9 @@ pub struct Profile {
     pub samples: Vec<Sample>,
     /// Notes for the reader, such as how sampled counts were scaled (pprof comments).
     pub comments: Vec<String>,
+    /// Labels of whole processes, by pid, for the samples of that pid: a distributed job's rank
+    /// and the like, read from the process's environment (`workload/rank.rs`).
+    pub process_labels: BTreeMap<u32, Vec<(String, String)>>,
 }
 
 impl Profile {
@@ -137,6 +140,7 @@ impl Profile {
             locations: Vec::new(),
             samples: Vec::new(),
             comments: Vec::new(),
+            process_labels: BTreeMap::new(),
         }
     }
 
@@ -173,6 +177,8 @@ impl Profile {
             locations: Vec::new(),
             samples: Vec::new(),
             comments: self.comments.clone(),
+            // Only those of the samples copied into it (see ProfileCopy::copy).
+            process_labels: BTreeMap::new(),
         }
     }
 }
@@ -212,8 +218,13 @@ impl ProfileCopy {
         l
     }
 
-    /// Sample `sample` of `from`, here.
+    /// Sample `sample` of `from`, here, with its process's labels.
     pub fn copy(&mut self, from: &Profile, sample: &Sample) {
+        if let Some(pid) = sample.labels.pid {
+            if let Some(labels) = from.process_labels.get(&pid) {
+                self.profile.process_labels.entry(pid).or_insert_with(|| labels.clone());
+            }
+        }
         let stack = sample.stack.iter().map(|&l| self.location(from, l)).collect();
         self.builder.add_values(stack, sample.labels.clone(), &sample.values);
     }

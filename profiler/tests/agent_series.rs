@@ -202,6 +202,8 @@ fn a_label_the_agent_sets_is_a_clear_error_and_a_rule_that_names_nothing_falls_b
         (vec!["--label", "service_name=x"], "service_name is set by the agent"),
         (vec!["--label", "9lives=x"], "not valid"),
         (vec!["--service-name", "train="], "empty name"),
+        (vec!["--rank-label", "pod=RANK"], "clash with the agent's own label"),
+        (vec!["--label", "rank=3"], "rank is set by the agent"),
     ] {
         let out = gpuflame(&[&["agent", "--server", "http://127.0.0.1:9"], args.as_slice()].concat());
         let err = String::from_utf8_lossy(&out.stderr);

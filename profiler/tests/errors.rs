@@ -23,6 +23,13 @@ fn unknown_format() {
 }
 
 #[test]
+fn bad_rank_labels() {
+    assert_usage_error(&gpuflame(&["record", "-d", "1", "--rank-label", "my-rank=RANK", "-o", "x.svg"]), "\"my-rank\" is not a label name");
+    assert_usage_error(&gpuflame(&["record", "-d", "1", "--rank-label", "pid=RANK", "-o", "x.svg"]), "pid is a sample label");
+    assert_usage_error(&gpuflame(&["record", "-d", "1", "--rank-label", "rank", "-o", "x.svg"]), "is not LABEL=VAR");
+}
+
+#[test]
 fn pid_not_found() {
     require_bpf();
     let dir = tempfile::tempdir().unwrap();

@@ -13,6 +13,7 @@ use serde::Deserialize;
 use super::series::{DeviceLabel, ThreadNames};
 use crate::process::MAX_UNWIND_MIB;
 use crate::profile_kind::{profiles_help, profiles_long_help};
+use crate::workload::rank::{self, RankLabels};
 use crate::workload::service::{NameFrom, NameRule};
 use crate::UserError;
 
@@ -111,6 +112,11 @@ pub struct AgentArgs {
     /// Seconds after which a failing push is no longer retried [default: 300].
     #[arg(long, value_name = "SECONDS", env = "GPUFLAME_MAX_AGE")]
     pub max_age: Option<f64>,
+    /// A series label read from each process's environment, from the first of the variables
+    /// that holds a number (repeatable; replaces the default list of rank, local_rank,
+    /// world_size and group_rank; `none` reads none).
+    #[arg(long = "rank-label", value_name = "LABEL=VAR[,VAR…]")]
+    pub rank_labels: Vec<String>,
 }
 
 #[derive(Deserialize, Default, Debug)]
@@ -145,6 +151,8 @@ struct FileConfig {
     pid_labels: Option<bool>,
     max_retries: Option<u32>,
     max_age: Option<f64>,
+    /// As `--rank-label` takes them; empty reads none.
+    rank_labels: Option<Vec<String>>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -182,6 +190,7 @@ pub struct AgentConfig {
     pub pid_labels: bool,
     pub max_retries: u32,
     pub max_age: Duration,
+    pub rank_labels: RankLabels,
 }
 
 pub const DEFAULT_FREQUENCY_HZ: u64 = 19;
@@ -221,7 +230,20 @@ impl AgentConfig {
             let (k, v) = kv.split_once('=').ok_or_else(|| err(format!("--label {kv:?} is not KEY=VALUE")))?;
             labels.insert(k.to_string(), v.to_string());
         }
-        super::labels::check_user_labels(&labels).map_err(err)?;
+        let rank_labels = match (args.rank_labels.as_slice(), file.rank_labels) {
+            ([], Some(specs)) if specs.is_empty() => RankLabels::none(),
+            ([], Some(specs)) => RankLabels::parse(&specs).map_err(|e| err(format!("{e} (rank_labels in the config file)")))?,
+            (flags, _) => RankLabels::parse(flags).map_err(err)?,
+        };
+        let rank_names: Vec<&str> = rank_labels.names().collect();
+        // A rank label of a name the agent sets otherwise would make every series a duplicate.
+        for name in &rank_names {
+            let default = rank::DEFAULT.iter().any(|(d, _)| d == name);
+            if let Some((_, hint)) = super::labels::RESERVED.iter().find(|(r, _)| r == name).filter(|_| !default) {
+                return Err(err(format!("the rank label {name} would clash with the agent's own label ({hint})")));
+            }
+        }
+        super::labels::check_user_labels(&labels, &rank_names).map_err(err)?;
         let mut service_names = Vec::new();
         let rules = args
             .service_names
@@ -319,6 +341,7 @@ impl AgentConfig {
                 n => n,
             },
             max_age: seconds(args.max_age.or(file.max_age).unwrap_or(300.0), "max age", (1.0, 86400.0))?,
+            rank_labels,
         })
     }
 
@@ -370,6 +393,8 @@ impl AgentConfig {
         out += &format!("pid_labels = {}\n", self.pid_labels);
         out += &format!("max_retries = {}\n", self.max_retries);
         out += &format!("max_age = {}\n", self.max_age.as_secs_f64());
+        let ranks: Vec<String> = self.rank_labels.specs().iter().map(|s| q(s)).collect();
+        out += &format!("rank_labels = [{}]\n", ranks.join(", "));
         out += "\n[labels]\n";
         for (k, v) in &self.labels {
             out += &format!("{} = {}\n", q(k), q(v));
@@ -411,6 +436,32 @@ mod tests {
         assert!(!toml.contains("s3cret") && toml.contains("<redacted>") && toml.contains("trainer"), "{toml}");
         assert!(!format!("{c:?}").contains("s3cret"));
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn rank_labels_from_flags_or_the_file_round_trip_through_print_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("agent.toml");
+        let resolve = |toml: &str, flags: &[&str]| {
+            std::fs::write(&cfg, toml).unwrap();
+            let args = AgentArgs { config: Some(cfg.clone()), rank_labels: flags.iter().map(|s| s.to_string()).collect(), ..Default::default() };
+            AgentConfig::resolve(&args)
+        };
+        assert_eq!(resolve("", &[]).unwrap().rank_labels, RankLabels::default());
+        let c = resolve("rank_labels = [\"rank=MY_RANK\", \"node_rank=NODE\"]\n", &[]).unwrap();
+        assert_eq!(c.rank_labels.specs(), ["rank=MY_RANK", "node_rank=NODE"]);
+        // Printed as the file takes it.
+        assert_eq!(resolve(&c.to_toml(), &[]).unwrap().rank_labels, c.rank_labels);
+        assert!(resolve("rank_labels = []\n", &[]).unwrap().rank_labels.is_empty());
+        let off = resolve("", &["none"]).unwrap();
+        assert!(off.rank_labels.is_empty() && resolve(&off.to_toml(), &[]).unwrap().rank_labels.is_empty());
+        // Flags replace the file's list.
+        assert_eq!(resolve("rank_labels = [\"rank=MY_RANK\"]\n", &["rank=RANK"]).unwrap().rank_labels.specs(), ["rank=RANK"]);
+        let e = |toml: &str, flags: &[&str]| resolve(toml, flags).unwrap_err().0;
+        assert!(e("", &["bad-name=X"]).contains("not a label name"), "{}", e("", &["bad-name=X"]));
+        assert!(e("", &["hostname=X"]).contains("clash"));
+        assert!(e("rank_labels = [\"pod=X\"]\n", &[]).contains("clash"));
+        assert!(e("[labels]\nnode_rank = \"x\"\n", &["node_rank=NODE"]).contains("--rank-label"));
     }
 
     #[test]

@@ -31,10 +31,17 @@ pub const RESERVED: &[(&str, &str)] = &[
     ("app", "the agent sets it from the pod's app.kubernetes.io/name or app label"),
     ("pod_uid", "the agent sets it from the process's cgroup"),
     ("container_id", "the agent sets it from the process's cgroup"),
+    ("rank", "the agent sets it from the process's environment (RANK, SLURM_PROCID…; see --rank-label)"),
+    ("local_rank", "the agent sets it from the process's environment (LOCAL_RANK, SLURM_LOCALID…; see --rank-label)"),
+    ("world_size", "the agent sets it from the process's environment (WORLD_SIZE, SLURM_NTASKS…; see --rank-label)"),
+    ("group_rank", "the agent sets it from the process's environment (GROUP_RANK, SLURM_NODEID; see --rank-label)"),
 ];
 
-/// How many names the agent itself may put on a series; the user's labels get the rest.
-pub const AGENT_NAMES: usize = 4;
+/// How many names the agent itself may put on a series besides the rank labels: `__name__`,
+/// `service_name`, `hostname`, `device`, `thread_name` (a sample label Pyroscope makes a series
+/// label) and a workload's five at most (`namespace`, `pod`, `container` or `container_id`,
+/// `node`, `app`). The user's labels get what the rank labels leave of the rest.
+pub const AGENT_NAMES: usize = 10;
 
 /// Whether `name` is a label name that every Pyroscope version takes as it is: Pyroscope 1.x
 /// wants Prometheus' classic names (`[a-zA-Z_][a-zA-Z0-9_]*`), later versions turn dots into
@@ -45,11 +52,14 @@ pub fn valid_name(name: &str) -> bool {
 }
 
 /// Checks the user's labels (`--label`, the config file's `[labels]`) as Pyroscope would, and
-/// that they leave the agent's own labels alone.
-pub fn check_user_labels(labels: &BTreeMap<String, String>) -> Result<(), String> {
+/// that they leave the agent's own labels alone, the rank labels `rank_names` among them.
+pub fn check_user_labels(labels: &BTreeMap<String, String>, rank_names: &[&str]) -> Result<(), String> {
     for (name, value) in labels {
         if let Some((_, hint)) = RESERVED.iter().find(|(r, _)| r == name) {
             return Err(format!("the label {name} is set by the agent ({hint})"));
+        }
+        if rank_names.contains(&name.as_str()) {
+            return Err(format!("the label {name} is set by the agent from the process's environment (--rank-label)"));
         }
         if name.is_empty() {
             return Err("a label needs a name: --label NAME=VALUE".into());
@@ -70,11 +80,13 @@ pub fn check_user_labels(labels: &BTreeMap<String, String>) -> Result<(), String
             return Err(format!("the value of the label {name} is {} bytes long; Pyroscope takes at most {MAX_VALUE_BYTES}", value.len()));
         }
     }
-    if labels.len() + AGENT_NAMES > MAX_NAMES {
+    let agent = AGENT_NAMES + rank_names.len();
+    if labels.len() + agent > MAX_NAMES {
         return Err(format!(
-            "{} labels given; Pyroscope takes {MAX_NAMES} names a series and the agent uses {AGENT_NAMES}, so at most {}",
+            "{} labels given; Pyroscope takes {MAX_NAMES} names a series and the agent uses up to {agent} ({} of them rank labels), so at most {}",
             labels.len(),
-            MAX_NAMES - AGENT_NAMES
+            rank_names.len(),
+            MAX_NAMES.saturating_sub(agent)
         ));
     }
     Ok(())
@@ -132,12 +144,15 @@ mod tests {
 
     #[test]
     fn user_labels_follow_pyroscopes_rules() {
-        assert!(check_user_labels(&labels(&[("env", "prod"), ("zone_2", "a")])).is_ok());
-        let err = |kv: &[(&str, &str)]| check_user_labels(&labels(kv)).unwrap_err();
+        let ranks = ["rank", "local_rank", "world_size", "group_rank"];
+        assert!(check_user_labels(&labels(&[("env", "prod"), ("zone_2", "a")]), &ranks).is_ok());
+        let err = |kv: &[(&str, &str)]| check_user_labels(&labels(kv), &ranks).unwrap_err();
         assert!(err(&[("hostname", "x")]).contains("set by the agent"));
         assert!(err(&[("service_name", "x")]).contains("set by the agent"));
         assert!(err(&[("namespace", "x")]).contains("set by the agent"));
         assert!(err(&[("container_id", "x")]).contains("set by the agent"));
+        assert!(err(&[("world_size", "x")]).contains("set by the agent"));
+        assert!(check_user_labels(&labels(&[("node_rank", "x")]), &["node_rank"]).unwrap_err().contains("--rank-label"));
         assert!(err(&[("__meta", "x")]).contains("reserved"));
         assert!(err(&[("2x", "x")]).contains("not valid"));
         assert!(err(&[("a-b", "x")]).contains("not valid"));
@@ -145,9 +160,24 @@ mod tests {
         assert!(err(&[("env", "")]).contains("empty"));
         assert!(err(&[(&"n".repeat(1025), "x")]).contains("1024"));
         assert!(err(&[("env", &"v".repeat(2049))]).contains("2048"));
-        let many: Vec<(String, String)> = (0..27).map(|i| (format!("l{i}"), "v".into())).collect();
-        let many: BTreeMap<String, String> = many.into_iter().collect();
-        assert!(check_user_labels(&many).unwrap_err().contains("at most 26"));
+        // 30 names: the agent's 10, the 4 rank labels, 16 of the user's.
+        let many = |n: usize| (0..n).map(|i| (format!("l{i}"), "v".to_string())).collect::<BTreeMap<String, String>>();
+        assert!(check_user_labels(&many(16), &ranks).is_ok());
+        assert!(check_user_labels(&many(17), &ranks).unwrap_err().contains("at most 16"));
+        assert!(check_user_labels(&many(20), &[]).is_ok(), "no rank labels leave room for 20");
+    }
+
+    #[test]
+    fn every_label_the_agent_may_set_and_the_users_fit_in_one_series() {
+        let agent = ["__name__", "service_name", "hostname", "device", "thread_name", "namespace", "pod", "container", "node", "app"];
+        assert_eq!(agent.len(), AGENT_NAMES);
+        let ranks = ["rank", "local_rank", "world_size", "group_rank"];
+        let user: BTreeMap<String, String> = (0..16).map(|i| (format!("l{i}"), "v".to_string())).collect();
+        check_user_labels(&user, &ranks).unwrap();
+        let mut series: Vec<(String, String)> = agent.iter().chain(&ranks).map(|n| (n.to_string(), "1".to_string())).collect();
+        series[0].1 = "process_cpu".into();
+        series.extend(user);
+        assert_eq!(check_series(&series), Ok(()));
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub struct AgentMetrics {
     pub windows: u64,
     pub processes_tracked: usize,
     pub series: super::series::Stats,
+    pub ranks: crate::workload::rank::RankStats,
 }
 
 pub fn render(m: &AgentMetrics, q: &QueueStats) -> String {
@@ -67,6 +68,12 @@ pub fn render(m: &AgentMetrics, q: &QueueStats) -> String {
     metric("gpuflame_profiles_trimmed_total", "counter", "Profiles that lost their smallest stacks to fit Pyroscope's limits.", &[("", m.series.trimmed_profiles)]);
     metric("gpuflame_stacks_trimmed_total", "counter", "Stacks merged into one [trimmed] stack to fit Pyroscope's limits.", &[("", m.series.trimmed_stacks)]);
     metric("gpuflame_kernel_samples_left_out_total", "counter", "Samples of kernel threads left out (--no-kernel-threads).", &[("", m.series.kernel_samples_left_out)]);
+    let r = &m.ranks;
+    metric("gpuflame_rank_environments_read_total", "counter", "Process environments read for rank labels (once a process, again after exec).", &[("", r.environments_read)]);
+    metric("gpuflame_rank_processes_labelled_total", "counter", "Environments read that gave rank labels.", &[("", r.processes_labelled)]);
+    metric("gpuflame_rank_values_left_out_total", "counter", "Values of rank variables left out: not a decimal integer of at most 9 digits.", &[("", r.values_left_out)]);
+    metric("gpuflame_rank_environments_unreadable_total", "counter", "Environments that could not be read (the process was gone, or access denied): no rank labels.", &[("", r.unreadable)]);
+    metric("gpuflame_rank_environments_cut_total", "counter", "Environments read only in part, up to 8 MiB.", &[("", r.cut)]);
     metric("gpuflame_push_retries_total", "counter", "Push attempts that will be retried.", &[("", q.retries.load(Ordering::Relaxed))]);
     metric("gpuflame_queue_bytes", "gauge", "Bytes waiting in the upload queue.", &[("", q.bytes.load(Ordering::Relaxed))]);
     metric("gpuflame_queue_bytes_max", "gauge", "Most bytes the upload queue has held.", &[("", q.max_bytes_seen.load(Ordering::Relaxed))]);
@@ -123,5 +130,21 @@ mod tests {
         }
         assert!(text.contains("gpuflame_bpf_counter_total{counter=\"unwind.no_row\"} 7"), "{text}");
         assert!(text.contains("gpuflame_bpf_counter_total{counter=\"off_cpu.switches\"} 3"), "{text}");
+    }
+
+    #[test]
+    fn rank_counts_are_exported() {
+        let ranks = crate::workload::rank::RankStats { environments_read: 5, processes_labelled: 4, values_left_out: 3, unreadable: 2, cut: 1 };
+        let m = AgentMetrics { ranks, ..Default::default() };
+        let text = render(&m, &QueueStats::default());
+        for line in [
+            "gpuflame_rank_environments_read_total 5",
+            "gpuflame_rank_processes_labelled_total 4",
+            "gpuflame_rank_values_left_out_total 3",
+            "gpuflame_rank_environments_unreadable_total 2",
+            "gpuflame_rank_environments_cut_total 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+        }
     }
 }

@@ -136,6 +136,7 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
         unwind_memory: cfg.unwind_memory << 20,
         profiles: cfg.profiles.clone(),
         cuda_duty: Some(DutyCycle::DEFAULT),
+        rank_labels: cfg.rank_labels.clone(),
     })?;
     eprintln!(
         "gpuflame agent: profiling the whole machine ({} processes) at {} Hz, pushing every {} s to {}",
@@ -191,6 +192,7 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
                 m.windows = windows;
                 m.processes_tracked = session.tracker.processes();
                 m.series = stats;
+                m.ranks = session.rank_stats();
             }
             Ok(if stopping { Flow::Stop } else { Flow::Continue })
         })?;

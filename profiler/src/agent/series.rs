@@ -69,15 +69,16 @@ pub struct Stats {
 /// One series of one window, encoded (not yet gzipped).
 pub struct Series {
     pub service: String,
-    /// The workload's labels (Kubernetes namespace, pod, container, …), in a fixed order.
+    /// The workload's labels (Kubernetes namespace, pod, container, …) and the process's (its
+    /// rank), in a fixed order.
     pub labels: Vec<(String, String)>,
     /// The device, when it is a series label.
     pub device: Option<u32>,
     pub profile: pb::Profile,
 }
 
-/// The label style of pushed profiles.
-pub const STYLE: LabelStyle = LabelStyle { comm_key: "thread_name", device_as_string: true };
+/// The label style of pushed profiles: a process's labels are labels of its series already.
+pub const STYLE: LabelStyle = LabelStyle { comm_key: "thread_name", device_as_string: true, process_labels: false };
 
 /// Cuts `profile` into series; none when nothing was sampled.
 pub fn split(profile: &Profile, namer: &mut ServiceNamer, opts: &Options, stats: &mut Stats) -> Vec<Series> {
@@ -90,9 +91,16 @@ pub fn split(profile: &Profile, namer: &mut ServiceNamer, opts: &Options, stats:
             hint.0 = Some(comm);
         }
     }
+    // A process's own labels (its rank) follow its workload's: one series per rank.
     let owners: HashMap<u32, (Owner, Vec<(String, String)>)> = hints
         .into_iter()
-        .map(|(pid, (leader_comm, thread_comm))| (pid, (namer.owner(pid, Hint { leader_comm, thread_comm }), namer.labels(pid))))
+        .map(|(pid, (leader_comm, thread_comm))| {
+            // Named first: that reads the process, whose workload labels follow.
+            let owner = namer.owner(pid, Hint { leader_comm, thread_comm });
+            let mut labels = namer.labels(pid);
+            labels.extend(profile.process_labels.get(&pid).into_iter().flatten().cloned());
+            (pid, (owner, labels))
+        })
         .collect();
 
     type Key = (String, Vec<(String, String)>, Option<u32>);
@@ -227,6 +235,36 @@ mod tests {
         // The largest stacks are the ones kept.
         let smallest_kept = encoded.sample.iter().filter(|s| s.location_id.len() > 1).map(|s| s.value[0]).min().unwrap();
         assert_eq!(smallest_kept, (trimmed as i64 + 1) * p.period);
+    }
+
+    #[test]
+    fn each_rank_is_a_series_and_its_labels_are_not_sample_labels() {
+        // Two ranks of one program and a process without a rank; pids no process has, so that
+        // they are named from their samples.
+        let (r0, r1, plain) = (u32::MAX - 10, u32::MAX - 11, u32::MAX - 12);
+        let mut p = many_stacks(3, 2);
+        for (s, pid) in p.samples.iter_mut().zip([r0, r1, plain]) {
+            s.labels = Labels { pid: Some(pid), tid: Some(pid), comm: Some("train".into()), device: None };
+        }
+        p.process_labels.insert(r0, vec![("rank".into(), "0".into()), ("world_size".into(), "2".into())]);
+        p.process_labels.insert(r1, vec![("rank".into(), "1".into()), ("world_size".into(), "2".into())]);
+        let opts = Options {
+            thread_names: ThreadNames::Label,
+            device: DeviceLabel::Series,
+            pid_labels: true,
+            kernel_threads: true,
+            max_samples: MAX_SAMPLES,
+            max_bytes: MAX_PROFILE_BYTES,
+        };
+        let mut namer = ServiceNamer::new(crate::workload::service::NameFrom::Comm, vec![]);
+        let series = split(&p, &mut namer, &opts, &mut Stats::default());
+        let got: Vec<_> = series.iter().map(|s| (s.service.as_str(), s.labels.clone(), s.profile.sample.len())).collect();
+        let l = |r: &str| vec![("rank".to_string(), r.to_string()), ("world_size".to_string(), "2".to_string())];
+        assert_eq!(got, [("train", vec![], 1), ("train", l("0"), 1), ("train", l("1"), 1)]);
+        for s in &series {
+            let keys: Vec<&str> = s.profile.sample.iter().flat_map(|x| &x.label).map(|l| s.profile.string_table[l.key as usize].as_str()).collect();
+            assert!(keys.iter().all(|k| ["pid", "tid", "thread_name"].contains(k)), "sample labels {keys:?}");
+        }
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 pub mod diff;
 pub mod folded;
+pub mod identity;
 pub mod pprof;
 pub mod pprof_proto;
 pub mod rendering;

@@ -34,24 +34,27 @@ impl Strings {
     }
 }
 
-/// How sample labels are written.
 /// The most bytes of a profile that are read, and the most a gzipped pprof may decompress to:
 /// a gzip bomb stops here. 256 MiB is 2.5 times a pprof of a million distinct stacks (100 MiB),
 /// far more than a recording makes; decoding costs up to ~18 times the protobuf's size in memory
 /// (measured with a stack and a leaf location per sample), so this bounds `convert` to a few GiB.
 pub const MAX_PROFILE_BYTES: usize = 256 << 20;
 
+/// How sample labels are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LabelStyle {
     /// The key of the thread name label.
     pub comm_key: &'static str,
     /// `device` as a string ("0"): Pyroscope drops numeric sample labels.
     pub device_as_string: bool,
+    /// The labels of each sample's process (its rank), as string labels; the agent makes them
+    /// series labels instead.
+    pub process_labels: bool,
 }
 
 impl Default for LabelStyle {
     fn default() -> Self {
-        LabelStyle { comm_key: "comm", device_as_string: false }
+        LabelStyle { comm_key: "comm", device_as_string: false, process_labels: true }
     }
 }
 
@@ -144,6 +147,10 @@ pub fn encode_with(profile: &Profile, style: LabelStyle) -> pb::Profile {
                 } else {
                     pb::Label { key: device_key, num: device.into(), ..Default::default() }
                 });
+            }
+            let process = s.labels.pid.filter(|_| style.process_labels).and_then(|pid| profile.process_labels.get(&pid));
+            for (k, v) in process.into_iter().flatten() {
+                label.push(pb::Label { key: strings.id(k), str: strings.id(v), ..Default::default() });
             }
             pb::Sample {
                 // pprof lists the leaf first.
@@ -241,6 +248,7 @@ fn decode(mut p: pb::LazyProfile) -> Result<Profile, PprofError> {
         locations: Vec::new(),
         samples: Vec::new(),
         comments: p.comment.iter().map(|&i| string(i).map(str::to_string)).collect::<Result<_, _>>()?,
+        process_labels: Default::default(),
     };
     let mut builder = ProfileBuilder::default();
 
@@ -313,6 +321,7 @@ fn decode(mut p: pb::LazyProfile) -> Result<Profile, PprofError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::profile::Sample;
 
     fn sample_profile() -> Profile {
         let mut profile = Profile::cpu(99);
@@ -369,7 +378,7 @@ mod tests {
         for s in &mut profile.samples {
             s.labels.device = Some(3);
         }
-        let style = LabelStyle { comm_key: "thread_name", device_as_string: true };
+        let style = LabelStyle { comm_key: "thread_name", device_as_string: true, process_labels: true };
         let p = encode_with(&profile, style);
         let key = |name: &str| p.string_table.iter().position(|s| s == name).unwrap() as i64;
         let device = p.sample[0].label.iter().find(|l| l.key == key("device")).unwrap();
@@ -378,6 +387,25 @@ mod tests {
         let mut bytes = Vec::new();
         gzip(&p, &mut bytes).unwrap();
         assert_eq!(read(&bytes).unwrap(), profile);
+    }
+
+    #[test]
+    fn process_labels_are_string_labels_of_each_sample_of_the_process() {
+        let mut profile = sample_profile();
+        let first = profile.samples[0].clone();
+        profile.samples.push(Sample { labels: Labels { pid: Some(9), tid: Some(9), ..first.labels.clone() }, ..first });
+        profile.process_labels.insert(7, vec![("rank".into(), "2".into()), ("world_size".into(), "4".into())]);
+        let labels_of = |p: &pb::Profile| -> Vec<Vec<(String, String)>> {
+            p.sample
+                .iter()
+                .map(|s| s.label.iter().filter(|l| l.str != 0).map(|l| (p.string_table[l.key as usize].clone(), p.string_table[l.str as usize].clone())).collect())
+                .collect()
+        };
+        let got = labels_of(&encode(&profile));
+        let ranked = vec![("comm".to_string(), "app".to_string()), ("rank".into(), "2".into()), ("world_size".into(), "4".into())];
+        assert_eq!(got, [ranked.clone(), ranked, vec![("comm".to_string(), "app".to_string())]], "pid 7's samples, not pid 9's");
+        let style = LabelStyle { process_labels: false, ..LabelStyle::default() };
+        assert!(labels_of(&encode_with(&profile, style)).iter().all(|l| l.len() == 1), "left out when asked");
     }
 
     #[test]

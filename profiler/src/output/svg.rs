@@ -84,6 +84,11 @@ pub fn write(profile: &Profile, rendering: &Rendering<'_>, out: impl Write) -> i
     let total: i64 = lines.iter().filter_map(|l| l.rsplit_once(' ')?.1.parse::<i64>().ok()).sum();
     let what = if sample_type.unit == "nanoseconds" && profile.period > 1 { "samples" } else { sample_type.unit.as_str() };
     let mut subtitle = format!("{} · {total} {what}", sample_type.kind);
+    // Which ranks of a job: what tells one rank's graph from another's.
+    if let Some(ranks) = super::identity::describe(&profile.process_labels) {
+        subtitle.push_str(" · ");
+        subtitle.push_str(&cut(&ranks, MAX_COMMENT));
+    }
     // Comments (the command line) are cut, never what the graph itself needs said.
     for comment in profile.comments.iter().take(MAX_COMMENTS) {
         subtitle.push_str(" · ");
@@ -319,6 +324,21 @@ mod tests {
             roxmltree::Document::parse_with_options(&svg, options).expect("well-formed XML");
             assert!(svg.contains(r"python3 -c \x1bx\x00"));
         }
+    }
+
+    #[test]
+    fn the_subtitle_names_the_ranks_of_the_processes() {
+        let subtitle = |profile: &Profile| {
+            let mut out = Vec::new();
+            write(profile, &titled("t"), &mut out).unwrap();
+            let svg = String::from_utf8(out).unwrap();
+            let doc = roxmltree::Document::parse_with_options(&svg, roxmltree::ParsingOptions { allow_dtd: true, ..Default::default() }).unwrap();
+            doc.descendants().find(|n| n.attribute("id") == Some("subtitle")).and_then(|n| n.text()).unwrap_or_default().to_string()
+        };
+        let mut profile = python_profile();
+        assert_eq!(subtitle(&profile), "cpu · 4 samples");
+        profile.process_labels.insert(7, vec![("rank".into(), "2".into()), ("world_size".into(), "4".into())]);
+        assert_eq!(subtitle(&profile), "cpu · 4 samples · rank 2 · world_size 4");
     }
 
     #[test]

@@ -18,6 +18,7 @@ use crate::profile_kind::ProfileKind;
 use crate::session::{Flow, Oom, Session, SessionConfig};
 use crate::status::StatusLine;
 use crate::target::{self, GatedChild};
+use crate::workload::rank::RankLabels;
 use crate::{preflight, UserError};
 
 /// Default sampling frequency of `record`: 99 Hz, off the 100 Hz of timers so as not to sample in
@@ -41,6 +42,8 @@ pub struct RecordOptions {
     pub cuda_window: Duration,
     /// Python frames per function or per line in folded stacks and SVG.
     pub detail: output::Detail,
+    /// The labels read from each process's environment (its rank in a job).
+    pub rank_labels: RankLabels,
 }
 
 /// Where each profile goes: the output itself for one profile; for several, one file each,
@@ -134,6 +137,7 @@ fn record(opts: &RecordOptions, format: Format, outputs: &[(ProfileKind, Output)
         unwind_memory: opts.unwind_memory,
         profiles: opts.profiles.clone(),
         cuda_duty: (!opts.cuda_exact).then_some(DutyCycle { on: opts.cuda_window, ..DutyCycle::DEFAULT }),
+        rank_labels: opts.rank_labels.clone(),
     })?;
     let mut ooms = OomWriter { output: opts.output.clone(), format, detail: opts.detail, count: 0 };
     let mut child = start_command(opts, &mut session)?;

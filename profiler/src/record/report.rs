@@ -11,6 +11,7 @@ use crate::output::Format;
 use crate::process::TrackerStats;
 use crate::session::{Session, Window, WindowStats};
 use crate::sources::SourceStats;
+use crate::workload::rank::RankStats;
 
 /// What the session counted, kept when it ends for the report after the files are written.
 pub(super) struct End {
@@ -20,6 +21,7 @@ pub(super) struct End {
     tracker: TrackerStats,
     unknown_python: u64,
     off_cpu_threads_left: Option<u64>,
+    ranks: RankStats,
 }
 
 impl End {
@@ -42,6 +44,7 @@ impl End {
             tracker: session.tracker.stats.clone(),
             unknown_python: session.unknown_python_frames(),
             off_cpu_threads_left: off_cpu.then(|| session.sampler.off_cpu_threads().ok()).flatten(),
+            ranks: session.rank_stats(),
             counters,
         })
     }
@@ -62,6 +65,7 @@ impl End {
             written.join(", "),
         );
         report_unwinding(counters, &self.tracker, self.capacity, self.unknown_python);
+        report_ranks(&self.ranks);
         if let Some(left) = self.off_cpu_threads_left {
             let o = &counters.off_cpu;
             tracing::info!(
@@ -81,6 +85,21 @@ impl End {
         if counters.targets_full > 0 {
             tracing::warn!(count = counters.targets_full, "new processes could not be followed: the target map was full");
         }
+    }
+}
+
+/// What reading processes' ranks counted (-v); a warning for values that were not numbers.
+fn report_ranks(r: &RankStats) {
+    tracing::info!(
+        environments_read = r.environments_read,
+        processes_labelled = r.processes_labelled,
+        values_left_out = r.values_left_out,
+        unreadable = r.unreadable,
+        cut = r.cut,
+        "rank labels"
+    );
+    if r.values_left_out > 0 {
+        tracing::warn!(count = r.values_left_out, "values of rank variables were left out: not a decimal integer of at most 9 digits");
     }
 }
 

@@ -66,6 +66,11 @@ impl Collector {
         }
     }
 
+    /// The labels of process `pid`'s samples from now on (its rank in a job; none clears them).
+    pub fn label_process(&mut self, pid: u32, labels: Vec<(String, String)>) {
+        self.stacks.label_process(pid, labels);
+    }
+
     pub fn process_exited(&mut self, pid: u32) {
         self.stacks.process_exited(pid);
         self.offer(&Input::ProcessExited(pid));

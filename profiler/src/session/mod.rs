@@ -8,7 +8,7 @@ mod window;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use gpuflame_bpf::{BpfError, CpuSampler, CudaApi, Event, OffCpuSampling, ProcessEventKind, SamplerConfig, Targets};
+use gpuflame_bpf::{BpfError, CpuSampler, CudaApi, Event, OffCpuSampling, ProcessEventKind, Sample, SamplerConfig, Targets};
 
 pub use collector::Collector;
 pub use window::{Flow, Oom, Window, WindowStats};
@@ -19,6 +19,7 @@ use crate::cuda::{CudaHookManager, DutyCycle};
 use crate::process::ProcessTracker;
 use crate::profile_kind::{needs_of, CudaHooks, ProfileKind};
 use crate::sources::{Input, SourceStats};
+use crate::workload::rank::{RankLabels, RankReader, RankStats};
 use crate::UserError;
 
 /// How long a session waits for the tables of small files before sampling starts.
@@ -42,6 +43,8 @@ pub struct SessionConfig {
     pub profiles: Vec<ProfileKind>,
     /// When the duty-cycled CUDA hooks are attached; None keeps them attached (exact counts).
     pub cuda_duty: Option<DutyCycle>,
+    /// The labels read from each process's environment (its rank in a distributed job).
+    pub rank_labels: RankLabels,
 }
 
 pub struct CudaState {
@@ -54,6 +57,7 @@ pub struct Session {
     pub sampler: CpuSampler,
     pub tracker: ProcessTracker,
     collector: Collector,
+    ranks: RankReader,
     profiles: Vec<ProfileKind>,
     pub cuda: Option<CudaState>,
     pub frequency_hz: u64,
@@ -118,6 +122,7 @@ impl Session {
             sampler,
             tracker,
             collector,
+            ranks: RankReader::new(config.rank_labels),
             profiles: config.profiles,
             cuda,
             frequency_hz,
@@ -186,8 +191,13 @@ impl Session {
                         continue;
                     }
                     let seen = Instant::now();
-                    if ev.kind == ProcessEventKind::Exit {
-                        self.collector.process_exited(ev.pid);
+                    match ev.kind {
+                        ProcessEventKind::Exit => {
+                            self.collector.process_exited(ev.pid);
+                            self.ranks.forget(ev.pid);
+                        }
+                        ProcessEventKind::Exec => self.ranks.exec(ev.pid),
+                        _ => {}
                     }
                     self.tracker.handle(&mut self.sampler, ev);
                     tracing::debug!(pid = ev.pid, kind = ?ev.kind, "process event");
@@ -217,6 +227,12 @@ impl Session {
                 }
                 Event::Cuda(_) if self.cuda.is_none() => {}
                 other => {
+                    // Who the process is, read from /proc while it lives: once, and after exec.
+                    if let Some(s) = record_sample(&other) {
+                        if let Some(labels) = self.ranks.on_record(s.pid, s.tid, &s.comm) {
+                            self.collector.label_process(s.pid, labels);
+                        }
+                    }
                     let pid = record_pid(&other);
                     let (files, python) = pid.map_or((None, None), |pid| (self.tracker.files(pid), self.tracker.python(pid)));
                     self.collector.record(&other, files, python);
@@ -244,6 +260,11 @@ impl Session {
     pub fn unknown_python_frames(&self) -> u64 {
         self.collector.unknown_python_frames()
     }
+
+    /// What reading processes' ranks counted so far.
+    pub fn rank_stats(&self) -> RankStats {
+        self.ranks.stats()
+    }
 }
 
 impl Session {
@@ -268,6 +289,9 @@ impl Session {
         let duration = open.start.elapsed();
         let coverage = self.cuda.as_mut().map(|c| c.hooks.take_coverage());
         let (profiles, stats) = self.collector.close(coverage, open.wall, duration);
+        // The collector has forgotten the processes that exited, reported or not.
+        let live: std::collections::HashSet<u32> = self.collector.pids().collect();
+        self.ranks.retain(|pid| live.contains(&pid));
         Window { start: open.wall, duration, profiles, stats, coverage, stopped }
     }
 
@@ -292,14 +316,19 @@ fn report_ready(tracker: &mut ProcessTracker) {
     }
 }
 
-/// The process whose record an event is (samples and CUDA calls; None for the rest).
-fn record_pid(event: &Event) -> Option<u32> {
+/// The header of a record with a stack (samples and CUDA calls; None for the rest).
+fn record_sample(event: &Event) -> Option<&Sample> {
     match event {
-        Event::Sample(s) => Some(s.pid),
-        Event::OffCpu(o) => Some(o.sample.pid),
-        Event::Cuda(c) => Some(c.sample.pid),
+        Event::Sample(s) => Some(s),
+        Event::OffCpu(o) => Some(&o.sample),
+        Event::Cuda(c) => Some(&c.sample),
         _ => None,
     }
+}
+
+/// The process whose record an event is.
+fn record_pid(event: &Event) -> Option<u32> {
+    record_sample(event).map(|s| s.pid)
 }
 
 /// A batch with the exec and mmap reports of a process the tracker does not know yet moved
@@ -342,7 +371,7 @@ pub fn user_facing(e: BpfError) -> anyhow::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuflame_bpf::{ProcessEvent, Sample, StackRead, UnwindStatus};
+    use gpuflame_bpf::{ProcessEvent, StackRead, UnwindStatus};
 
     fn sample(pid: u32) -> Event {
         Event::Sample(Sample {

@@ -11,7 +11,8 @@ use crate::frame::FrameKind;
 use crate::profile::{Labels, Line, Location, Mapping, Profile, ProfileBuilder, KERNEL_MAPPING, PYTHON_MAPPING};
 
 impl Stacks {
-    /// Fills `profile` with these stacks, their values and device labels, symbolized.
+    /// Fills `profile` with these stacks, their values, device labels and their processes'
+    /// labels, symbolized.
     pub fn build(&mut self, profile: &mut Profile, values: StackValues, start: SystemTime, duration: Duration) {
         profile.time_nanos = start.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64);
         profile.duration_nanos = duration.as_nanos() as i64;
@@ -101,6 +102,9 @@ impl Stacks {
             }
             let labels = Labels { pid: Some(key.pid), tid: Some(key.tid), comm: Some(key.comm.clone()), device: *device };
             b.add_values(stack, labels, vals);
+            if let Some(labels) = self.process_labels.get(&key.pid) {
+                profile.process_labels.entry(key.pid).or_insert_with(|| labels.clone());
+            }
         }
         b.finish(profile);
     }

@@ -105,6 +105,8 @@ pub struct Stacks {
     py_frames: Vec<PyFrame>,
     py_index: HashMap<PyFrame, u32>,
     comms: HashMap<u32, String>,
+    /// Labels of whole processes (their rank in a job), as the session read them.
+    process_labels: HashMap<u32, Vec<(String, String)>>,
     /// Stacks of hooked calls already seen, by their raw frames: a launch loop repeats a few
     /// stacks millions of times, and naming Python frames costs reads of the process's memory.
     call_stacks: HashMap<(u32, u32, Vec<UserFrame>), StackKey>,
@@ -130,6 +132,7 @@ impl Stacks {
             py_frames: Vec::new(),
             py_index: HashMap::new(),
             comms: HashMap::new(),
+            process_labels: HashMap::new(),
             call_stacks: HashMap::new(),
         }
     }
@@ -240,10 +243,24 @@ impl Stacks {
         let gone: Vec<u32> = self.comms.keys().copied().filter(|&pid| !crate::target::process_alive(pid)).collect();
         for pid in gone {
             self.comms.remove(&pid);
+            self.process_labels.remove(&pid);
             self.symbolizer.forget_process(pid);
             self.python.forget_process(pid);
         }
+        // Labels are set as a record arrives, so their process is in `comms` too; none outlives it.
+        let comms = &self.comms;
+        self.process_labels.retain(|pid, _| comms.contains_key(pid));
         self.symbolizer.trim(SYMBOL_CACHE_LIMIT);
+    }
+
+    /// The labels of every sample of process `pid` from now on, until it is forgotten; none
+    /// clears them (a program it exec'd has none).
+    pub fn label_process(&mut self, pid: u32, labels: Vec<(String, String)>) {
+        if labels.is_empty() {
+            self.process_labels.remove(&pid);
+        } else {
+            self.process_labels.insert(pid, labels);
+        }
     }
 
     /// A process exited: its calls' stacks are not seen again.

@@ -6,6 +6,7 @@ use std::fs;
 use regex::Regex;
 
 use super::cgroup::CgroupWorkload;
+use super::environ;
 use super::pods::{PodInfo, Pods};
 
 /// The environment variable a process can set to name its own service.
@@ -194,14 +195,10 @@ impl ServiceNamer {
     /// — the explicit name —, then (the default) comm or the command line; between the two, for
     /// a pod's process, `NAMESPACE/CONTAINER` (see [`ServiceNamer::owner`]).
     fn resolve(&self, pid: u32, comm: &str) -> (Option<String>, String) {
-        if let Ok(env) = fs::read(format!("/proc/{pid}/environ")) {
-            for var in env.split(|&b| b == 0) {
-                if let Some(v) = var.strip_prefix(format!("{SERVICE_NAME_ENV}=").as_bytes()) {
-                    if !v.is_empty() {
-                        return (Some(finish(&String::from_utf8_lossy(v))), String::new());
-                    }
-                }
-            }
+        // Twice the longest label value: a longer name is cut to it by `finish` all the same.
+        let env = environ::read(pid, &[SERVICE_NAME_ENV], 2 * crate::agent::labels::MAX_VALUE_BYTES);
+        if let Some(v) = env.as_ref().ok().and_then(|e| e.get(SERVICE_NAME_ENV)).filter(|v| !v.bytes.is_empty()) {
+            return (Some(finish(&String::from_utf8_lossy(&v.bytes))), String::new());
         }
         let cmdline = fs::read(format!("/proc/{pid}/cmdline"))
             .map(|c| c.split(|&b| b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect::<Vec<_>>())

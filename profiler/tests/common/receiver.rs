@@ -44,6 +44,9 @@ pub struct Received {
     pub profile: Profile,
     /// The longest string of the pushed profile, in bytes.
     pub longest_string: usize,
+    /// The keys of the pushed profile's string sample labels (which Pyroscope makes series
+    /// labels).
+    pub string_label_keys: BTreeSet<String>,
     /// Samples of the pushed profile, before the split.
     pub pushed_samples: usize,
     /// Bytes of the pushed profile, uncompressed.
@@ -348,6 +351,7 @@ fn ingest(sent: &BTreeMap<String, String>, gz: &[u8], id: &str, headers: &BTreeM
     }
     let string = |i: i64| p.string_table.get(usize::try_from(i).unwrap_or(usize::MAX)).map(String::as_str);
     let mut numeric = BTreeSet::new();
+    let mut string_label_keys = BTreeSet::new();
     for s in &p.sample {
         if s.label.len() > MAX_SAMPLE_LABELS {
             return Err(bad(format!("the profile exceeds the sample labels limit ({})", s.label.len())));
@@ -360,6 +364,8 @@ fn ingest(sent: &BTreeMap<String, String>, gz: &[u8], id: &str, headers: &BTreeM
             string(l.str).ok_or_else(|| bad("sample label string index out of range".into()))?;
             if l.str == 0 {
                 numeric.insert(key.to_string());
+            } else {
+                string_label_keys.insert(key.to_string());
             }
         }
     }
@@ -413,6 +419,7 @@ fn ingest(sent: &BTreeMap<String, String>, gz: &[u8], id: &str, headers: &BTreeM
             raw: gz.to_vec(),
             profile: part,
             longest_string,
+            string_label_keys: string_label_keys.clone(),
             pushed_samples: p.sample.len(),
             uncompressed: bytes.len(),
             headers: headers.clone(),
