@@ -64,7 +64,8 @@ its own service by setting GPUFLAME_SERVICE_NAME in its environment.")]
     /// Convert a pprof or folded profile into pprof, folded stacks or an SVG flame graph.
     #[command(after_help = "Examples:
   gpuflame convert cpu.pb.gz -o flame.svg
-  gpuflame convert stacks.folded -o cpu.pb.gz -F 99")]
+  gpuflame convert stacks.folded -o cpu.pb.gz -F 99
+  gpuflame convert job.cpu.pb.gz --where rank=2 -o rank2.svg       one rank of a distributed job")]
     Convert(ConvertArgs),
     /// Draw a differential flame graph: the new profile's stacks, coloured by how their time
     /// changed against the base (red: more, blue: less).
@@ -72,6 +73,7 @@ its own service by setting GPUFLAME_SERVICE_NAME in its environment.")]
   gpuflame diff before.pb.gz after.pb.gz -o diff.svg
   gpuflame diff --normalize base.folded new.folded -o diff.svg    scale the base to the new total first
   gpuflame diff after.pb.gz before.pb.gz -o gone.svg             what went away: the arguments swapped
+  gpuflame diff job.pb.gz job.pb.gz --base-where rank=0 --new-where rank=2 -o straggler.svg
 
 Widths are the new profile's; stacks only in the base have no width (swap the arguments to see
 them). --format folded writes `stack BASE NEW` lines instead.")]
@@ -177,6 +179,10 @@ pub struct ConvertArgs {
     /// per function (`step (train.py)`). pprof always has both.
     #[arg(long)]
     pub lines: bool,
+    /// Only the samples whose label LABEL is VALUE (repeatable: all must hold): a process's rank
+    /// (`rank=2`), `pid`, `tid`, `comm`, `device`.
+    #[arg(long = "where", value_name = "LABEL=VALUE")]
+    pub conditions: Vec<crate::output::select::Where>,
 }
 
 /// `--lines` as the writers take it.
@@ -210,6 +216,13 @@ pub struct DiffArgs {
     /// One Python frame per line instead of per function.
     #[arg(long)]
     pub lines: bool,
+    /// Only the base's samples whose label LABEL is VALUE (repeatable), such as `rank=0`: two
+    /// ranks of one recording compared as two runs.
+    #[arg(long = "base-where", value_name = "LABEL=VALUE")]
+    pub base_where: Vec<crate::output::select::Where>,
+    /// Only the new profile's samples whose label LABEL is VALUE (repeatable), such as `rank=2`.
+    #[arg(long = "new-where", value_name = "LABEL=VALUE")]
+    pub new_where: Vec<crate::output::select::Where>,
 }
 
 #[cfg(test)]

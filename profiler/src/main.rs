@@ -35,7 +35,7 @@ fn main() -> ExitCode {
             })
             .map_err(|e| UserError(format!("cannot write the CUPTI library: {e}")).into()),
         Command::Convert(args) => {
-            convert::run(&args.input, &args.output, args.format.as_deref(), args.frequency, gpuflame::cli::detail(args.lines)).map(|()| 0)
+            convert::run(&args.input, &args.output, args.format.as_deref(), args.frequency, gpuflame::cli::detail(args.lines), &args.conditions).map(|()| 0)
         }
         Command::Diff(args) => convert::diff(args).map(|()| 0),
     };

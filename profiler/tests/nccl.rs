@@ -118,6 +118,29 @@ fn each_ranks_collectives_are_exact_and_the_fast_ranks_wait_for_the_slow_one() {
             assert!(w >= 2 * slow_wait, "rank {rank} waited {w} ns, rank {SLOW_RANK} {slow_wait} ns: {waits:?}\n{ctx}");
         }
     }
+    // Every sample of a rank carries its rank, in every profile.
+    for p in [&calls, &time, &cpu] {
+        for (&pid, kv) in &ranks {
+            let labels = p.process_labels.get(&pid).unwrap_or_else(|| panic!("pid {pid} has no labels: {:?}", p.process_labels));
+            assert!(labels.contains(&("rank".to_string(), kv["rank"].clone())) && labels.contains(&("world_size".to_string(), "4".to_string())), "{labels:?}");
+        }
+    }
+    // Two ranks of the recording compared as two runs: rank 0 waited where rank 2 did not.
+    let diff = path("wait.folded");
+    let collective_time = path("job.collective-time.pb.gz");
+    gpuflame_ok(&["diff", &collective_time, &collective_time, "--base-where", "rank=2", "--new-where", "rank=0", "-o", &diff], 0);
+    let (mut base, mut new) = (0i64, 0i64);
+    for line in std::fs::read_to_string(&diff).unwrap().lines() {
+        let mut numbers = line.rsplitn(3, ' ');
+        new += numbers.next().unwrap().parse::<i64>().unwrap();
+        base += numbers.next().unwrap().parse::<i64>().unwrap();
+    }
+    assert!(base > 0 && new >= 2 * base, "diff of rank 2 (base, {base} ns) against rank 0 ({new} ns)");
+    // A flame graph of one rank says whose it is.
+    let svg = path("rank2.svg");
+    gpuflame_ok(&["convert", &path("job.cpu.pb.gz"), "--where", "rank=2", "-o", &svg], 0);
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg.contains("rank 2") && svg.contains("world_size 4"), "the subtitle names the rank");
     // And rank 2's CPU profile shows why: more of its time in compute than any other rank's.
     let computing: BTreeMap<u32, i64> = ranks.iter().map(|(&pid, kv)| (kv["rank"].parse().unwrap(), sum(&cpu, pid, "compute", "", 0))).collect();
     for (&rank, &c) in &computing {

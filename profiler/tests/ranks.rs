@@ -83,6 +83,38 @@ fn record_labels_every_sample_of_a_rank_with_its_rank_and_the_launchers_with_non
     assert!(labelled >= 2, "{line}");
 }
 
+/// A rank whose environment is a mebibyte of variables and whose RANK is 10 KB with control
+/// characters in it: profiled as any process, its RANK left out and counted, the rest of its
+/// labels kept.
+#[test]
+fn a_hostile_environment_loses_its_bad_labels_and_nothing_else() {
+    require_bpf();
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let chain = build_c(dir.path(), "chain", FP_FLAGS);
+    let out = dir.path().join("hostile.pb.gz");
+    let rank = format!("1\x1b[31m\n{}", "9".repeat(10_000));
+    let gate = Gate::new(dir.path(), "gate");
+    let mut cmd = vec!["record".to_string(), "-v".into(), "-F".into(), "199".into(), "--format".into(), "pprof".into(), "-o".into(), out.display().to_string(), "--".into(), "env".into()];
+    // 16 variables of 64 KiB (one string may not exceed 128 KiB), then the ranks.
+    cmd.extend((0..16).map(|i| format!("FILLER_{i}={}", "x".repeat(64 << 10))));
+    cmd.extend([format!("RANK={rank}"), "LOCAL_RANK=3".into(), "WORLD_SIZE=8".into(), chain.display().to_string(), "1".into()]);
+    let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
+    let (status, stderr) = record_gated(&gate, &args, 1);
+    assert_eq!(status.code(), Some(3), "record exits with the program's code (chain's is 3):\n{stderr}");
+    let pid = gate.arrivals(1)[0];
+    let mine: Vec<_> = samples_by_pid(&out).into_iter().filter(|(p, _, _)| *p == pid).collect();
+    let count: i64 = mine.iter().map(|(_, _, n)| n).sum();
+    assert!(count >= 100, "{count} samples of the process (pid {pid})\n{stderr}");
+    for (labels, _) in mine.iter().map(|(_, l, n)| (l, n)) {
+        let got: Vec<(&str, &str)> = labels.iter().filter(|(k, _)| *k != "comm").map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_eq!(got, [("local_rank", "3"), ("world_size", "8")], "the bad RANK left out, the others kept");
+    }
+    let line = stderr.lines().find(|l| l.contains("rank labels")).unwrap_or_else(|| panic!("no rank labels line:\n{stderr}"));
+    let left_out: u64 = line.split_whitespace().find_map(|w| w.strip_prefix("values_left_out=")?.parse().ok()).unwrap_or(0);
+    assert!(left_out >= 1, "{line}");
+}
+
 #[test]
 fn the_agent_pushes_each_rank_as_a_series_of_its_own() {
     require_bpf();

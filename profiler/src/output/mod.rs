@@ -6,6 +6,7 @@ pub mod identity;
 pub mod pprof;
 pub mod pprof_proto;
 pub mod rendering;
+pub mod select;
 pub mod svg;
 
 pub use pprof::MAX_PROFILE_BYTES;

@@ -226,6 +226,9 @@ pub fn read_owned(bytes: Vec<u8>) -> Result<Profile, PprofError> {
     decode(pb::LazyProfile::decode(bytes::Bytes::from(bytes))?)
 }
 
+/// String labels read back per process, at most: a file's labels are not ours to trust.
+const MAX_PROCESS_LABELS: usize = 16;
+
 fn decode(mut p: pb::LazyProfile) -> Result<Profile, PprofError> {
     let pb_samples = std::mem::take(&mut p.sample);
     let p = &p;
@@ -300,6 +303,7 @@ fn decode(mut p: pb::LazyProfile) -> Result<Profile, PprofError> {
             .map(|id| locations.get(id).copied().ok_or_else(|| invalid(format!("unknown location id {id}"))))
             .collect::<Result<Vec<_>, _>>()?;
         let mut labels = Labels::default();
+        let mut others = Vec::new();
         for label in &s.label {
             match string(label.key)? {
                 k if k == pid_key => labels.pid = u32::try_from(label.num).ok(),
@@ -307,8 +311,14 @@ fn decode(mut p: pb::LazyProfile) -> Result<Profile, PprofError> {
                 "comm" | "thread_name" => labels.comm = Some(string(label.str)?.to_string()),
                 k if k == device_key && label.str != 0 => labels.device = string(label.str)?.parse().ok(),
                 k if k == device_key => labels.device = u32::try_from(label.num).ok(),
+                k if label.str != 0 && others.len() < MAX_PROCESS_LABELS => others.push((k.to_string(), string(label.str)?.to_string())),
                 _ => {}
             }
+        }
+        // Other string labels are the process's (its rank): what gpuflame writes on every
+        // sample of a process, read back once per pid.
+        if let (Some(pid), false) = (labels.pid, others.is_empty()) {
+            profile.process_labels.entry(pid).or_insert(others);
         }
         let mut values = s.value;
         values.resize(profile.sample_types.len(), 0);
@@ -406,6 +416,10 @@ mod tests {
         assert_eq!(got, [ranked.clone(), ranked, vec![("comm".to_string(), "app".to_string())]], "pid 7's samples, not pid 9's");
         let style = LabelStyle { process_labels: false, ..LabelStyle::default() };
         assert!(labels_of(&encode_with(&profile, style)).iter().all(|l| l.len() == 1), "left out when asked");
+        let mut bytes = Vec::new();
+        write(&profile, &mut bytes).unwrap();
+        let back = read(&bytes).unwrap();
+        assert_eq!(back.process_labels, profile.process_labels, "read back per pid");
     }
 
     #[test]
