@@ -44,7 +44,7 @@ impl Collector {
                 sources.iter_mut().for_each(|s| s.add(&Input::Sample { sample, stack: &stack }, stacks));
             }
             Event::OffCpu(record) => {
-                let stack = stacks.stack(&record.sample, files, python, false);
+                let stack = stacks.wait_stack(&record.sample, files, python);
                 sources.iter_mut().for_each(|s| s.add(&Input::OffCpu { record, stack: &stack }, stacks));
             }
             Event::Cuda(call) => {

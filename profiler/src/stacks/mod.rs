@@ -110,7 +110,13 @@ pub struct Stacks {
     /// Stacks of hooked calls already seen, by their raw frames: a launch loop repeats a few
     /// stacks millions of times, and naming Python frames costs reads of the process's memory.
     call_stacks: HashMap<(u32, u32, Vec<UserFrame>), StackKey>,
+    /// Stacks of off-CPU waits already seen, by process and raw frames but not thread: a
+    /// service's threads (often one per request) wait in the same few places thousands of times
+    /// a second, and each new one would be normalized and its Python frames read again.
+    wait_stacks: HashMap<WaitKey, StackKey>,
 }
+
+type WaitKey = (u32, UnwindStatus, Vec<u64>, Vec<UserFrame>);
 
 impl Default for Stacks {
     fn default() -> Self {
@@ -134,6 +140,7 @@ impl Stacks {
             comms: HashMap::new(),
             process_labels: HashMap::new(),
             call_stacks: HashMap::new(),
+            wait_stacks: HashMap::new(),
         }
     }
 
@@ -151,21 +158,53 @@ impl Stacks {
         s
     }
 
-    /// The stack of a sample. `at_return`: the leaf is a return address too (a stack taken when
-    /// a hooked function returned), so its call instruction is what is looked up.
-    pub fn stack(&mut self, sample: &Sample, files: Option<&[MappedFile]>, python: Option<&Interpreter>, at_return: bool) -> StackKey {
-        // A new command name of a process's main thread means exec: its old mappings are gone.
-        // (Other threads have names of their own.)
+    /// The stack where a thread left the CPU, remembered by its process and raw frames for the
+    /// window: another thread of the process waiting at the same place gets the same stack, with
+    /// its own tid and name.
+    pub fn wait_stack(&mut self, sample: &Sample, files: Option<&[MappedFile]>, python: Option<&Interpreter>) -> StackKey {
+        self.note_comm(sample);
+        if sample.leaf_file.is_some() {
+            return self.stack(sample, files, python, false);
+        }
+        let key = (sample.pid, sample.unwind, sample.kernel_stack.frames().to_vec(), sample.user_stack.clone());
+        let mut s = match self.wait_stacks.get(&key) {
+            Some(s) => s.clone(),
+            None => {
+                let s = self.stack(sample, files, python, false);
+                if self.wait_stacks.len() >= CALL_STACK_CACHE_LIMIT {
+                    self.wait_stacks.clear();
+                }
+                self.wait_stacks.insert(key, s.clone());
+                s
+            }
+        };
+        s.tid = sample.tid;
+        if s.comm != sample.comm {
+            s.comm.clone_from(&sample.comm);
+        }
+        s
+    }
+
+    /// A new command name of a process's main thread means exec: its old mappings are gone.
+    /// (Other threads have names of their own.)
+    fn note_comm(&mut self, sample: &Sample) {
         if sample.tid == sample.pid {
             if let Some(old) = self.comms.insert(sample.pid, sample.comm.clone()) {
                 if old != sample.comm {
                     self.symbolizer.forget_process(sample.pid);
                     self.python.forget_process(sample.pid);
+                    self.wait_stacks.retain(|k, _| k.0 != sample.pid);
                 }
             }
         } else {
             self.comms.entry(sample.pid).or_insert_with(|| sample.comm.clone());
         }
+    }
+
+    /// The stack of a sample. `at_return`: the leaf is a return address too (a stack taken when
+    /// a hooked function returned), so its call instruction is what is looked up.
+    pub fn stack(&mut self, sample: &Sample, files: Option<&[MappedFile]>, python: Option<&Interpreter>, at_return: bool) -> StackKey {
+        self.note_comm(sample);
         // Native addresses go through normalization in one batch; Python frames are named now,
         // while the process and its code objects are alive.
         let native: Vec<u64> = sample
@@ -263,14 +302,16 @@ impl Stacks {
         }
     }
 
-    /// A process exited: its calls' stacks are not seen again.
+    /// A process exited: its calls' and waits' stacks are not seen again.
     pub fn process_exited(&mut self, pid: u32) {
         self.call_stacks.retain(|k, _| k.0 != pid);
+        self.wait_stacks.retain(|k, _| k.0 != pid);
     }
 
-    /// The window closed: call stacks are remembered for one window at most.
+    /// The window closed: call and wait stacks are remembered for one window at most.
     pub fn window_closed(&mut self) {
         self.call_stacks.clear();
+        self.wait_stacks.clear();
     }
 
     /// The processes sampled, and not yet found to have exited.
@@ -296,11 +337,39 @@ impl Stacks {
 
 #[cfg(test)]
 mod tests {
-    use super::call_sites;
+    use super::*;
+    use gpuflame_bpf::StackRead;
 
     #[test]
     fn return_addresses_point_at_the_call() {
         assert_eq!(call_sites(&[100, 200, 300]), vec![100, 199, 299]);
         assert!(call_sites(&[]).is_empty());
+    }
+
+    fn wait(tid: u32, comm: &str, user: &[u64]) -> Sample {
+        Sample {
+            timestamp_ns: 1,
+            pid: 4_300_001,
+            tid,
+            cpu: 0,
+            comm: comm.into(),
+            kernel_stack: StackRead::Frames(vec![0xffff_ffff_8100_0010]),
+            user_stack: user.iter().map(|&a| UserFrame::Native(a)).collect(),
+            unwind: UnwindStatus::EndOfStack,
+            leaf_file: None,
+        }
+    }
+
+    #[test]
+    fn a_wait_stack_seen_before_is_the_same_stack_for_another_thread() {
+        let files: &[MappedFile] = &[];
+        let mut stacks = Stacks::new();
+        let first = stacks.wait_stack(&wait(11, "worker-1", &[0x40_1000, 0x40_2000]), Some(files), None);
+        let second = stacks.wait_stack(&wait(12, "worker-2", &[0x40_1000, 0x40_2000]), Some(files), None);
+        assert_eq!((second.tid, second.comm.as_str()), (12, "worker-2"));
+        assert_eq!(StackKey { tid: 11, comm: "worker-1".into(), ..second.clone() }, first, "the same frames, another thread's");
+        assert_eq!(second, stacks.stack(&wait(12, "worker-2", &[0x40_1000, 0x40_2000]), Some(files), None, false), "as if made anew");
+        let other = stacks.wait_stack(&wait(12, "worker-2", &[0x40_1000, 0x40_3000]), Some(files), None);
+        assert_ne!(other.user, second.user);
     }
 }
