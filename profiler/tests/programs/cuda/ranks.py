@@ -91,9 +91,12 @@ class Rank:
 def rank_main(world, steps, slow_rank):
     rank = int(os.environ["RANK"])
     cuda = ctypes.CDLL(os.environ["CUDA"])  # before NCCL, which needs libcuda.so.1: the same one
+    # NCCL is mapped before CUDA is initialised, as `import torch` maps it (libtorch_cuda.so
+    # links it) long before the first CUDA call: a profiler that holds cuInit until it is ready
+    # (gpuflame's CUPTI library) has NCCL hooked by then.
+    nccl = load_nccl()
     if cuda.cuInit(0) != 0:
         raise RuntimeError("cuInit failed")
-    nccl = load_nccl()
     uid = UniqueId.from_buffer_copy(bytes.fromhex(os.environ["NCCL_UNIQUE_ID_HEX"]))
     comm = ctypes.c_void_p()
     check(nccl, "ncclCommInitRank", nccl.ncclCommInitRank(ctypes.byref(comm), world, uid, rank))
