@@ -48,7 +48,8 @@ impl Collectives {
                 }
             }
         };
-        if let Some(time) = self.time.as_mut() {
+        // A refused call launched nothing: it takes no share of its operation's kernel time.
+        if let Some(time) = self.time.as_mut().filter(|_| call.result == 0) {
             time.called(call.sample.pid, call.api, &stack);
         }
         if let Some(calls) = self.calls.as_mut() {
