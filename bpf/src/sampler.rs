@@ -247,8 +247,10 @@ impl CpuSampler {
     }
 
     /// Replaces a process's executable mappings. Returns how many did not fit (beyond 1024).
-    pub fn set_process(&self, pid: u32, mappings: &[ExecMapping]) -> Result<usize, BpfError> {
-        UnwindMaps::set_process(&self.skel.maps.processes, pid, mappings)
+    /// `forked_from`: they are the parent's, which a forked child runs until it execs or maps
+    /// code of its own; its samples say so.
+    pub fn set_process(&self, pid: u32, mappings: &[ExecMapping], forked_from: Option<u32>) -> Result<usize, BpfError> {
+        UnwindMaps::set_process(&self.skel.maps.processes, pid, mappings, forked_from)
     }
 
     pub fn remove_process(&self, pid: u32) {
