@@ -82,12 +82,10 @@ impl CpuSampler {
         let skel = open.load().map_err(BpfError::load)?;
 
         let mut sampler_links = Vec::new();
-        for prog in [&skel.progs.on_process_exec, &skel.progs.on_process_exit, &skel.progs.on_mmap] {
-            let link = prog.attach().map_err(|source| attach_error("the exec, mmap and exit hooks", source))?;
-            sampler_links.push(link);
-        }
-        if follow {
-            let link = skel.progs.on_process_fork.attach().map_err(|source| attach_error("the fork tracepoint", source))?;
+        // Fork in every mode: besides following a command's descendants, it gives a forked child
+        // a copy of its parent's mappings.
+        for prog in [&skel.progs.on_process_fork, &skel.progs.on_process_exec, &skel.progs.on_process_exit, &skel.progs.on_mmap] {
+            let link = prog.attach().map_err(|source| attach_error("the fork, exec, mmap and exit hooks", source))?;
             sampler_links.push(link);
         }
 

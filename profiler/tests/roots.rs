@@ -58,9 +58,14 @@ fn forked_children_before_exec_are_whole_and_named() {
     let dir = tempfile::tempdir().unwrap();
     let exe = build_c(dir.path(), "fork_spin", FP_FLAGS);
     let out = dir.path().join("fork.folded");
+    // The whole machine, as a quiet machine whose shells start short commands is recorded.
+    let recording = Recording::start(&["record", "-F", "999", "-o", out.to_str().unwrap()]);
     let gate = Gate::new(dir.path(), "gate");
     // 200 children of 5 ms of CPU time each: a child is gone long before its maps could be read.
-    let (status, stderr) = record_gated(&gate, &["record", "-F", "999", "-o", out.to_str().unwrap(), "--", exe.to_str().unwrap(), "200", "5"], 1);
+    let mut program = gate.spawn(Command::new(&exe).args(["200", "5"]));
+    gate.open_when_ready(&recording, &[program.0.id()]);
+    assert!(program.0.wait().unwrap().success());
+    let (status, stderr) = recording.interrupt();
     assert!(status.success(), "{stderr}");
 
     let stacks: Vec<Stack> = read_folded(&out).into_iter().filter(|s| s.comm() == "fork_spin").collect();
