@@ -11,6 +11,8 @@ mod error;
 mod events;
 #[cfg(test)]
 mod loaded_tests;
+#[cfg(test)]
+mod loaded_fork_tests;
 mod perf;
 mod pod;
 mod sampler;

@@ -82,12 +82,10 @@ impl CpuSampler {
         let skel = open.load().map_err(BpfError::load)?;
 
         let mut sampler_links = Vec::new();
-        for prog in [&skel.progs.on_process_exec, &skel.progs.on_process_exit, &skel.progs.on_mmap] {
-            let link = prog.attach().map_err(|source| attach_error("the exec, mmap and exit hooks", source))?;
-            sampler_links.push(link);
-        }
-        if follow {
-            let link = skel.progs.on_process_fork.attach().map_err(|source| attach_error("the fork tracepoint", source))?;
+        // Fork in every mode: besides following a command's descendants, it gives a forked child
+        // a copy of its parent's mappings.
+        for prog in [&skel.progs.on_process_fork, &skel.progs.on_process_exec, &skel.progs.on_process_exit, &skel.progs.on_mmap] {
+            let link = prog.attach().map_err(|source| attach_error("the fork, exec, mmap and exit hooks", source))?;
             sampler_links.push(link);
         }
 
@@ -247,8 +245,10 @@ impl CpuSampler {
     }
 
     /// Replaces a process's executable mappings. Returns how many did not fit (beyond 1024).
-    pub fn set_process(&self, pid: u32, mappings: &[ExecMapping]) -> Result<usize, BpfError> {
-        UnwindMaps::set_process(&self.skel.maps.processes, pid, mappings)
+    /// `forked_from`: they are the parent's, which a forked child runs until it execs or maps
+    /// code of its own; its samples say so.
+    pub fn set_process(&self, pid: u32, mappings: &[ExecMapping], forked_from: Option<u32>) -> Result<usize, BpfError> {
+        UnwindMaps::set_process(&self.skel.maps.processes, pid, mappings, forked_from)
     }
 
     pub fn remove_process(&self, pid: u32) {

@@ -254,12 +254,13 @@ impl UnwindMaps {
         Ok(())
     }
 
-    pub(crate) fn set_process(map: &MapMut<'_>, pid: u32, mappings: &[ExecMapping]) -> Result<usize, BpfError> {
+    pub(crate) fn set_process(map: &MapMut<'_>, pid: u32, mappings: &[ExecMapping], forked_from: Option<u32>) -> Result<usize, BpfError> {
         let mut sorted: Vec<ExecMapping> = mappings.to_vec();
         sorted.sort_by_key(|m| m.begin);
         let kept = sorted.len().min(MAX_PROCESS_MAPPINGS);
         let mut info: Box<types::process_info> = Box::default();
         info.mapping_count = kept as u32;
+        info.forked_from = forked_from.unwrap_or(0);
         for (slot, m) in info.mappings.iter_mut().zip(&sorted[..kept]) {
             let (table_id, flags) = match m.table {
                 MappingTable::Loaded(t) => (t.0, types::exec_mapping_flags::MAPPING_HAS_TABLE.0),

@@ -43,6 +43,7 @@ pub struct ElfFile<R> {
     /// Where the program and section header tables are: (offset, bytes).
     header_tables: [(u64, u64); 2],
     machine: u16,
+    entry: u64,
     segments: Vec<Segment>,
     sections: Vec<Section>,
 }
@@ -113,6 +114,7 @@ impl<R: ReadAt> ElfFile<R> {
             return Err(ElfError::Unsupported("not a little-endian ELF file"));
         }
         let machine = u16_at(&h, 18);
+        let entry = u64_at(&h, 24);
         let (phoff, shoff) = (u64_at(&h, 32), u64_at(&h, 40));
         let (phentsize, mut phnum) = (u64::from(u16_at(&h, 54)), u64::from(u16_at(&h, 56)));
         let (shentsize, mut shnum, mut shstrndx) = (u64::from(u16_at(&h, 58)), u64::from(u16_at(&h, 60)), u32::from(u16_at(&h, 62)));
@@ -177,7 +179,7 @@ impl<R: ReadAt> ElfFile<R> {
                 .collect();
         }
         let header_tables = [(phoff, phnum * PHDR_SIZE), (shoff, shnum * SHDR_SIZE)];
-        Ok(ElfFile { src, len, header_tables, machine, segments, sections })
+        Ok(ElfFile { src, len, header_tables, machine, entry, segments, sections })
     }
 
     /// The file's length when it was parsed.
@@ -198,6 +200,12 @@ impl<R: ReadAt> ElfFile<R> {
     /// `e_machine` (62 for x86-64).
     pub fn machine(&self) -> u16 {
         self.machine
+    }
+
+    /// `e_entry`: the virtual address where the program (or the dynamic loader) starts; 0 in
+    /// most shared libraries.
+    pub fn entry(&self) -> u64 {
+        self.entry
     }
 
     pub fn segments(&self) -> &[Segment] {

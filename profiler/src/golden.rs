@@ -34,6 +34,7 @@ fn sample(tid: u32, comm: &str, user: &[u64], unwind: UnwindStatus) -> Sample {
         user_stack: user.iter().map(|&a| UserFrame::Native(a)).collect(),
         unwind,
         leaf_file: None,
+        forked_from: None,
     }
 }
 

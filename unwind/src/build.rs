@@ -8,6 +8,7 @@ use gimli::{BaseAddresses, CieOrFde, DebugFrame, EhFrame, LittleEndian, UnwindCo
 use gpuflame_elfread::limits::{MAX_CFI_SECTION, MAX_FDES, MAX_UNWIND_ROWS};
 use gpuflame_elfread::{consts, open_regular, ElfError, ElfFile, ReadAt};
 
+use crate::entry::mark_entry_code;
 use crate::error::UnwindError;
 use crate::rule::{classify, CfaRule, UnwindRule};
 use crate::table::{LoadSegment, TableStats, UnwindRow, UnwindTable};
@@ -131,7 +132,9 @@ fn from_elf_within<R: ReadAt>(elf: &ElfFile<R>, mut budget: Budget) -> Result<Un
         .load_segments()
         .map(|seg| LoadSegment { file_offset: seg.offset, vaddr: seg.vaddr, file_size: seg.file_size })
         .collect();
-    Ok(UnwindTable { rows: merge(fdes), segments, stats })
+    let mut rows = merge(fdes);
+    mark_entry_code(&mut rows, elf.entry());
+    Ok(UnwindTable { rows, segments, stats })
 }
 
 fn collect<'a, S: UnwindSection<Slice<'a>>>(

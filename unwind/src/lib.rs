@@ -9,6 +9,7 @@
 mod build;
 mod compact;
 mod elf;
+mod entry;
 mod error;
 mod probe;
 mod rule;

@@ -73,6 +73,10 @@ struct event_stack {
 	__u64 leaf_ino;
 	__u64 leaf_size;
 	__u64 leaf_offset;
+	/* Not 0: the unwinder walked with the mappings the process got from this parent at fork
+	 * (process_info.forked_from), which user space names from what it read of the parent. */
+	__u32 forked_from;
+	__u32 _pad;
 };
 
 /* EVENT_CUDA_CALL: the return of an outermost hooked call. */
@@ -176,6 +180,7 @@ enum process_event_kind {
 	PROCESS_UNKNOWN = 2, /* a sample met a process or address the unwinder has no tables for */
 	PROCESS_MMAP_EXEC = 3, /* mapped a file executable (dlopen): new code, maybe CUDA */
 	PROCESS_NEED_TABLE = 4, /* a sample needs the table of the file mapped at addr */
+	PROCESS_FORK = 5,       /* a new process got a copy of its parent's (tgid addr) mappings */
 };
 
 struct process_event {
@@ -212,7 +217,11 @@ enum exec_mapping_flags {
 
 struct process_info {
 	__u32 mapping_count;
-	__u32 _pad;
+	/* 0: the process's own mappings, as user space read them. Else the parent whose entry BPF
+	 * copied when the process forked: until it execs or maps code of its own, a child runs
+	 * the code its parent mapped, and a process that lives a millisecond is gone before user
+	 * space could read its maps. */
+	__u32 forked_from;
 	struct exec_mapping mappings[MAX_PROCESS_MAPPINGS]; /* sorted by begin, not overlapping */
 };
 

@@ -143,12 +143,16 @@ static __always_inline void count(enum counter c)
 		*v += 1;
 }
 
-static __always_inline void send_process_event_at(__u32 pid, enum process_event_kind kind, __u64 addr)
+/* Whether the event went out (false: the ring was full, and it is counted lost). */
+static __always_inline bool send_process_event_at(__u32 pid, enum process_event_kind kind, __u64 addr)
 {
 	struct process_event ev = { .pid = pid, .kind = kind, .addr = addr };
 
-	if (bpf_ringbuf_output(&process_events, &ev, sizeof(ev), 0))
+	if (bpf_ringbuf_output(&process_events, &ev, sizeof(ev), 0)) {
 		count(COUNTER_PROCESS_EVENTS_LOST);
+		return false;
+	}
+	return true;
 }
 
 static __always_inline void send_process_event(__u32 pid, enum process_event_kind kind)

@@ -242,9 +242,11 @@ static __always_inline void unwind_user_stack(struct event_record *e, __u32 slot
 	struct task_struct *task = bpf_get_current_task_btf();
 	struct pt_regs *regs;
 	struct native_unwind_state st = {};
+	struct process_info *proc;
 
 	e->stack.user_frames = 0;
 	e->stack.leaf_ino = 0;
+	e->stack.forked_from = 0;
 	if (task->flags & 0x00200000 /* PF_KTHREAD */ || !task->mm) {
 		e->stack.unwind_status = UNWIND_KERNEL_THREAD;
 		return;
@@ -271,6 +273,10 @@ static __always_inline void unwind_user_stack(struct event_record *e, __u32 slot
 	st.status = UNWIND_TRUNCATED;
 	st.now = bpf_ktime_get_ns();
 	st.py.enabled = bpf_map_lookup_elem(&python_processes, &st.pid) != NULL;
+	/* Whose mappings the walk uses: user space names the frames from the same. */
+	proc = bpf_map_lookup_elem(&processes, &st.pid);
+	if (proc)
+		e->stack.forked_from = proc->forked_from;
 	/* Python frames take steps of their own: room for a full stack of both. */
 	bpf_loop(2 * MAX_USER_FRAMES + 1, unwind_step, &st, 0);
 	/* The Python frames are readable without the native stack: a gap in it keeps them. */

@@ -54,12 +54,52 @@ static __always_inline bool take_mmap_token(__u32 tgid)
 	return true;
 }
 
+/* A forked child runs its parent's code in a copy of its memory until it execs: the unwinder
+ * walks it with a copy of the parent's entry, so that a child that lives a millisecond (a shell's
+ * before it execs a command) is unwound at all. User space learns of the copy first: the entry
+ * names the parent's tables, which it must keep while the child may use them, so no event, no
+ * copy. Threads share their process's entry already. */
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(on_process_fork, struct task_struct *parent, struct task_struct *child)
+{
+	__u32 parent_tgid = parent->tgid, child_tgid = child->tgid;
+	struct process_info *from, *copy;
+	struct py_process *py;
+	__u64 exec_vm;
+
+	if (parent_tgid == child_tgid)
+		return 0;
+	follow_fork(parent_tgid, child_tgid);
+	if (!is_target(child_tgid))
+		return 0;
+	from = bpf_map_lookup_elem(&processes, &parent_tgid);
+	if (!from || !send_process_event_at(child_tgid, PROCESS_FORK, parent_tgid))
+		return 0;
+	if (bpf_map_update_elem(&processes, &child_tgid, from, BPF_ANY))
+		return 0;
+	copy = bpf_map_lookup_elem(&processes, &child_tgid);
+	if (copy)
+		copy->forked_from = parent_tgid;
+	py = bpf_map_lookup_elem(&python_processes, &parent_tgid);
+	if (py)
+		bpf_map_update_elem(&python_processes, &child_tgid, py, BPF_ANY);
+	/* Code the child maps from now on is news: it has its parent's until then. */
+	exec_vm = BPF_CORE_READ(child, mm, exec_vm);
+	bpf_map_update_elem(&exec_vm_seen, &child_tgid, &exec_vm, BPF_ANY);
+	return 0;
+}
+
 SEC("tp_btf/sched_process_exec")
 int BPF_PROG(on_process_exec, struct task_struct *task, pid_t old_pid, struct linux_binprm *bprm)
 {
 	__u32 tgid = task->tgid;
 	__u64 none = 0;
 
+	/* The old program's mappings (its own, or its parent's copy) are gone: unwinding the new
+	 * one with them would make up stacks. Until user space reads the new ones, its samples
+	 * say the process is not known. */
+	bpf_map_delete_elem(&processes, &tgid);
+	bpf_map_delete_elem(&python_processes, &tgid);
 	if (is_target(tgid)) {
 		send_process_event(tgid, PROCESS_EXEC);
 		/* A new program: every library it maps from now on is news. */

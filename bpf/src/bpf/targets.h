@@ -18,23 +18,16 @@ static __always_inline bool is_target(__u32 tgid)
 
 /* A new process whose parent is a target becomes one before it can run, so no sample of it is
  * filtered out for lack of a user-space round trip. */
-SEC("tp_btf/sched_process_fork")
-int BPF_PROG(on_process_fork, struct task_struct *parent, struct task_struct *child)
+static __always_inline void follow_fork(__u32 parent_tgid, __u32 child_tgid)
 {
-	__u32 parent_tgid, child_tgid;
 	__u8 one = 1;
 
 	if (target_mode != TARGET_PIDS || !follow_forks)
-		return 0;
-	parent_tgid = parent->tgid;
-	child_tgid = child->tgid;
-	if (parent_tgid == child_tgid) /* a new thread: already covered by its tgid */
-		return 0;
+		return;
 	if (!bpf_map_lookup_elem(&targets, &parent_tgid))
-		return 0;
+		return;
 	if (bpf_map_update_elem(&targets, &child_tgid, &one, BPF_NOEXIST) && !bpf_map_lookup_elem(&targets, &child_tgid))
 		count(COUNTER_TARGETS_FULL);
-	return 0;
 }
 
 #endif

@@ -150,6 +150,11 @@ pub struct Sample {
     /// The file under the user leaf, taken when the unwinder knew neither the process nor the
     /// mapping: what names the leaf of a process gone before its maps could be read.
     pub leaf_file: Option<LeafFile>,
+    /// The parent whose mappings, copied when the process forked, the unwinder walked it with:
+    /// a child that has not exec'd (nor mapped code of its own) since. Its frames are named from
+    /// what was read of that parent, not from the process's own maps, which may be a new
+    /// program's by now.
+    pub forked_from: Option<u32>,
 }
 
 /// A file by identity, and an offset in it.
@@ -175,7 +180,8 @@ impl LeafFile {
 pub(super) fn sample_of(r: &Record, slots: &[u64], kernel_stack: StackRead) -> Sample {
     // Every field named: a field added to the C structs and not read here does not compile.
     let types::event_header { kind: _, pid, tid, cpu, timestamp_ns, comm: _ } = r.header;
-    let types::event_stack { kernel_stack_bytes: _, user_frames, unwind_status, leaf_dev, leaf_ino, leaf_size, leaf_offset } = r.stack;
+    let types::event_stack { kernel_stack_bytes: _, user_frames, unwind_status, leaf_dev, leaf_ino, leaf_size, leaf_offset, forked_from, _pad: _ } =
+        r.stack;
     let users = (user_frames as usize).min(slots.len()).min(USER_SLOTS);
     Sample {
         timestamp_ns,
@@ -187,6 +193,7 @@ pub(super) fn sample_of(r: &Record, slots: &[u64], kernel_stack: StackRead) -> S
         user_stack: split_user_frames(&slots[..users]),
         unwind: UnwindStatus::from_raw(unwind_status),
         leaf_file: (leaf_ino != 0).then(|| LeafFile::from_kernel(leaf_dev, leaf_ino, leaf_size, leaf_offset)),
+        forked_from: (forked_from != 0).then_some(forked_from),
     }
 }
 
@@ -231,6 +238,8 @@ mod tests {
             leaf_ino: 77,
             leaf_size: 4096,
             leaf_offset: 0x1234,
+            forked_from: 9,
+            _pad: 0,
         };
         let mut slots = vec![0u64; 512 + 127];
         slots[..2].copy_from_slice(&[0x1000, 0x2000]);
@@ -241,6 +250,7 @@ mod tests {
         assert_eq!(s.kernel_stack, StackRead::Frames(vec![]));
         assert_eq!(s.user_stack, vec![UserFrame::Native(0x1000), UserFrame::Native(0x2000)]);
         assert_eq!(s.unwind, UnwindStatus::Truncated);
+        assert_eq!(s.forked_from, Some(9));
         assert!(decoded(&data[..10], decode_cpu_sample).is_none());
         assert!(decoded(&data[..200], decode_cpu_sample).is_none(), "a CPU sample is never cut short");
     }
@@ -254,6 +264,7 @@ mod tests {
         let data = record(header(types::event_kind::EVENT_CPU_SAMPLE, 42, 43, "foo"), stack, &[0u8; 0], &slots);
         let Some(s) = decoded(&data, decode_cpu_sample) else { panic!("not a sample") };
         assert_eq!(s.kernel_stack, StackRead::Frames(vec![0xffff_ffff_8100_0000, 0xffff_ffff_8200_0000]));
+        assert_eq!(s.forked_from, None, "a process's own mappings");
         assert_eq!(kernel_stack(&[], -5), StackRead::Failed(5));
     }
 

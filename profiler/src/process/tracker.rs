@@ -23,6 +23,7 @@ use super::maps::{parse_maps, MapsEntry};
 use super::procfs::open_mapped_file;
 
 mod executables;
+mod fork;
 mod python;
 mod ready;
 mod room;
@@ -72,6 +73,12 @@ pub struct ProcessTracker {
     files: HashMap<u32, Vec<MappedFile>>,
     /// The CPython interpreter of each Python process.
     pythons: HashMap<u32, Interpreter>,
+    /// Forked children that BPF unwinds with a copy of their parent's entry, by parent: until
+    /// their own maps are read (`fork.rs`).
+    forked: HashMap<u32, u32>,
+    /// The file mappings a forked child got from its parent, which its samples unwound with the
+    /// parent's mappings are named from; kept, like `files`, a while after it exits.
+    fork_files: HashMap<u32, Vec<MappedFile>>,
     /// Each live process's executable mappings as last read, with the file each one maps.
     entries: HashMap<u32, Vec<MapsEntry>>,
     entry_keys: HashMap<u32, Vec<Option<ExecutableKey>>>,
@@ -101,6 +108,8 @@ impl ProcessTracker {
             processes: HashMap::new(),
             files: HashMap::new(),
             pythons: HashMap::new(),
+            forked: HashMap::new(),
+            fork_files: HashMap::new(),
             entries: HashMap::new(),
             entry_keys: HashMap::new(),
             python_warned: HashSet::new(),
@@ -122,6 +131,7 @@ impl ProcessTracker {
             ProcessEventKind::Unknown | ProcessEventKind::MmapExec => self.refresh(sampler, event.pid),
             ProcessEventKind::NeedTable { addr } => self.need_table(sampler, event.pid, addr),
             ProcessEventKind::Exit => self.exited(sampler, event.pid),
+            ProcessEventKind::Fork { parent } => self.forked(sampler, event.pid, parent),
         }
     }
 
@@ -173,6 +183,8 @@ impl ProcessTracker {
             }
         }
         self.files.insert(pid, files);
+        // Its own mappings from now on, not its parent's copy.
+        self.forked.remove(&pid);
         self.find_python(sampler, pid, &entries);
         self.entries.insert(pid, entries);
         self.entry_keys.insert(pid, entry_keys);
@@ -211,7 +223,7 @@ impl ProcessTracker {
                 ExecMapping { begin: entry.start, end: entry.end, load_bias: bias.unwrap_or(0), table }
             })
             .collect();
-        match sampler.set_process(pid, &mappings) {
+        match sampler.set_process(pid, &mappings, self.forked.get(&pid).copied()) {
             Ok(0) => {}
             Ok(dropped) => {
                 self.stats.mappings_dropped += dropped;
@@ -225,6 +237,7 @@ impl ProcessTracker {
     pub fn exited(&mut self, sampler: &mut CpuSampler, pid: u32) {
         sampler.remove_process(pid);
         self.unready.remove(&pid);
+        self.forked.remove(&pid);
         self.entries.remove(&pid);
         self.entry_keys.remove(&pid);
         let now = Instant::now();
@@ -236,6 +249,7 @@ impl ProcessTracker {
             self.exited.remove(0);
             if !self.processes.contains_key(&old) {
                 self.files.remove(&old);
+                self.fork_files.remove(&old);
                 self.pythons.remove(&old);
             }
         }

@@ -201,10 +201,11 @@ impl Session {
                     }
                     self.tracker.handle(&mut self.sampler, ev);
                     tracing::debug!(pid = ev.pid, kind = ?ev.kind, "process event");
-                    if ev.kind == ProcessEventKind::Exit {
-                        refreshed.retain(|&p| p != ev.pid);
-                    } else {
-                        refreshed.push(ev.pid);
+                    match ev.kind {
+                        ProcessEventKind::Exit => refreshed.retain(|&p| p != ev.pid),
+                        // A fork reads nothing: the child's first mapping of its own is news.
+                        ProcessEventKind::Fork { .. } => {}
+                        _ => refreshed.push(ev.pid),
                     }
                     let Some(c) = self.cuda.as_mut() else { continue };
                     if ev.kind == ProcessEventKind::Exit {
@@ -233,8 +234,11 @@ impl Session {
                             self.collector.label_process(s.pid, labels);
                         }
                     }
-                    let pid = record_pid(&other);
-                    let (files, python) = pid.map_or((None, None), |pid| (self.tracker.files(pid), self.tracker.python(pid)));
+                    // Named from the mappings it was unwound with: a forked child's may be its
+                    // parent's, while its own are a new program's by now.
+                    let sample = record_sample(&other);
+                    let files = sample.and_then(|s| self.tracker.files_of_sample(s.pid, s.forked_from));
+                    let python = sample.and_then(|s| self.tracker.python(s.pid));
                     self.collector.record(&other, files, python);
                 }
             }
@@ -384,6 +388,7 @@ mod tests {
             user_stack: Vec::new(),
             unwind: UnwindStatus::EndOfStack,
             leaf_file: None,
+            forked_from: None,
         })
     }
 

@@ -350,7 +350,13 @@ impl Gate {
 /// at `gate` already) held at the gate until the recording has their tables; the exit status and
 /// stderr.
 pub fn record_gated(gate: &Gate, args: &[&str], programs: usize) -> (std::process::ExitStatus, String) {
-    let recording = Recording::start_with_env(args, &[gate.env_var()]);
+    record_gated_with_env(gate, args, programs, &[])
+}
+
+/// The same, with environment variables for gpuflame and the command it starts.
+pub fn record_gated_with_env(gate: &Gate, args: &[&str], programs: usize, env: &[(&str, Option<&str>)]) -> (std::process::ExitStatus, String) {
+    let env: Vec<(&str, Option<&str>)> = [gate.env_var()].into_iter().chain(env.iter().copied()).collect();
+    let recording = Recording::start_with_env(args, &env);
     let pids = gate.arrivals(programs);
     gate.open_when_ready(&recording, &pids);
     recording.finish()

@@ -1,0 +1,122 @@
+//! The code at a file's entry point is the outermost frame of every stack that reaches it.
+//!
+//! The ABI says so with `DW_CFA_undefined rip`, and a program's own `_start` (crt1.o) carries that
+//! CFI ([`CfaRule::EndOfStack`] from `rule.rs`). The dynamic loader's `_start` and
+//! `_dl_start_user` (glibc's `RTLD_START`, hand-written assembly) have no CFI at all: the kernel
+//! jumps there with the stack holding argc, argv and the environment, and no return address. Left
+//! as a gap, the unwinder took it for code whose caller it could not find, and every sample of a
+//! program before `main` (most of a short command's life) ended `[native: no unwind info]` just
+//! where it was whole.
+
+use crate::rule::{CfaRule, RbpRule, UnwindRule};
+use crate::table::UnwindRow;
+
+/// How far past the entry point code without CFI counts as entry code: `RTLD_START` is 61 bytes
+/// on x86-64 (glibc 2.36), and a gap that goes on much further holds other code without CFI,
+/// whose callers must still be searched for.
+pub(crate) const ENTRY_CODE_MAX: u64 = 256;
+
+const OUTERMOST: UnwindRule = UnwindRule { cfa: CfaRule::EndOfStack, rbp: RbpRule::Unchanged };
+
+/// Marks the code at `entry` (`e_entry`) outermost when no CFI describes it, up to the next row
+/// or [`ENTRY_CODE_MAX`] bytes. `rows` are sorted by `pc` as `merge` leaves them; a file without
+/// rows, or without an entry point (a shared library), is left alone. Returns whether it marked.
+pub(crate) fn mark_entry_code(rows: &mut Vec<UnwindRow>, entry: u64) -> bool {
+    if entry == 0 || rows.is_empty() {
+        return false;
+    }
+    let i = rows.partition_point(|r| r.pc <= entry);
+    // CFI describes the entry: it knows better (crt1.o's `_start` says outermost itself).
+    if i > 0 && rows[i - 1].rule != UnwindRule::NO_INFO {
+        return false;
+    }
+    let next = rows.get(i).map(|r| r.pc);
+    let end = next.map_or(entry + ENTRY_CODE_MAX, |n| n.min(entry + ENTRY_CODE_MAX));
+    let mut marked = vec![UnwindRow { pc: entry, rule: OUTERMOST }];
+    if next != Some(end) {
+        marked.push(UnwindRow { pc: end, rule: UnwindRule::NO_INFO });
+    }
+    // A gap that starts at the entry itself: its row becomes the entry's.
+    let at = if i > 0 && rows[i - 1].pc == entry { i - 1 } else { i };
+    rows.splice(at..i, marked);
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rsp(off: i32) -> UnwindRule {
+        UnwindRule { cfa: CfaRule::RspOffset(off), rbp: RbpRule::Unchanged }
+    }
+
+    fn row(pc: u64, rule: UnwindRule) -> UnwindRow {
+        UnwindRow { pc, rule }
+    }
+
+    /// ld.so's layout: a function, the gap holding `_start` and `_dl_start_user`, the next one.
+    fn loader() -> Vec<UnwindRow> {
+        vec![row(0x1a660, rsp(8)), row(0x1ab6f, UnwindRule::NO_INFO), row(0x1abb0, rsp(8)), row(0x1abf2, UnwindRule::NO_INFO)]
+    }
+
+    #[test]
+    fn entry_in_a_gap_is_outermost_up_to_the_next_function() {
+        let mut rows = loader();
+        assert!(mark_entry_code(&mut rows, 0x1ab70));
+        let pcs: Vec<(u64, CfaRule)> = rows.iter().map(|r| (r.pc, r.rule.cfa)).collect();
+        assert_eq!(
+            pcs,
+            [(0x1a660, CfaRule::RspOffset(8)), (0x1ab6f, CfaRule::NoInfo), (0x1ab70, CfaRule::EndOfStack), (0x1abb0, CfaRule::RspOffset(8)), (0x1abf2, CfaRule::NoInfo)]
+        );
+    }
+
+    #[test]
+    fn entry_at_the_start_of_a_gap_takes_its_row() {
+        let mut rows = loader();
+        assert!(mark_entry_code(&mut rows, 0x1ab6f));
+        assert_eq!(rows[1], row(0x1ab6f, OUTERMOST));
+        assert_eq!(rows[2], row(0x1abb0, rsp(8)));
+        assert_eq!(rows.len(), 4);
+    }
+
+    #[test]
+    fn a_long_gap_is_outermost_only_near_the_entry() {
+        let mut rows = vec![row(0x1000, rsp(8)), row(0x1010, UnwindRule::NO_INFO), row(0x9000, rsp(8))];
+        assert!(mark_entry_code(&mut rows, 0x2000));
+        assert_eq!(rows[2], row(0x2000, OUTERMOST));
+        assert_eq!(rows[3], row(0x2000 + ENTRY_CODE_MAX, UnwindRule::NO_INFO));
+        assert_eq!(rows[4], row(0x9000, rsp(8)));
+        // After the last row and before the first: the same bound.
+        let mut rows = vec![row(0x1000, rsp(8)), row(0x1010, UnwindRule::NO_INFO)];
+        assert!(mark_entry_code(&mut rows, 0x5000));
+        assert_eq!(&rows[2..], [row(0x5000, OUTERMOST), row(0x5000 + ENTRY_CODE_MAX, UnwindRule::NO_INFO)]);
+        let mut rows = vec![row(0x1000, rsp(8)), row(0x1010, UnwindRule::NO_INFO)];
+        assert!(mark_entry_code(&mut rows, 0xff8));
+        assert_eq!(&rows[..2], [row(0xff8, OUTERMOST), row(0x1000, rsp(8))]);
+    }
+
+    #[test]
+    fn cfi_at_the_entry_and_files_without_entry_or_rows_are_left_alone() {
+        let crt1 = vec![row(0x23d0, OUTERMOST), row(0x23f2, UnwindRule::NO_INFO)];
+        for (mut rows, entry) in [(loader(), 0x1a700), (crt1.clone(), 0x23d0), (loader(), 0), (Vec::new(), 0x1000)] {
+            let before = rows.clone();
+            assert!(!mark_entry_code(&mut rows, entry));
+            assert_eq!(rows, before);
+        }
+    }
+
+    /// The system's dynamic loader: its entry has no CFI, and is the root once built.
+    #[test]
+    fn the_loaders_start_is_outermost() {
+        use gpuflame_elfread::ElfFile;
+        const LOADER: &str = "/lib64/ld-linux-x86-64.so.2";
+        let data = std::fs::read(LOADER).unwrap();
+        let entry = ElfFile::parse(&data[..]).unwrap().entry();
+        let table = crate::table::UnwindTable::from_elf(&data).unwrap();
+        assert_eq!(table.lookup(entry).map(|r| r.cfa), Some(CfaRule::EndOfStack));
+        // `_dl_start_user`, after the call to `_dl_start`: outermost too.
+        assert_eq!(table.lookup(entry + 8).map(|r| r.cfa), Some(CfaRule::EndOfStack));
+        // The function before keeps its rules.
+        assert!(table.lookup(entry - 16).is_some_and(|r| r.cfa != CfaRule::EndOfStack));
+    }
+}
