@@ -116,7 +116,9 @@ pub struct Stacks {
     wait_stacks: HashMap<WaitKey, StackKey>,
 }
 
-type WaitKey = (u32, UnwindStatus, Vec<u64>, Vec<UserFrame>);
+/// Process, the process whose mappings it was unwound with (a forked child's parent's), how the
+/// unwind ended, kernel and user frames.
+type WaitKey = (u32, Option<u32>, UnwindStatus, Vec<u64>, Vec<UserFrame>);
 
 impl Default for Stacks {
     fn default() -> Self {
@@ -166,7 +168,7 @@ impl Stacks {
         if sample.leaf_file.is_some() {
             return self.stack(sample, files, python, false);
         }
-        let key = (sample.pid, sample.unwind, sample.kernel_stack.frames().to_vec(), sample.user_stack.clone());
+        let key = (sample.pid, sample.forked_from, sample.unwind, sample.kernel_stack.frames().to_vec(), sample.user_stack.clone());
         let mut s = match self.wait_stacks.get(&key) {
             Some(s) => s.clone(),
             None => {
@@ -357,6 +359,7 @@ mod tests {
             user_stack: user.iter().map(|&a| UserFrame::Native(a)).collect(),
             unwind: UnwindStatus::EndOfStack,
             leaf_file: None,
+            forked_from: None,
         }
     }
 
