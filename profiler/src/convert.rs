@@ -7,7 +7,8 @@ use std::path::Path;
 
 use crate::outfile::Output;
 use crate::output::select::{select, Where};
-use crate::output::{self, diff, Format, MAX_PROFILE_BYTES};
+use crate::output::diff::{self, Diff};
+use crate::output::{self, Format, MAX_PROFILE_BYTES};
 use crate::UserError;
 
 pub fn run(input: &Path, output_path: &Path, format: Option<&str>, frequency_hz: u64, detail: output::Detail, conditions: &[Where]) -> anyhow::Result<()> {
@@ -43,7 +44,7 @@ pub fn diff(args: &crate::cli::DiffArgs) -> anyhow::Result<()> {
         output::read(bytes, period).map_err(|e| UserError(format!("{}: {e}", path.display())))
     };
     let (base, new) = (selected(load(&args.base)?, &args.base_where, &args.base)?, selected(load(&args.new)?, &args.new_where, &args.new)?);
-    let lines = diff::lines(&base, &new, crate::cli::detail(args.lines), args.normalize).map_err(|e| match e {
+    let lines = Diff::of(&base, &new, crate::cli::detail(args.lines), args.normalize).map_err(|e| match e {
         diff::DiffError::Mismatch { .. } => anyhow::Error::from(UserError(e.to_string())),
         diff::DiffError::Io(e) => anyhow::Error::from(e),
     })?;
@@ -57,14 +58,14 @@ pub fn diff(args: &crate::cli::DiffArgs) -> anyhow::Result<()> {
     let count_name = if new.sample_type().unit == "nanoseconds" && new.period > 1 { "samples".to_string() } else { new.sample_type().unit.clone() };
     let out = Output::open(&args.output).map_err(|e| UserError(e.to_string()))?;
     let written = out.write_with(|w| match format {
-        Format::Svg => diff::write_svg(&lines, &title, subtitle, &count_name, w),
-        _ => lines.iter().try_for_each(|l| writeln!(w, "{l}")),
+        Format::Svg => lines.write_svg(&title, subtitle, &count_name, w),
+        _ => lines.write_folded(w),
     });
     if let Err(e) = written {
         out.discard();
         return Err(anyhow::Error::new(e).context(format!("writing {}", args.output.display())));
     }
-    let s = diff::summary(&lines);
+    let s = lines.summary();
     eprintln!(
         "gpuflame: {} {count_name} in the base, {} in the new profile; {} stacks grew, {} shrank or went → {} ({format})",
         s.base_samples, s.new_samples, s.grew, s.shrank, args.output.display()

@@ -1,7 +1,11 @@
 //! Output formats: how a [`Profile`] is written and read back.
 
 pub mod diff;
+mod drawn;
+pub mod fold;
 pub mod folded;
+pub mod frame_names;
+mod frame_text;
 pub mod identity;
 pub mod pprof;
 mod pprof_encoder;
@@ -10,6 +14,7 @@ mod pprof_read;
 pub mod rendering;
 pub mod select;
 pub mod svg;
+mod visible;
 
 pub use pprof::MAX_PROFILE_BYTES;
 pub use rendering::{Detail, Rendering};
@@ -20,6 +25,7 @@ use std::path::Path;
 use std::str::FromStr;
 
 use crate::profile::Profile;
+use crate::samples::Samples;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
@@ -84,7 +90,7 @@ impl Format {
     }
 }
 
-pub fn write(profile: &Profile, format: Format, rendering: &Rendering<'_>, out: impl Write) -> std::io::Result<()> {
+pub fn write<S: Samples>(profile: &Profile<S>, format: Format, rendering: &Rendering<'_>, out: impl Write) -> std::io::Result<()> {
     match format {
         Format::Folded => folded::write(profile, rendering.detail, out),
         Format::Pprof => pprof::write(profile, out),
