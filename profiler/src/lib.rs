@@ -15,6 +15,7 @@ pub mod preflight;
 pub mod process;
 pub mod profile;
 pub mod profile_kind;
+pub mod samples;
 pub mod record;
 pub mod session;
 pub mod sources;

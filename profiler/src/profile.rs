@@ -101,8 +101,11 @@ impl Sample {
     }
 }
 
+/// A profile, its samples as `S` holds them: a `Vec` of [`Sample`]s as recordings build them, or
+/// a [`crate::samples::SampleTable`] (a [`crate::samples::FlatProfile`]) as files are read into,
+/// a few bytes a frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Profile {
+pub struct Profile<S = Vec<Sample>> {
     /// What each sample's values are, such as alloc_space/bytes and alloc_objects/count; never
     /// empty. The first is the one flame graphs show.
     pub sample_types: Vec<ValueType>,
@@ -114,7 +117,7 @@ pub struct Profile {
     pub duration_nanos: i64,
     pub mappings: Vec<Mapping>,
     pub locations: Vec<Location>,
-    pub samples: Vec<Sample>,
+    pub samples: S,
     /// Notes for the reader, such as how sampled counts were scaled (pprof comments).
     pub comments: Vec<String>,
     /// Labels of whole processes, by pid, for the samples of that pid: a distributed job's rank
@@ -143,14 +146,12 @@ impl Profile {
             process_labels: BTreeMap::new(),
         }
     }
+}
 
+impl<S> Profile<S> {
     /// The first sample type.
     pub fn sample_type(&self) -> &ValueType {
         &self.sample_types[0]
-    }
-
-    pub fn total(&self) -> i64 {
-        self.samples.iter().map(Sample::value).sum()
     }
 
     /// How many samples a value stands for: the value itself for counts, value / period for
@@ -162,11 +163,15 @@ impl Profile {
             value
         }
     }
-}
 
-impl Profile {
+    /// What writers read of a profile besides its samples, locations and mappings: types,
+    /// period, time, comments and process labels.
+    pub fn without_samples(&self) -> Profile<()> {
+        Profile { process_labels: self.process_labels.clone(), ..self.clone_header() }
+    }
+
     /// A profile of the same types, period and time, without samples.
-    pub fn clone_header(&self) -> Profile {
+    pub fn clone_header<T: Default>(&self) -> Profile<T> {
         Profile {
             sample_types: self.sample_types.clone(),
             period_type: self.period_type.clone(),
@@ -175,7 +180,7 @@ impl Profile {
             duration_nanos: self.duration_nanos,
             mappings: Vec::new(),
             locations: Vec::new(),
-            samples: Vec::new(),
+            samples: T::default(),
             comments: self.comments.clone(),
             // Only those of the samples copied into it (see ProfileCopy::copy).
             process_labels: BTreeMap::new(),
@@ -240,17 +245,24 @@ impl ProfileCopy {
 }
 
 /// Builds a [`Profile`], interning mappings and locations. Every profile is built by one, from
-/// records, pprof or folded input alike, so it is where names are made safe for every writer
-/// ([`crate::names::sanitize`]).
+/// records, pprof or folded input alike (files into a [`crate::samples::FlatProfile`] by a
+/// [`crate::samples::TableBuilder`], which interns with the same [`Interner`]), so it is where
+/// names are made safe for every writer ([`crate::names::sanitize`]).
 #[derive(Default)]
 pub struct ProfileBuilder {
-    mappings: std::collections::HashMap<Mapping, usize>,
-    locations: std::collections::HashMap<Location, usize>,
-    samples: std::collections::HashMap<(Vec<usize>, Labels), Vec<i64>>,
+    interner: Interner,
+    samples: HashMap<(Vec<usize>, Labels), Vec<i64>>,
 }
 
-impl ProfileBuilder {
-    pub fn mapping(&mut self, profile: &mut Profile, mut mapping: Mapping) -> usize {
+/// The mappings and locations of a profile being built, each once, their names made safe.
+#[derive(Default)]
+pub struct Interner {
+    mappings: HashMap<Mapping, usize>,
+    locations: HashMap<Location, usize>,
+}
+
+impl Interner {
+    pub fn mapping<S>(&mut self, profile: &mut Profile<S>, mut mapping: Mapping) -> usize {
         sanitize_in_place(&mut mapping.path);
         if let Some(id) = &mut mapping.build_id {
             sanitize_in_place(id);
@@ -261,7 +273,7 @@ impl ProfileBuilder {
         })
     }
 
-    pub fn location(&mut self, profile: &mut Profile, mut location: Location) -> usize {
+    pub fn location<S>(&mut self, profile: &mut Profile<S>, mut location: Location) -> usize {
         for line in &mut location.lines {
             sanitize_in_place(&mut line.function);
             if let Some(file) = &mut line.file {
@@ -272,6 +284,16 @@ impl ProfileBuilder {
             profile.locations.push(l.clone());
             profile.locations.len() - 1
         })
+    }
+}
+
+impl ProfileBuilder {
+    pub fn mapping(&mut self, profile: &mut Profile, mapping: Mapping) -> usize {
+        self.interner.mapping(profile, mapping)
+    }
+
+    pub fn location(&mut self, profile: &mut Profile, location: Location) -> usize {
+        self.interner.location(profile, location)
     }
 
     /// Adds `value` to the sample with this stack and labels.

@@ -1,13 +1,21 @@
 //! Output formats: how a [`Profile`] is written and read back.
 
 pub mod diff;
+mod drawn;
+pub mod fold;
 pub mod folded;
+pub mod frame_names;
+mod frame_text;
 pub mod identity;
+pub mod load;
 pub mod pprof;
+mod pprof_encoder;
 pub mod pprof_proto;
+mod pprof_read;
 pub mod rendering;
 pub mod select;
 pub mod svg;
+mod visible;
 
 pub use pprof::MAX_PROFILE_BYTES;
 pub use rendering::{Detail, Rendering};
@@ -17,7 +25,11 @@ use std::io::Write;
 use std::path::Path;
 use std::str::FromStr;
 
+use fold::fold_flat;
+use frame_names::FrameNames;
+
 use crate::profile::Profile;
+use crate::samples::{FlatProfile, Samples};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
@@ -82,7 +94,7 @@ impl Format {
     }
 }
 
-pub fn write(profile: &Profile, format: Format, rendering: &Rendering<'_>, out: impl Write) -> std::io::Result<()> {
+pub fn write<S: Samples>(profile: &Profile<S>, format: Format, rendering: &Rendering<'_>, out: impl Write) -> std::io::Result<()> {
     match format {
         Format::Folded => folded::write(profile, rendering.detail, out),
         Format::Pprof => pprof::write(profile, out),
@@ -90,25 +102,18 @@ pub fn write(profile: &Profile, format: Format, rendering: &Rendering<'_>, out: 
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum ReadError {
-    #[error(transparent)]
-    Pprof(#[from] pprof::PprofError),
-    #[error("folded stacks, {0}")]
-    Folded(#[from] folded::FoldedError),
-    #[error("neither a pprof profile nor folded stacks (UTF-8 text)")]
-    Unrecognised,
-}
-
-/// Reads pprof (gzipped or not) or folded stacks, telling them apart by content. Folded samples
-/// count `period` nanoseconds each.
-pub fn read(bytes: Vec<u8>, period: i64) -> Result<Profile, ReadError> {
-    if bytes.starts_with(&[0x1f, 0x8b]) {
-        return Ok(pprof::read(&bytes)?);
+/// [`write`] of a profile that is not needed afterwards: folded stacks and flame graphs are made
+/// from its folded lines, and the profile is let go of once they are (one of the two, not both,
+/// is held while the output is written).
+pub fn write_owned(profile: FlatProfile, format: Format, rendering: &Rendering<'_>, out: impl Write) -> std::io::Result<()> {
+    if format == Format::Pprof {
+        return pprof::write(&profile, out);
     }
-    match std::str::from_utf8(&bytes) {
-        Ok(text) => Ok(folded::read(text, period)?),
-        Err(_) => Ok(pprof::read_owned(bytes).map_err(|_| ReadError::Unrecognised)?),
+    let mut names = FrameNames::default();
+    let (folded, header) = fold_flat(profile, rendering.detail, &mut names);
+    match format {
+        Format::Svg => svg::write_folded(&header, &folded, &names, rendering, out),
+        _ => folded.write(&names, out),
     }
 }
 

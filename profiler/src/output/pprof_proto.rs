@@ -34,15 +34,13 @@ pub struct Profile {
     pub default_sample_type: i64,
 }
 
-/// [`Profile`] as it is read: the samples left encoded (views into the buffer read, not
-/// copies), each decoded when it is converted, so that a profile of millions of samples is never
+/// [`Profile`] as it is read: all but the samples (field 2), which are passed over here and
+/// decoded one at a time by `pprof_read.rs`, so that a profile of millions of samples is never
 /// held as messages all at once.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct LazyProfile {
     #[prost(message, repeated, tag = "1")]
     pub sample_type: Vec<ValueType>,
-    #[prost(bytes = "bytes", repeated, tag = "2")]
-    pub sample: Vec<bytes::Bytes>,
     #[prost(message, repeated, tag = "3")]
     pub mapping: Vec<Mapping>,
     #[prost(message, repeated, tag = "4")]

@@ -1,7 +1,10 @@
 //! `--where LABEL=VALUE`: the samples of a profile whose labels say so, such as one rank's of a
 //! recording of the whole job (`rank=2`), so that `diff` compares two ranks as it does two runs.
 
-use crate::profile::{Profile, ProfileCopy, Sample};
+use std::collections::HashMap;
+
+use crate::profile::Profile;
+use crate::samples::{FlatProfile, Samples, TableBuilder};
 
 /// One `LABEL=VALUE` condition. LABEL is `pid`, `tid`, `comm` (or `thread_name`), `device`, or a
 /// label of the sample's process (`rank`, `local_rank`, …).
@@ -28,15 +31,15 @@ impl std::fmt::Display for Where {
 }
 
 impl Where {
-    fn holds(&self, profile: &Profile, s: &Sample) -> bool {
+    fn holds<S: Samples>(&self, profile: &Profile<S>, i: usize) -> bool {
         let number = |n: Option<u32>| n.is_some_and(|n| n.to_string() == self.value);
+        let labels = profile.samples.labels(i);
         match self.label.as_str() {
-            "pid" => number(s.labels.pid),
-            "tid" => number(s.labels.tid),
-            "device" => number(s.labels.device),
-            "comm" | "thread_name" => s.labels.comm.as_deref() == Some(self.value.as_str()),
-            label => s
-                .labels
+            "pid" => number(labels.pid),
+            "tid" => number(labels.tid),
+            "device" => number(labels.device),
+            "comm" | "thread_name" => labels.comm.as_deref() == Some(self.value.as_str()),
+            label => labels
                 .pid
                 .and_then(|pid| profile.process_labels.get(&pid))
                 .is_some_and(|labels| labels.iter().any(|(k, v)| k == label && *v == self.value)),
@@ -44,19 +47,42 @@ impl Where {
     }
 }
 
-/// The samples of `profile` for which every condition holds; the profile itself when there is
-/// none.
-pub fn select(profile: Profile, conditions: &[Where]) -> Profile {
+/// The samples of `profile` for which every condition holds, with the locations and mappings
+/// they use (numbered in the order they are first used, as [`crate::profile::ProfileCopy`]
+/// numbers them) and the labels of their processes; the profile itself when there is no
+/// condition.
+pub fn select(profile: FlatProfile, conditions: &[Where]) -> FlatProfile {
     if conditions.is_empty() {
         return profile;
     }
-    let mut out = ProfileCopy::of(&profile);
-    for s in profile.samples.iter().filter(|s| conditions.iter().all(|c| c.holds(&profile, s))) {
-        out.copy(&profile, s);
+    let mut out: FlatProfile = profile.clone_header();
+    let mut builder = TableBuilder::new(profile.sample_types.len());
+    let mut locations: HashMap<usize, usize> = HashMap::new();
+    let samples = &profile.samples;
+    for i in (0..samples.len()).filter(|&i| conditions.iter().all(|c| c.holds(&profile, i))) {
+        let labels = samples.labels(i);
+        if let Some(process) = labels.pid.and_then(|pid| Some((pid, profile.process_labels.get(&pid)?))) {
+            out.process_labels.entry(process.0).or_insert_with(|| process.1.clone());
+        }
+        let mut stack = Vec::with_capacity(samples.stack(i).len());
+        for l in samples.stack(i).iter() {
+            let here = match locations.get(&l) {
+                Some(&here) => here,
+                None => {
+                    let mut loc = profile.locations[l].clone();
+                    loc.mapping = loc.mapping.map(|m| builder.mapping(&mut out, profile.mappings[m].clone()));
+                    let here = builder.location(&mut out, loc);
+                    locations.insert(l, here);
+                    here
+                }
+            };
+            stack.push(here);
+        }
+        builder.add(stack, labels.clone(), samples.values(i));
     }
-    let mut selected = out.finish();
-    selected.comments.push(format!("samples where {}", conditions.iter().map(Where::to_string).collect::<Vec<_>>().join(", ")));
-    selected
+    builder.finish(&mut out);
+    out.comments.push(format!("samples where {}", conditions.iter().map(Where::to_string).collect::<Vec<_>>().join(", ")));
+    out
 }
 
 #[cfg(test)]
@@ -65,7 +91,7 @@ mod tests {
     use crate::frame::FrameKind;
     use crate::profile::{Labels, Location, ProfileBuilder};
 
-    fn job() -> Profile {
+    fn job() -> FlatProfile {
         let mut p = Profile::cpu(99);
         let mut b = ProfileBuilder::default();
         let step = b.location(&mut p, Location::named("step", FrameKind::Python));
@@ -75,7 +101,7 @@ mod tests {
         b.finish(&mut p);
         p.process_labels.insert(10, vec![("rank".into(), "0".into())]);
         p.process_labels.insert(11, vec![("rank".into(), "1".into())]);
-        p
+        p.flatten()
     }
 
     #[test]

@@ -1,24 +1,24 @@
 //! Interactive SVG flame graphs, drawn by inferno from the folded lines: frames coloured by
 //! kind (Python, native, kernel, CUDA API, GPU kernel) with a legend, kernel frames marked
 //! ` [k]`, and stacks deeper than [`MAX_DEPTH`] collapsed in the middle so that a deep import
-//! does not make a picture thousands of pixels tall.
+//! does not make a picture thousands of pixels tall (`drawn.rs`).
 
 use std::collections::{HashMap, HashSet};
 use std::io::{self, Write};
 
 use inferno::flamegraph::color::{Color, PaletteMap};
-use inferno::flamegraph::{self, Options};
+use inferno::flamegraph::Options;
 
-use super::folded::Folded;
+pub use super::drawn::MAX_DEPTH;
+use super::drawn::{draw, Drawn, COLLAPSED};
+use super::fold::{fold, FoldedLines};
+use super::frame_names::FrameNames;
 use super::rendering::Rendering;
 use crate::frame::{FrameKind, Rgb};
 use crate::names::sanitize;
 use crate::profile::Profile;
+use crate::samples::Samples;
 
-/// Frames drawn per stack at most: the root side and the leaf side of deeper stacks are kept.
-pub const MAX_DEPTH: usize = 64;
-/// Of those, frames kept on the root side.
-const ROOT_SIDE: usize = 16;
 /// Each comment in the subtitle is cut to this many characters (the whole command line stays in
 /// pprof), and only the first few are shown.
 const MAX_COMMENT: usize = 72;
@@ -39,49 +39,35 @@ fn cut(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
     out.into()
 }
 
-const COLLAPSED: &str = "[… deep stack: middle frames collapsed]";
-
-/// The folded lines as the SVG draws them: kernel frames marked so that inferno keeps the mark,
-/// deep stacks collapsed. Also how many samples were in collapsed stacks (of the last count:
-/// lines of differential graphs have two).
-pub(super) fn drawn_lines(folded: Vec<String>, counts: usize) -> (Vec<String>, i64) {
-    let mut collapsed = 0;
-    let lines = folded
-        .into_iter()
-        .filter_map(|line| {
-            let mut parts = line.rsplitn(counts + 1, ' ');
-            let last = parts.next()?;
-            let stack = parts.last()?;
-            let count = &line[stack.len() + 1..];
-            let frames: Vec<String> = stack.split(';').map(|f| f.strip_suffix("_[k]").map_or_else(|| f.to_string(), |k| format!("{k} [k]"))).collect();
-            let frames = if frames.len() > MAX_DEPTH {
-                collapsed += last.parse::<i64>().unwrap_or(0);
-                let leaf_side = MAX_DEPTH - ROOT_SIDE - 1;
-                let mut kept = frames[..ROOT_SIDE].to_vec();
-                kept.push(COLLAPSED.to_string());
-                kept.extend_from_slice(&frames[frames.len() - leaf_side..]);
-                kept
-            } else {
-                frames
-            };
-            Some(format!("{} {count}", frames.join(";")))
-        })
-        .collect();
-    (lines, collapsed)
+pub fn write<S: Samples>(profile: &Profile<S>, rendering: &Rendering<'_>, out: impl Write) -> io::Result<()> {
+    let mut names = FrameNames::default();
+    let folded = fold(profile, rendering.detail, &mut names);
+    write_folded(profile, &folded, &names, rendering, out)
 }
 
-pub fn write(profile: &Profile, rendering: &Rendering<'_>, out: impl Write) -> io::Result<()> {
+/// The flame graph of `folded`, the lines of `profile` (whose samples are not read: a profile
+/// without them will do, see [`Profile::without_samples`]).
+pub fn write_folded<S>(profile: &Profile<S>, folded: &FoldedLines, names: &FrameNames, rendering: &Rendering<'_>, out: impl Write) -> io::Result<()> {
     // The title holds the profiled program's name, which may hold anything; inferno escapes only
     // XML's markup characters, not the control characters XML forbids.
     let title = sanitize(rendering.title);
     let title = title.as_ref();
-    let Folded { lines, full_paths, kinds: folded_kinds } = super::folded::fold(profile, rendering.detail);
-    let (lines, collapsed) = drawn_lines(lines, 1);
+    let drawn = Drawn::new(names);
+    let seq = |i: usize| folded.names(i);
     let mut options = Options::default();
     options.title = title.to_string();
     let sample_type = profile.sample_type();
     options.count_name = if sample_type.unit == "nanoseconds" && profile.period > 1 { "samples".into() } else { sample_type.unit.clone() };
-    let total: i64 = lines.iter().filter_map(|l| l.rsplit_once(' ')?.1.parse::<i64>().ok()).sum();
+    // Samples in all, those in stacks drawn collapsed, and every name drawn.
+    let (mut total, mut collapsed) = (0, 0);
+    let mut used = vec![false; drawn.names.len()];
+    for i in 0..folded.len() {
+        total += folded.count(i);
+        if seq(i).len() > MAX_DEPTH {
+            collapsed += folded.count(i);
+        }
+        drawn.ids(seq(i), false).for_each(|id| used[id as usize] = true);
+    }
     let what = if sample_type.unit == "nanoseconds" && profile.period > 1 { "samples" } else { sample_type.unit.as_str() };
     let mut subtitle = format!("{} · {total} {what}", sample_type.kind);
     // Which ranks of a job: what tells one rank's graph from another's.
@@ -98,7 +84,7 @@ pub fn write(profile: &Profile, rendering: &Rendering<'_>, out: impl Write) -> i
         subtitle.push_str(&format!(" · {collapsed} in stacks over {MAX_DEPTH} frames (middle collapsed)"));
     }
     options.subtitle = Some(sanitize(&subtitle).into_owned());
-    if lines.is_empty() {
+    if folded.is_empty() {
         // inferno refuses an empty input; an empty graph that says so beats no file at all.
         return write_empty(title, out);
     }
@@ -106,31 +92,29 @@ pub fn write(profile: &Profile, rendering: &Rendering<'_>, out: impl Write) -> i
     // inferno's own root, which it names "all".
     palette.insert("", color(FrameKind::Marker, ""));
     let mut kinds = HashSet::new();
-    for line in &lines {
-        let stack = line.rsplit_once(' ').map_or(line.as_str(), |(s, _)| s);
-        for frame in stack.split(';') {
-            let kind = drawn_kind(frame, &folded_kinds);
-            kinds.insert(kind);
-            palette.insert(frame, color(kind, frame));
-        }
+    for id in (0..used.len()).filter(|&id| used[id]) {
+        let frame = drawn.names.get(id as u32);
+        let kind = drawn_kind(frame, folded, names);
+        kinds.insert(kind);
+        palette.insert(frame, color(kind, frame));
     }
     options.palette_map = Some(&mut palette);
     let mut svg = Vec::new();
-    flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), &mut svg).map_err(io::Error::other)?;
+    draw(&drawn, folded.len(), |i| (seq(i), [folded.count(i), 0], 1), &mut options, &mut svg)?;
     let svg = String::from_utf8(svg).map_err(io::Error::other)?;
     let mut out = out;
     let legend: Vec<(&str, Rgb)> = FrameKind::LEGEND.iter().filter(|k| kinds.contains(k)).map(|k| (k.name(), k.base())).collect();
-    out.write_all(with_legend(&with_full_paths(&label_root(&svg), &full_paths), &legend).as_bytes())
+    out.write_all(with_legend(&with_full_paths(&label_root(&svg), &folded.full_paths), &legend).as_bytes())
 }
 
 /// What a frame as drawn is: as the profile says, by its folded name (kernel frames drawn
 /// ` [k]` are folded `_[k]`); the frame that stands for a deep stack's middle is a marker.
-fn drawn_kind(frame: &str, kinds: &HashMap<String, FrameKind>) -> FrameKind {
+fn drawn_kind(frame: &str, folded: &FoldedLines, names: &FrameNames) -> FrameKind {
     if frame == COLLAPSED {
         return FrameKind::Marker;
     }
-    let folded = frame.strip_suffix(" [k]").map(|k| format!("{k}_[k]"));
-    kinds.get(folded.as_deref().unwrap_or(frame)).copied().unwrap_or_else(|| FrameKind::guess(frame))
+    let name = frame.strip_suffix(" [k]").map(|k| format!("{k}_[k]"));
+    names.lookup(name.as_deref().unwrap_or(frame)).and_then(|id| folded.kind(id)).unwrap_or_else(|| FrameKind::guess(frame))
 }
 
 fn color(kind: FrameKind, frame: &str) -> Color {
