@@ -4,23 +4,10 @@
 
 use std::ffi::CString;
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use crate::loaded_tests::spin;
 use crate::*;
-
-/// Spins for `d` of wall time; nothing in it allocates or locks, so a forked child of this
-/// many-threaded test process may run it.
-#[inline(never)]
-fn spin(d: Duration) -> u64 {
-    let start = Instant::now();
-    let mut x = 1u64;
-    while start.elapsed() < d {
-        for _ in 0..10_000 {
-            x = black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
-        }
-    }
-    x
-}
 
 /// Forks a child that spins, then (with `exec`) execs it; waits for it.
 fn child(exec: Option<&[CString]>) -> u32 {

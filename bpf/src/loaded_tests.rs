@@ -74,8 +74,10 @@ pub struct GpuKernelRecord {
     graph_node: u64,
 }
 
+/// Spins for `d` of wall time; nothing in it allocates or locks, so a forked child of this
+/// many-threaded test process may run it too (loaded_fork_tests.rs).
 #[inline(never)]
-fn spin(d: Duration) -> u64 {
+pub(crate) fn spin(d: Duration) -> u64 {
     let start = Instant::now();
     let mut x = 1u64;
     while start.elapsed() < d {

@@ -196,7 +196,11 @@ impl Session {
                             self.collector.process_exited(ev.pid);
                             self.ranks.forget(ev.pid);
                         }
-                        ProcessEventKind::Exec => self.ranks.exec(ev.pid),
+                        ProcessEventKind::Exec => {
+                            if let Some(labels) = self.ranks.exec(ev.pid) {
+                                self.collector.label_process(ev.pid, labels);
+                            }
+                        }
                         _ => {}
                     }
                     self.tracker.handle(&mut self.sampler, ev);
@@ -293,9 +297,9 @@ impl Session {
         let duration = open.start.elapsed();
         let coverage = self.cuda.as_mut().map(|c| c.hooks.take_coverage());
         let (profiles, stats) = self.collector.close(coverage, open.wall, duration);
-        // The collector has forgotten the processes that exited, reported or not.
-        let live: std::collections::HashSet<u32> = self.collector.pids().collect();
-        self.ranks.retain(|pid| live.contains(&pid));
+        // Exits can be lost: a process is forgotten once it is gone, not when it has no record
+        // (one asleep at cuInit for seconds was read again, after it was gone).
+        self.ranks.retain(crate::target::process_alive);
         Window { start: open.wall, duration, profiles, stats, coverage, stopped }
     }
 

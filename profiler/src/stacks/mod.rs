@@ -6,7 +6,7 @@
 
 mod build;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use gpuflame_bpf::{Sample, UnwindStatus, UserFrame};
 use gpuflame_pyframes::Interpreter;
@@ -107,6 +107,8 @@ pub struct Stacks {
     comms: HashMap<u32, String>,
     /// Labels of whole processes (their rank in a job), as the session read them.
     process_labels: HashMap<u32, Vec<(String, String)>>,
+    /// Processes with labels found gone at the last window's end: their labels go at this one's.
+    labels_of_the_dead: HashSet<u32>,
     /// Stacks of hooked calls already seen, by their raw frames: a launch loop repeats a few
     /// stacks millions of times, and naming Python frames costs reads of the process's memory.
     call_stacks: HashMap<(u32, u32, Vec<UserFrame>), StackKey>,
@@ -141,6 +143,7 @@ impl Stacks {
             py_index: HashMap::new(),
             comms: HashMap::new(),
             process_labels: HashMap::new(),
+            labels_of_the_dead: HashSet::new(),
             call_stacks: HashMap::new(),
             wait_stacks: HashMap::new(),
         }
@@ -284,13 +287,17 @@ impl Stacks {
         let gone: Vec<u32> = self.comms.keys().copied().filter(|&pid| !crate::target::process_alive(pid)).collect();
         for pid in gone {
             self.comms.remove(&pid);
-            self.process_labels.remove(&pid);
             self.symbolizer.forget_process(pid);
             self.python.forget_process(pid);
         }
-        // Labels are set as a record arrives, so their process is in `comms` too; none outlives it.
-        let comms = &self.comms;
-        self.process_labels.retain(|pid, _| comms.contains_key(pid));
+        // A process's labels are set when it execs, before any record of it, and outlive it by a
+        // window: a loaded agent reads a short-lived rank's last records seconds after it exited
+        // (its collectives went out unlabelled, its CPU samples labelled, when they were tied
+        // to the records seen).
+        let dead: HashSet<u32> = self.process_labels.keys().copied().filter(|&pid| !crate::target::process_alive(pid)).collect();
+        let dead_before = std::mem::take(&mut self.labels_of_the_dead);
+        self.process_labels.retain(|pid, _| !(dead.contains(pid) && dead_before.contains(pid)));
+        self.labels_of_the_dead = dead;
         self.symbolizer.trim(SYMBOL_CACHE_LIMIT);
     }
 

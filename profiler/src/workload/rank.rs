@@ -182,9 +182,16 @@ impl RankReader {
         Some(self.read(pid))
     }
 
-    /// `pid` exec'd: it is read again at its next record.
-    pub fn exec(&mut self, pid: u32) {
-        self.known.remove(&pid);
+    /// `pid` exec'd: it is read now, while it surely lives (a rank that lives a second can be
+    /// gone by the time a loaded agent reads its first record, and its labels with it), and its
+    /// main thread's name is taken from its next record.
+    pub fn exec(&mut self, pid: u32) -> Option<Vec<(String, String)>> {
+        if self.labels.is_empty() || pid == 0 {
+            self.known.remove(&pid);
+            return None;
+        }
+        self.known.insert(pid, None);
+        Some(self.read(pid))
     }
 
     /// `pid` exited; a process that reuses it is read anew.
@@ -207,6 +214,9 @@ impl RankReader {
             Err(e) => {
                 self.stats.unreadable += 1;
                 tracing::debug!(pid, error = %e, "no rank labels: the environment cannot be read");
+                // Tried again at its next record: an exec report can be read before /proc shows
+                // the process (seen: ENOENT for a rank that then ran for seconds).
+                self.known.remove(&pid);
                 return Vec::new();
             }
         };
@@ -336,10 +346,12 @@ mod tests {
         assert_eq!(reader.on_record(pid, pid + 1, "worker"), Some(labels(&[("rank", "3")])));
         assert_eq!(reader.on_record(pid, pid, "sleep"), None);
         assert_eq!(reader.on_record(pid, pid + 1, "other"), None);
-        // A new name of its main thread, or an exec report: read again.
+        // A new name of its main thread: read again. An exec report: read at once, not at the
+        // next record.
         assert_eq!(reader.on_record(pid, pid, "python3"), Some(labels(&[("rank", "3")])));
-        reader.exec(pid);
-        assert_eq!(reader.on_record(pid, pid + 1, "worker"), Some(labels(&[("rank", "3")])));
+        assert_eq!(reader.exec(pid), Some(labels(&[("rank", "3")])));
+        assert_eq!(reader.on_record(pid, pid + 1, "worker"), None);
+        assert_eq!(reader.on_record(pid, pid, "python3"), None);
         let _ = child.kill();
         let _ = child.wait();
         assert_eq!(reader.stats().environments_read, 3);
