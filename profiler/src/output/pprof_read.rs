@@ -19,7 +19,7 @@ use crate::samples::{FlatProfile, TableBuilder};
 /// a gzip bomb stops here. 256 MiB is 2.5 times a pprof of a million distinct stacks (100 MiB),
 /// far more than a recording makes. A profile is held in about its inflated protobuf's size
 /// (BENCHMARKS: a million stacks of 30 frames, 69 MB inflated, are converted in 120 MiB and
-/// diffed against themselves in 240 MiB), and folded text in half its size or less.
+/// diffed against themselves in 250 MiB), and folded text in half its size or less.
 pub const MAX_PROFILE_BYTES: usize = 256 << 20;
 
 #[derive(Debug, thiserror::Error)]
