@@ -4,7 +4,7 @@
 //! messages are ever held.
 
 use std::collections::HashMap;
-use std::io::{self, BufReader, Read};
+use std::io::{self, BufRead, BufReader, Read};
 
 use flate2::read::GzDecoder;
 use prost::encoding::encode_varint;
@@ -19,7 +19,7 @@ use crate::samples::{FlatProfile, TableBuilder};
 /// a gzip bomb stops here. 256 MiB is 2.5 times a pprof of a million distinct stacks (100 MiB),
 /// far more than a recording makes. A profile is held in about its inflated protobuf's size
 /// (BENCHMARKS: a million stacks of 30 frames, 69 MB inflated, are converted in 120 MiB and
-/// diffed against themselves in 240 MiB), and folded text in half its size or less.
+/// diffed against themselves in 250 MiB), and folded text in half its size or less.
 pub const MAX_PROFILE_BYTES: usize = 256 << 20;
 
 #[derive(Debug, thiserror::Error)]
@@ -80,18 +80,37 @@ fn varint(input: &mut impl Read) -> Result<Option<u64>, PprofError> {
     Err(PprofError::Malformed("a varint longer than 10 bytes"))
 }
 
+/// The fields of `pb::LazyProfile`: the message's tables and header, which `rest` keeps.
+const TABLE_FIELDS: [u64; 10] = [1, 3, 4, 5, 6, 9, 10, 11, 12, 13];
+
 /// Reads the message in `input` a field at a time: each sample (field 2) goes to `sample`, and
-/// every other field, when `rest` is given, is appended to it as it was, for its tables to be
-/// decoded from. Refuses a message of more than [`MAX_PROFILE_BYTES`].
-fn fields(input: impl Read, mut rest: Option<&mut Vec<u8>>, sample: &mut dyn FnMut(&[u8]) -> Result<(), PprofError>) -> Result<(), PprofError> {
+/// the fields of its tables, when `rest` is given, are appended to it as they were, for the
+/// tables to be decoded from; other fields are passed over. A message of more than
+/// [`MAX_PROFILE_BYTES`] is refused as such, whatever else is wrong with it, as when it was read
+/// whole before it was decoded.
+fn fields(input: impl Read, rest: Option<&mut Vec<u8>>, sample: &mut dyn FnMut(&[u8]) -> Result<(), PprofError>) -> Result<(), PprofError> {
     let mut input = BufReader::with_capacity(1 << 16, input.take(MAX_PROFILE_BYTES as u64 + 1));
+    let read = walk(&mut input, rest, sample);
+    if matches!(read, Err(PprofError::Decode(_) | PprofError::Invalid(_) | PprofError::Malformed(_))) {
+        io::copy(&mut input, &mut io::sink())?;
+    }
+    if input.get_ref().limit() == 0 {
+        return Err(PprofError::TooLarge(MAX_PROFILE_BYTES >> 20));
+    }
+    read
+}
+
+fn walk(input: &mut impl BufRead, mut rest: Option<&mut Vec<u8>>, sample: &mut dyn FnMut(&[u8]) -> Result<(), PprofError>) -> Result<(), PprofError> {
     let mut payload = Vec::new();
-    while let Some(key) = varint(&mut input)? {
+    while let Some(key) = varint(input)? {
         let (tag, wire_type) = (key >> 3, key & 7);
+        if tag == 0 {
+            return Err(PprofError::Malformed("a field numbered 0"));
+        }
         let len = match wire_type {
             0 => {
-                let value = varint(&mut input)?.ok_or_else(truncated)?;
-                if let Some(rest) = rest.as_deref_mut() {
+                let value = varint(input)?.ok_or_else(truncated)?;
+                if let Some(rest) = rest.as_deref_mut().filter(|_| TABLE_FIELDS.contains(&tag)) {
                     encode_varint(key, rest);
                     encode_varint(value, rest);
                 }
@@ -99,11 +118,18 @@ fn fields(input: impl Read, mut rest: Option<&mut Vec<u8>>, sample: &mut dyn FnM
             }
             1 => 8,
             5 => 4,
-            2 => varint(&mut input)?.ok_or_else(truncated)?,
+            2 => varint(input)?.ok_or_else(truncated)?,
             _ => return Err(PprofError::Malformed("a field of a wire type pprof does not use (a group)")),
         };
+        let keep = rest.is_some() && TABLE_FIELDS.contains(&tag);
+        if !(keep || (tag == 2 && wire_type == 2)) {
+            if io::copy(&mut input.take(len), &mut io::sink())? != len {
+                return Err(truncated());
+            }
+            continue;
+        }
         payload.clear();
-        if (&mut input).take(len).read_to_end(&mut payload)? as u64 != len {
+        if input.take(len).read_to_end(&mut payload)? as u64 != len {
             return Err(truncated());
         }
         if tag == 2 && wire_type == 2 {
@@ -115,9 +141,6 @@ fn fields(input: impl Read, mut rest: Option<&mut Vec<u8>>, sample: &mut dyn FnM
             }
             rest.extend_from_slice(&payload);
         }
-    }
-    if input.into_inner().limit() == 0 {
-        return Err(PprofError::TooLarge(MAX_PROFILE_BYTES >> 20));
     }
     Ok(())
 }
