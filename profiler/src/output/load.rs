@@ -1,7 +1,7 @@
 //! Reading the profile a file holds, pprof (gzipped or not) or folded stacks, told apart by
 //! content, into a [`FlatProfile`]. Folded text is read a line at a time from a file, never held
-//! whole; a pipe, which can be read only once, is read whole first, as is a pprof (which holds
-//! its string table after its samples).
+//! whole; a pipe, which can be read only once, is read whole first, as is a pprof file, which is
+//! inflated twice (its string table comes after its samples; see `pprof_read.rs`).
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read, Seek};
