@@ -233,14 +233,14 @@ impl Session {
                 Event::Cuda(_) if self.cuda.is_none() => {}
                 other => {
                     // Who the process is, read from /proc while it lives: once, and after exec.
-                    if let Some(s) = record_sample(&other) {
+                    let sample = record_sample(&other);
+                    if let Some(s) = sample {
                         if let Some(labels) = self.ranks.on_record(s.pid, s.tid, &s.comm) {
                             self.collector.label_process(s.pid, labels);
                         }
                     }
                     // Named from the mappings it was unwound with: a forked child's may be its
                     // parent's, while its own are a new program's by now.
-                    let sample = record_sample(&other);
                     let files = sample.and_then(|s| self.tracker.files_of_sample(s.pid, s.forked_from));
                     let python = sample.and_then(|s| self.tracker.python(s.pid));
                     self.collector.record(&other, files, python);

@@ -166,19 +166,20 @@ impl RankReader {
         if self.labels.is_empty() || pid == 0 {
             return None;
         }
-        let main = (tid == pid).then(|| comm.to_string());
+        // Called for every record: the name is copied only when it is news.
+        let main = (tid == pid).then_some(comm);
         match self.known.get_mut(&pid) {
             None => {}
-            Some(seen) => match (seen.as_deref(), &main) {
+            Some(seen) => match (seen.as_deref(), main) {
                 (Some(old), Some(new)) if old != new => {}
-                (None, Some(_)) => {
-                    *seen = main;
+                (None, Some(new)) => {
+                    *seen = Some(new.to_string());
                     return None;
                 }
                 _ => return None,
             },
         }
-        self.known.insert(pid, main);
+        self.known.insert(pid, main.map(str::to_string));
         Some(self.read(pid))
     }
 
