@@ -74,7 +74,6 @@ fn stand_ins() -> (tempfile::TempDir, std::path::PathBuf, &'static str) {
 }
 
 #[test]
-#[ignore = "known bug, issue #24 left open: now and then one rank's samples carry no rank labels (a CI run at f55ff10: 1 of 4 ranks), the same label loss as the agent test below"]
 fn each_ranks_collectives_are_exact_and_the_fast_ranks_wait_for_the_slow_one() {
     let (dir, nccl, python) = stand_ins();
     let path = |name: &str| dir.path().join(name).display().to_string();
@@ -161,7 +160,6 @@ fn each_ranks_collectives_are_exact_and_the_fast_ranks_wait_for_the_slow_one() {
 /// series per rank and profile, labelled with the rank, within Pyroscope's rules; the ranks that
 /// wait have the collective time.
 #[test]
-#[ignore = "known bug, issue #24 left open: under a load average of 6-8 the agent sometimes pushes these ranks' collectives series without their rank labels (1 run in 2); passes on a quiet machine"]
 fn the_agent_pushes_each_rank_as_its_own_series() {
     let _serial = serial();
     let (dir, nccl, python) = stand_ins();

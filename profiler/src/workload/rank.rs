@@ -8,6 +8,7 @@
 //! only decimal integers are kept.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use super::environ::{self, Environ};
 use crate::agent::labels::valid_name;
@@ -152,16 +153,25 @@ pub struct RankReader {
     /// The processes read, with the name of their main thread since then when known: a new name
     /// means a new program (exec), which may have a new environment.
     known: HashMap<u32, Option<String>>,
+    /// Processes whose environment could not be read, with when it was last tried: tried again
+    /// at a record after [`RETRY_UNREADABLE`], not at every one (a dead rank's last records
+    /// arrive after its exit, each of them a failed open).
+    unreadable: HashMap<u32, Instant>,
     stats: RankStats,
 }
 
+/// How soon an environment that could not be read is tried again.
+const RETRY_UNREADABLE: Duration = Duration::from_millis(200);
+
 impl RankReader {
     pub fn new(labels: RankLabels) -> Self {
-        RankReader { labels, known: HashMap::new(), stats: RankStats::default() }
+        RankReader { labels, known: HashMap::new(), unreadable: HashMap::new(), stats: RankStats::default() }
     }
 
     /// A record of thread `tid` (named `comm`) of process `pid` arrived: the process's labels
-    /// when they are to be set now (read for the first time, or again), else none.
+    /// when they are to be set now (read for the first time, or again), else none. A failed read
+    /// gives none: the labels read before stay (a record read after its process exited is no
+    /// news of who the process was).
     pub fn on_record(&mut self, pid: u32, tid: u32, comm: &str) -> Option<Vec<(String, String)>> {
         if self.labels.is_empty() || pid == 0 {
             return None;
@@ -169,7 +179,11 @@ impl RankReader {
         // Called for every record: the name is copied only when it is news.
         let main = (tid == pid).then_some(comm);
         match self.known.get_mut(&pid) {
-            None => {}
+            None => {
+                if self.unreadable.get(&pid).is_some_and(|t| t.elapsed() < RETRY_UNREADABLE) {
+                    return None;
+                }
+            }
             Some(seen) => match (seen.as_deref(), main) {
                 (Some(old), Some(new)) if old != new => {}
                 (None, Some(new)) => {
@@ -179,48 +193,55 @@ impl RankReader {
                 _ => return None,
             },
         }
+        let labels = self.read(pid)?;
         self.known.insert(pid, main.map(str::to_string));
-        Some(self.read(pid))
+        Some(labels)
     }
 
     /// `pid` exec'd: it is read now, while it surely lives (a rank that lives a second can be
     /// gone by the time a loaded agent reads its first record, and its labels with it), and its
     /// main thread's name is taken from its next record.
     pub fn exec(&mut self, pid: u32) -> Option<Vec<(String, String)>> {
+        self.known.remove(&pid);
+        self.unreadable.remove(&pid);
         if self.labels.is_empty() || pid == 0 {
-            self.known.remove(&pid);
             return None;
         }
+        let labels = self.read(pid)?;
         self.known.insert(pid, None);
-        Some(self.read(pid))
+        Some(labels)
     }
 
     /// `pid` exited; a process that reuses it is read anew.
     pub fn forget(&mut self, pid: u32) {
         self.known.remove(&pid);
+        self.unreadable.remove(&pid);
     }
 
     /// Keeps only the processes `keep` says are still there (exits can be lost).
     pub fn retain(&mut self, keep: impl Fn(u32) -> bool) {
         self.known.retain(|&pid, _| keep(pid));
+        self.unreadable.retain(|&pid, _| keep(pid));
     }
 
     pub fn stats(&self) -> RankStats {
         self.stats
     }
 
-    fn read(&mut self, pid: u32) -> Vec<(String, String)> {
+    /// The process's labels, or none when its environment cannot be read.
+    fn read(&mut self, pid: u32) -> Option<Vec<(String, String)>> {
         let env = match environ::read(pid, &self.labels.vars(), MAX_VALUE) {
             Ok(env) => env,
             Err(e) => {
                 self.stats.unreadable += 1;
                 tracing::debug!(pid, error = %e, "no rank labels: the environment cannot be read");
-                // Tried again at its next record: an exec report can be read before /proc shows
-                // the process (seen: ENOENT for a rank that then ran for seconds).
-                self.known.remove(&pid);
-                return Vec::new();
+                // Tried again at a later record: an exec report can be read before /proc shows
+                // the process.
+                self.unreadable.insert(pid, Instant::now());
+                return None;
             }
         };
+        self.unreadable.remove(&pid);
         self.stats.environments_read += 1;
         if env.cut {
             self.stats.cut += 1;
@@ -232,7 +253,7 @@ impl RankReader {
             tracing::debug!(pid, left_out, "rank variables whose value is not a number were left out");
         }
         self.stats.processes_labelled += u64::from(!labels.is_empty());
-        labels
+        Some(labels)
     }
 }
 
@@ -329,13 +350,32 @@ mod tests {
     }
 
     #[test]
-    fn a_process_that_is_gone_has_no_labels_and_is_counted() {
+    fn a_process_that_is_gone_changes_no_labels_and_is_counted_once() {
         let mut child = std::process::Command::new("true").env("RANK", "1").spawn().expect("true");
         let pid = child.id();
         child.wait().expect("wait");
         let mut reader = RankReader::new(RankLabels::default());
-        assert_eq!(reader.on_record(pid, pid, "true"), Some(Vec::new()));
-        assert_eq!(reader.stats(), RankStats { unreadable: 1, ..Default::default() });
+        assert_eq!(reader.on_record(pid, pid, "true"), None);
+        assert_eq!(reader.exec(pid), None);
+        // Its further records do not each try /proc again.
+        assert_eq!(reader.on_record(pid, pid, "true"), None);
+        assert_eq!(reader.stats(), RankStats { unreadable: 2, ..Default::default() });
+    }
+
+    /// A rank's records can be read after its exit was (they come by other ring buffers): they
+    /// must not take its labels away, as an empty read did.
+    #[test]
+    fn records_read_after_the_exit_keep_the_labels() {
+        let mut child = sleeper(&[("RANK", "2")]);
+        let pid = child.id();
+        let mut reader = RankReader::new(RankLabels::default());
+        assert_eq!(reader.exec(pid), Some(labels(&[("rank", "2")])));
+        let _ = child.kill();
+        let _ = child.wait();
+        reader.forget(pid);
+        assert_eq!(reader.on_record(pid, pid, "sleep"), None);
+        assert_eq!(reader.on_record(pid, pid + 1, "worker"), None);
+        assert_eq!(reader.stats().unreadable, 1);
     }
 
     #[test]
