@@ -41,7 +41,7 @@ impl End {
         Ok(End {
             malformed: session.sampler.malformed_records(),
             capacity: session.sampler.unwind_capacity(),
-            tracker: session.tracker.stats.clone(),
+            tracker: TrackerStats { rows_unaccounted: session.tracker.rows_unaccounted(&session.sampler), ..session.tracker.stats.clone() },
             unknown_python: session.unknown_python_frames(),
             off_cpu_threads_left: off_cpu.then(|| session.sampler.off_cpu_threads().ok()).flatten(),
             ranks: session.rank_stats(),
@@ -119,18 +119,22 @@ fn report_unwinding(counters: &Counters, t: &TrackerStats, capacity: UnwindCapac
         files_without_cfi = t.files_without_cfi,
         first_demanded_table_ms = t.first_demanded_table.map(|d| d.as_millis() as u64),
         rows_in_use = capacity.rows_used,
+        rows_unaccounted = t.rows_unaccounted,
         rows_budget = capacity.rows_total,
         kernel_bytes = capacity.shard_bytes,
         rules = capacity.rules,
         "unwind tables"
     );
+    if t.rows_unaccounted > 0 {
+        tracing::warn!(rows = t.rows_unaccounted, "unwind tables hold rows that no file owns (a bug: they stay until the end of the recording)");
+    }
     if !t.no_room.is_empty() {
         let names: Vec<&str> = t.no_room.iter().map(String::as_str).take(5).collect();
         let more = t.no_room.len().saturating_sub(names.len());
         tracing::warn!(
-            "unwind tables are full: {} file(s) did not fit in --unwind-memory {} MiB ({}{}); their stacks stop there — raise --unwind-memory",
+            "unwind tables are full: {} file(s) did not fit in --unwind-memory {:.1} MiB ({}{}); their stacks stop there — raise --unwind-memory",
             t.no_room.len(),
-            (capacity.rows_total * gpuflame_bpf::SamplerConfig::BYTES_PER_ROW) >> 20,
+            (capacity.rows_total * gpuflame_bpf::SamplerConfig::BYTES_PER_ROW) as f64 / f64::from(1 << 20),
             names.join(", "),
             if more > 0 { format!(" and {more} more") } else { String::new() }
         );

@@ -30,6 +30,9 @@ impl ProcessTracker {
                         None => {
                             // Built ahead of need, it waits for a sample to ask; asked for, it
                             // is not asked for again for a while.
+                            if urgent && tracing::enabled!(tracing::Level::DEBUG) {
+                                self.describe_room(sampler, key);
+                            }
                             if let Some(exe) = self.executables.get_mut(key).filter(|_| urgent) {
                                 exe.retry_after = Some(Instant::now() + NO_ROOM_RETRY);
                                 tracing::debug!(file = %exe.name, %why, "no room for an unwind table");
@@ -117,5 +120,32 @@ impl ProcessTracker {
         for pid in users {
             self.push_process(sampler, pid);
         }
+    }
+
+    /// Why no table gave way: each loaded table's rows, users and age, for `-vv`.
+    fn describe_room(&self, sampler: &CpuSampler, asking: &ExecutableKey) {
+        let now = monotonic_ns();
+        let askers: Vec<u32> = self.executables.get(asking).map(|e| e.users.iter().copied().collect()).unwrap_or_default();
+        let capacity = sampler.unwind_capacity();
+        tracing::debug!(?askers, rows_used = capacity.rows_used, rows_total = capacity.rows_total, "the budget when room was refused");
+        for e in self.executables.values() {
+            if let TableState::Loaded(id) = e.state {
+                let age_ms = now.saturating_sub(sampler.table_last_used(id)) / 1_000_000;
+                tracing::debug!(file = %e.name, rows = sampler.table_rows(id), users = ?e.users, age_ms, "a loaded table");
+            }
+        }
+    }
+
+    /// Rows of the budget in use that no table of a known file accounts for.
+    pub fn rows_unaccounted(&self, sampler: &CpuSampler) -> u64 {
+        let owned: u64 = self
+            .executables
+            .values()
+            .filter_map(|e| match e.state {
+                TableState::Loaded(id) => Some(sampler.table_rows(id)),
+                _ => None,
+            })
+            .sum();
+        sampler.unwind_capacity().rows_used.saturating_sub(owned)
     }
 }

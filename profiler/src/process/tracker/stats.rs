@@ -22,4 +22,8 @@ pub struct TrackerStats {
     pub no_room: BTreeSet<String>,
     /// When the first table a sample asked for was loaded, after the tracker started.
     pub first_demanded_table: Option<Duration>,
+    /// Rows of BPF's budget that no known file's table holds: a leak, always 0 unless a bug
+    /// (a table loaded twice leaked the first copy). Filled in on request
+    /// ([`super::ProcessTracker::rows_unaccounted`]).
+    pub rows_unaccounted: u64,
 }

@@ -113,6 +113,13 @@ impl ProcessTracker {
         }
         self.stats.build_time += built.elapsed;
         let Some(exe) = self.executables.get(&built.key) else { return };
+        // A second build of a table already in (asked for by a sample while the first was
+        // finished but not yet loaded): loading it too leaked the first copy's rows, which no
+        // eviction could reclaim, and a table hog's churn filled the budget with them.
+        if matches!(exe.state, TableState::Loaded(_) | TableState::NoTable) {
+            tracing::debug!(file = %exe.name, "a second build of a loaded table dropped");
+            return;
+        }
         let urgent = exe.state == TableState::Queued { urgent: true };
         let state = match built.table {
             Ok(table) if table.is_empty() => {
