@@ -43,6 +43,13 @@ impl ModuleFile {
         Self::open(Path::new(&format!("/proc/{pid}/map_files/{start:x}-{end:x}")))
     }
 
+    /// The file with identity `id`, if it is open already: what a caller that has just stat'ed
+    /// the file gets without a second stat.
+    pub fn already_open(id: &FileId) -> Option<Arc<ModuleFile>> {
+        let reg = REGISTRY.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        reg.open.get(id).and_then(Weak::upgrade)
+    }
+
     /// Opens a regular file without blocking, or returns the one already open with the same
     /// identity.
     pub fn open(path: &Path) -> Result<Arc<ModuleFile>, FileError> {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use gpuflame_bpf::{CpuSampler, ExecMapping, MappingTable, ProcessEvent, ProcessEventKind, TableId};
 use gpuflame_elfread::FileId;
 use gpuflame_pyframes::Interpreter;
-use gpuflame_symbolizer::MappedFile;
+use gpuflame_symbolizer::{MappedFile, ModuleFile};
 use gpuflame_unwind::{load_bias, ExecutableKey, LoadSegment};
 
 use super::builder::TableBuilder;
@@ -156,18 +156,25 @@ impl ProcessTracker {
             // same mapping read before had: its symbols were lost to such reads 1 run in 5 on a
             // loaded machine. What was read before an exec is no such mapping.
             let mut file_read_before = None;
-            let key = self.executable_for(pid, entry).or_else(|| {
-                let (key, file) = self.read_before(pid, entry)?;
-                file_read_before = file;
-                Some(key)
-            });
+            let mut stat = None;
+            let key = match self.executable_for(pid, entry) {
+                Some((key, id)) => {
+                    stat = id;
+                    Some(key)
+                }
+                None => self.read_before(pid, entry).map(|(key, file)| {
+                    file_read_before = file;
+                    key
+                }),
+            };
             if let Some(key) = &key {
                 if let Some(file) = file_read_before {
                     files.push(file);
                 } else if entry.path.starts_with('/') {
                     let build_id = key.build_id().map(<[u8]>::to_vec);
                     let path = PathBuf::from(entry.path.strip_suffix(" (deleted)").unwrap_or(&entry.path));
-                    let file = open_mapped_file(pid, entry);
+                    // Open already for another process (libc for every one): no second stat.
+                    let file = stat.as_ref().and_then(ModuleFile::already_open).or_else(|| open_mapped_file(pid, entry));
                     files.push(MappedFile { start: entry.start, end: entry.end, offset: entry.offset, path, build_id, file });
                 }
                 keys.push(key.clone());
