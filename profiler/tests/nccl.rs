@@ -117,6 +117,7 @@ fn each_ranks_collectives_are_exact_and_the_fast_ranks_wait_for_the_slow_one() {
         assert!(reduce > 0, "rank {rank} has all-reduce time\n{ctx}");
         waits.insert(rank, reduce + sum(&time, pid, "gather_metrics", "[gpu] ncclDevKernel_AllGather", 0));
     }
+    eprintln!("collective time by rank (ns): {waits:?}");
     // The ranks that wait for rank 2 spend at least twice its time in collectives.
     let slow_wait = waits[&SLOW_RANK];
     for (&rank, &w) in &waits {
@@ -149,6 +150,7 @@ fn each_ranks_collectives_are_exact_and_the_fast_ranks_wait_for_the_slow_one() {
     assert!(svg.contains("rank 2") && svg.contains("world_size 4"), "the subtitle names the rank");
     // And rank 2's CPU profile shows why: more of its time in compute than any other rank's.
     let computing: BTreeMap<u32, i64> = ranks.iter().map(|(&pid, kv)| (kv["rank"].parse().unwrap(), sum(&cpu, pid, "compute", "", 0))).collect();
+    eprintln!("CPU samples in compute by rank: {computing:?}");
     for (&rank, &c) in &computing {
         if rank != SLOW_RANK {
             assert!(computing[&SLOW_RANK] > 2 * c, "compute time by rank: {computing:?}");
