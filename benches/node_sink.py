@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""A stand-in for Pyroscope's push endpoint that keeps the CPU profiles it is sent, for
+benches/node.sh: each `process_cpu` series of each push is written to DIR/PUSH-SERIES.pb.gz
+(the raw pprof the agent sent), with the push's arrival time in DIR/pushes.txt.
+
+    python node_sink.py PORT DIR
+"""
+import os
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+
+def fields(buf):
+    """(field number, value) of a protobuf message's length-delimited and varint fields."""
+    i = 0
+    while i < len(buf):
+        key, i = varint(buf, i)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, i = varint(buf, i)
+        elif wire == 2:
+            n, i = varint(buf, i)
+            value, i = buf[i:i + n], i + n
+        elif wire == 1:
+            value, i = buf[i:i + 8], i + 8
+        elif wire == 5:
+            value, i = buf[i:i + 4], i + 4
+        else:
+            raise ValueError(f"wire type {wire}")
+        yield number, value
+
+
+def varint(buf, i):
+    shift = value = 0
+    while True:
+        b = buf[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+            return value, i
+
+
+class Sink(BaseHTTPRequestHandler):
+    pushes = 0
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        Sink.pushes += 1
+        kept = 0
+        for k, (number, series) in enumerate(fields(body)):
+            if number != 1:
+                continue
+            labels, raws = {}, []
+            for n, v in fields(series):
+                if n == 1:
+                    pair = dict(fields(v))
+                    labels[pair.get(1, b"").decode()] = pair.get(2, b"").decode()
+                elif n == 2:
+                    raws += [r for m, r in fields(v) if m == 1]
+            if labels.get("__name__") == "process_cpu":
+                for j, raw in enumerate(raws):
+                    with open(os.path.join(DIR, f"{Sink.pushes:04d}-{k:03d}-{j}.pb.gz"), "wb") as f:
+                        f.write(raw)
+                    kept += 1
+        with open(os.path.join(DIR, "pushes.txt"), "a") as f:
+            f.write(f"{Sink.pushes} {time.time():.3f} {kept}\n")
+        self.send_response(200)
+        self.send_header("Content-Type", "application/proto")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+DIR = sys.argv[2]
+os.makedirs(DIR, exist_ok=True)
+HTTPServer(("127.0.0.1", int(sys.argv[1])), Sink).serve_forever()
