@@ -110,6 +110,13 @@ fn rule_value(rule: UnwindRule) -> types::unwind_rule {
             }
             _ => types::rbp_kind::RBP_UNSUPPORTED,
         },
+        RbpRule::AtRbp(o) => match i16::try_from(o) {
+            Ok(o) if !matches!(rule.cfa, CfaRule::Plt { .. }) => {
+                rbp_offset = o;
+                types::rbp_kind::RBP_AT_RBP
+            }
+            _ => types::rbp_kind::RBP_UNSUPPORTED,
+        },
         RbpRule::Unsupported => types::rbp_kind::RBP_UNSUPPORTED,
     };
     types::unwind_rule { cfa_kind: cfa_kind.0 as u8, rbp_kind: rbp_kind.0 as u8, rbp_offset, cfa_offset }

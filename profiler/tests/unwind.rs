@@ -72,6 +72,15 @@ fn programs(dir: &Path) -> Vec<Program> {
         v.push(Program { name: p("pie"), exe: build(dir, "chain.c", &p("pie"), &[no_fp(opt), vec!["-fPIE", "-pie"]].concat(), "cc"), args: vec![], entries: MAIN_ENTRY, chain: c_chain() });
         v.push(Program { name: p("nopie"), exe: build(dir, "chain.c", &p("nopie"), &[no_fp(opt), vec!["-fno-PIE", "-no-pie"]].concat(), "cc"), args: vec![], entries: MAIN_ENTRY, chain: c_chain() });
         v.push(Program { name: p("threads"), exe: build(dir, "threads.c", &p("threads"), &[no_fp(opt), vec!["-pthread"]].concat(), "cc"), args: vec![], entries: THREAD_ENTRY, chain: vec![F::Is("start_thread"), F::Is("worker"), F::Is("a"), F::Is("b"), F::Is("c")] });
+        // Stacks realigned through r10 (DRAP): the CFA read from the frame, the caller's rbp
+        // saved at the function's own rbp (PyTorch's AVX kernels).
+        v.push(Program {
+            name: p("realign"),
+            exe: build(dir, "realign.c", &p("realign"), &no_fp(opt), "cc"),
+            args: vec![],
+            entries: MAIN_ENTRY,
+            chain: vec![F::Is("main"), F::Is("aligned_outer"), F::Is("aligned_middle"), F::Is("aligned_leaf")],
+        });
         let mut rec = vec![F::Is("main")];
         const LEVELS: [&str; 60] = [
             "r0", "r1", "r2", "r3", "r4", "r5", "r6", "r7", "r8", "r9", "r10", "r11", "r12", "r13", "r14", "r15", "r16", "r17", "r18", "r19", "r20", "r21", "r22", "r23", "r24", "r25", "r26", "r27", "r28", "r29",

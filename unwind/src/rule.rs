@@ -25,6 +25,9 @@ pub enum RbpRule {
     Unchanged,
     /// Saved at CFA + offset.
     CfaOffset(i32),
+    /// Saved at the function's own rbp + offset (`DW_CFA_expression: rbp (DW_OP_breg6 off)`): a
+    /// function that realigns its stack through r10 (GCC's DRAP) keeps it in its frame.
+    AtRbp(i32),
     Unsupported,
 }
 
@@ -72,6 +75,10 @@ pub(crate) fn classify<R: Reader, S: UnwindSection<R>>(
     let rbp = match row.register(X86_64::RBP) {
         None | Some(gimli::RegisterRule::Undefined | gimli::RegisterRule::SameValue) => RbpRule::Unchanged,
         Some(gimli::RegisterRule::Offset(off)) => i32::try_from(off).map_or(RbpRule::Unsupported, RbpRule::CfaOffset),
+        Some(gimli::RegisterRule::Expression(expr)) => match expr.get(section) {
+            Ok(e) => classify_rbp_expression(e.0.to_slice().ok().as_deref().unwrap_or(&[])),
+            Err(_) => RbpRule::Unsupported,
+        },
         _ => RbpRule::Unsupported,
     };
     UnwindRule { cfa, rbp }
@@ -104,6 +111,14 @@ pub(crate) fn classify_expression(e: &[u8]) -> CfaRule {
         }
     }
     CfaRule::Unsupported
+}
+
+/// Recognises where a realigned frame saves the caller's rbp: `breg6 OFFSET` (an address).
+pub(crate) fn classify_rbp_expression(e: &[u8]) -> RbpRule {
+    match e.split_first() {
+        Some((&DW_OP_BREG6, off)) => sleb128(off).and_then(|o| i32::try_from(o).ok()).map_or(RbpRule::Unsupported, RbpRule::AtRbp),
+        _ => RbpRule::Unsupported,
+    }
 }
 
 /// Decodes a whole slice as one SLEB128 number.
@@ -148,5 +163,16 @@ mod tests {
         assert_eq!(classify_expression(&[0x76, 0x78, 0x06]), CfaRule::DerefRbp(-8));
         assert_eq!(classify_expression(&[0x76, 0x10, 0x06]), CfaRule::DerefRbp(16));
         assert_eq!(classify_expression(&[0x76, 0x78]), CfaRule::Unsupported);
+    }
+
+    #[test]
+    fn rbp_saved_in_a_realigned_frame() {
+        // GCC's DRAP prologue: DW_CFA_expression: r6 (rbp) (DW_OP_breg6 (rbp): 0)
+        assert_eq!(classify_rbp_expression(&[0x76, 0x00]), RbpRule::AtRbp(0));
+        assert_eq!(classify_rbp_expression(&[0x76, 0x78]), RbpRule::AtRbp(-8));
+        // A value, not an address, or another register: not followed.
+        assert_eq!(classify_rbp_expression(&[0x76, 0x00, 0x06]), RbpRule::Unsupported);
+        assert_eq!(classify_rbp_expression(&[0x77, 0x00]), RbpRule::Unsupported);
+        assert_eq!(classify_rbp_expression(&[]), RbpRule::Unsupported);
     }
 }

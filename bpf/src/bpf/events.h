@@ -276,6 +276,7 @@ enum rbp_kind {
 	RBP_UNCHANGED = 0,
 	RBP_CFA_OFFSET = 1, /* saved at cfa + rbp_offset */
 	RBP_UNSUPPORTED = 2,
+	RBP_AT_RBP = 3, /* saved at the frame's own rbp + rbp_offset (a realigned frame, GCC's DRAP) */
 };
 
 struct unwind_rule {

@@ -171,6 +171,10 @@ __noinline long unwind_one(struct native_unwind_state *st)
 	if (rule->rbp_kind == RBP_CFA_OFFSET) {
 		if (bpf_probe_read_user(&st->bp, sizeof(st->bp), (void *)(cfa + rule->rbp_offset)))
 			return stop(st, UNWIND_READ_FAULT);
+	} else if (rule->rbp_kind == RBP_AT_RBP) {
+		/* Read with this frame's rbp, which the CFA above came from too. */
+		if (!st->bp || bpf_probe_read_user(&st->bp, sizeof(st->bp), (void *)(st->bp + rule->rbp_offset)))
+			return stop(st, UNWIND_READ_FAULT);
 	} else if (rule->rbp_kind != RBP_UNCHANGED) {
 		/* The caller's rbp is unknown; a later rbp-based rule would go wrong, so it stops. */
 		st->bp = 0;
