@@ -11,35 +11,13 @@ import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_stacks import _fields  # noqa: E402  (the protobuf reader the torch bench has)
+
+
 def fields(buf):
-    """(field number, value) of a protobuf message's length-delimited and varint fields."""
-    i = 0
-    while i < len(buf):
-        key, i = varint(buf, i)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, i = varint(buf, i)
-        elif wire == 2:
-            n, i = varint(buf, i)
-            value, i = buf[i:i + n], i + n
-        elif wire == 1:
-            value, i = buf[i:i + 8], i + 8
-        elif wire == 5:
-            value, i = buf[i:i + 4], i + 4
-        else:
-            raise ValueError(f"wire type {wire}")
-        yield number, value
-
-
-def varint(buf, i):
-    shift = value = 0
-    while True:
-        b = buf[i]
-        i += 1
-        value |= (b & 0x7F) << shift
-        shift += 7
-        if b < 0x80:
-            return value, i
+    """(field number, value) of a protobuf message's fields."""
+    return ((number, value) for number, _, value in _fields(buf))
 
 
 class Sink(BaseHTTPRequestHandler):
