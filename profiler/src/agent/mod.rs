@@ -6,6 +6,7 @@
 pub mod config;
 pub mod labels;
 pub mod metrics;
+mod print_config;
 pub mod series;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -156,16 +156,15 @@ impl ProcessTracker {
             // same mapping read before had: its symbols were lost to such reads 1 run in 5 on a
             // loaded machine. What was read before an exec is no such mapping.
             let mut file_read_before = None;
-            let mut stat = None;
-            let key = match self.executable_for(pid, entry) {
-                Some((key, id)) => {
-                    stat = id;
-                    Some(key)
-                }
-                None => self.read_before(pid, entry).map(|(key, file)| {
-                    file_read_before = file;
-                    key
-                }),
+            let (key, stat) = match self.executable_for(pid, entry) {
+                Some((key, stat)) => (Some(key), stat),
+                None => (
+                    self.read_before(pid, entry).map(|(key, file)| {
+                        file_read_before = file;
+                        key
+                    }),
+                    None,
+                ),
             };
             if let Some(key) = &key {
                 if let Some(file) = file_read_before {

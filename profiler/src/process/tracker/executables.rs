@@ -21,58 +21,34 @@ const EAGER_CFI_BYTES: u64 = 1 << 20;
 /// Paths kept per file for the builder: one per process that maps it, the latest first.
 const PATHS_PER_FILE: usize = 4;
 
-/// What stat says of a mapping's file.
-enum Stat {
-    File(FileId),
-    Vdso,
-    Anonymous,
-    Failed,
-}
-
-/// map_files reaches the mapped file even when it was deleted or is in another mount namespace
-/// (a container).
-fn map_files_path(pid: u32, entry: &MapsEntry) -> PathBuf {
-    PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", entry.start, entry.end))
-}
-
 impl ProcessTracker {
     /// The executable behind a mapping: known, or probed now and queued for its table; with
     /// what stat said of the file (none for the vDSO), so that the caller need not ask again.
     pub(super) fn executable_for(&mut self, pid: u32, entry: &MapsEntry) -> Option<(ExecutableKey, Option<FileId>)> {
-        let inode_key = match self.stat_mapping(pid, entry) {
-            Stat::Vdso => return self.vdso(pid, entry).map(|k| (k, None)),
-            Stat::Anonymous | Stat::Failed => return None,
-            Stat::File(id) => id,
-        };
-        self.executable_of_file(pid, entry, inode_key).map(|k| (k, Some(inode_key)))
-    }
-
-    fn stat_mapping(&self, pid: u32, entry: &MapsEntry) -> Stat {
         let vdso = entry.path == "[vdso]";
         if entry.inode == 0 && !vdso {
-            return Stat::Anonymous; // anonymous code (JIT): frame pointers and stack scans only
+            return None; // anonymous code (JIT): frame pointers and stack scans only
         }
+        // map_files reaches the mapped file even when it was deleted or is in another mount
+        // namespace (a container).
+        let path = PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", entry.start, entry.end));
         if vdso {
-            return Stat::Vdso;
+            return self.vdso(pid, entry).map(|key| (key, None));
         }
-        match std::fs::metadata(map_files_path(pid, entry)) {
-            Ok(m) => Stat::File(FileId::from(&m)),
+        let inode_key = match std::fs::metadata(&path) {
+            Ok(m) => FileId::from(&m),
             Err(e) => {
                 tracing::debug!(path = %entry.path, error = %e, "cannot stat the mapped file");
-                Stat::Failed
+                return None;
             }
-        }
-    }
-
-    fn executable_of_file(&mut self, pid: u32, entry: &MapsEntry, inode_key: FileId) -> Option<ExecutableKey> {
-        let path = map_files_path(pid, entry);
+        };
         if let Some(key) = self.keys_by_inode.get(&inode_key).cloned() {
             if let Some(exe) = self.executables.get_mut(&key) {
                 if !exe.paths.contains(&path) {
                     exe.paths.insert(0, path);
                     exe.paths.truncate(PATHS_PER_FILE);
                 }
-                return Some(key);
+                return Some((key, Some(inode_key)));
             }
         }
         let probe = match ElfProbe::of_file(&path) {
@@ -89,7 +65,7 @@ impl ProcessTracker {
                 exe.paths.insert(0, path);
                 exe.paths.truncate(PATHS_PER_FILE);
             }
-            return Some(key);
+            return Some((key, Some(inode_key)));
         }
         let state = if probe.cfi_bytes == 0 {
             self.stats.files_without_cfi += 1;
@@ -110,7 +86,7 @@ impl ProcessTracker {
             retry_after: None,
         };
         self.executables.insert(key.clone(), exe);
-        Some(key)
+        Some((key, Some(inode_key)))
     }
 
     /// The vDSO exists only in memory: its table is built from the process's copy, once.
