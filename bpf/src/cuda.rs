@@ -23,6 +23,12 @@ pub enum CudaClass {
     /// NCCL's collectives and point-to-point calls: element count and datatype. Tens to
     /// thousands a second, each microseconds of NCCL's own: every call is hooked.
     Collective,
+    /// PyTorch's caching allocator hands a tensor a block: out-pointer, device, size.
+    TensorAlloc,
+    /// A tensor's block goes back to the allocator's cache: its pointer, at entry.
+    TensorFree,
+    /// The allocator's own out-of-memory report: size asked, its allocated and reserved bytes.
+    TensorOom,
 }
 
 macro_rules! cuda_apis {
@@ -115,6 +121,13 @@ cuda_apis! {
     NcclScatter = NCCL_SCATTER, "ncclScatter", Collective;
     NcclSend = NCCL_SEND, "ncclSend", Collective;
     NcclRecv = NCCL_RECV, "ncclRecv", Collective;
+    C10Malloc = C10_MALLOC, "_ZN3c104cuda20CUDACachingAllocator6Native22NativeCachingAllocator6mallocEPPvamP11CUstream_st", TensorAlloc;
+    C10Free = C10_FREE, "_ZN3c104cuda20CUDACachingAllocator6Native22NativeCachingAllocator4freeEPv", TensorFree;
+    C10RawDelete = C10_RAW_DELETE, "_ZN3c104cuda20CUDACachingAllocator6Native22NativeCachingAllocator10raw_deleteEPv", TensorFree;
+    C10LocalRawDelete = C10_LOCAL_RAW_DELETE, "_ZN3c104cuda20CUDACachingAllocator6NativeL16local_raw_deleteEPv", TensorFree;
+    C10OutOfMemory = C10_OUT_OF_MEMORY, "_ZN3c1027reportOutOfMemoryToProfilerElmmNS_6DeviceE", TensorOom;
+    // Not a symbol (no name has a space): the instructions after the calls of C10Malloc.
+    C10MallocReturned = C10_MALLOC_RETURNED, "_ZN3c10 return of NativeCachingAllocator::malloc", TensorAlloc;
 }
 
 impl CudaApi {
@@ -122,9 +135,32 @@ impl CudaApi {
         CudaApi::ALL.iter().copied().find(|a| a.symbol() == name)
     }
 
+    /// What a stack's last frame calls it: the exported name, or for PyTorch's allocator, whose
+    /// names are mangled C++, the method.
+    pub fn frame_name(self) -> &'static str {
+        match self {
+            CudaApi::C10Malloc | CudaApi::C10MallocReturned => "CUDACachingAllocator::malloc",
+            CudaApi::C10Free => "CUDACachingAllocator::free",
+            CudaApi::C10RawDelete => "CUDACachingAllocator::raw_delete",
+            CudaApi::C10LocalRawDelete => "CUDACachingAllocator::local_raw_delete",
+            CudaApi::C10OutOfMemory => "c10::reportOutOfMemoryToProfiler",
+            api => api.symbol(),
+        }
+    }
+
     /// The hook must see every call (memory, names); the others may be duty-cycled.
     pub fn always_on(self) -> bool {
-        matches!(self.class(), CudaClass::Alloc | CudaClass::Free | CudaClass::Map | CudaClass::Meta | CudaClass::Collective)
+        matches!(
+            self.class(),
+            CudaClass::Alloc
+                | CudaClass::Free
+                | CudaClass::Map
+                | CudaClass::Meta
+                | CudaClass::Collective
+                | CudaClass::TensorAlloc
+                | CudaClass::TensorFree
+                | CudaClass::TensorOom
+        )
             || (self.class() == CudaClass::Cupti && self != CudaApi::CuptiLaunch)
     }
 }
@@ -156,6 +192,9 @@ mod tests {
             CudaClass::Meta => c::CUDA_CLASS_META.0,
             CudaClass::Cupti => c::CUDA_CLASS_CUPTI.0,
             CudaClass::Collective => c::CUDA_CLASS_COLLECTIVE.0,
+            CudaClass::TensorAlloc => c::CUDA_CLASS_TENSOR_ALLOC.0,
+            CudaClass::TensorFree => c::CUDA_CLASS_TENSOR_FREE.0,
+            CudaClass::TensorOom => c::CUDA_CLASS_TENSOR_OOM.0,
         }
     }
 

@@ -119,6 +119,11 @@ pub struct RecordArgs {
     /// per function (`step (train.py)`). pprof always has both.
     #[arg(long)]
     pub lines: bool,
+    /// Where to draw device memory over time, stacked by the stacks that hold it (an SVG).
+    /// Default, when a memory profile (hbm-*, tensor-*) is recorded: the output's name with
+    /// `.memory-timeline.svg`; `none` draws none.
+    #[arg(long, value_name = "FILE")]
+    pub memory_timeline: Option<PathBuf>,
     /// A sample label read from each process's environment, from the first of the variables
     /// that holds a number (repeatable; replaces the default list of rank, local_rank,
     /// world_size and group_rank; `none` reads none).
@@ -157,6 +162,7 @@ impl RecordArgs {
             cuda_exact: self.cuda_exact,
             cuda_window: Duration::from_millis(self.cuda_window_ms),
             detail: detail(self.lines),
+            memory_timeline: self.memory_timeline.clone(),
             rank_labels: crate::workload::rank::RankLabels::parse(&self.rank_labels).map_err(crate::UserError)?,
         })
     }

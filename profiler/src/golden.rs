@@ -49,6 +49,7 @@ fn call(api: CudaApi, user: &[u64], size: u64, addr: u64, result: i32, duration_
         addr,
         handle: 0,
         hook_ns: 500,
+        in_allocator: false,
     })
 }
 
@@ -78,6 +79,10 @@ pub(crate) fn events() -> Vec<Event> {
     out.push(call(CudaApi::CudaMalloc, &alloc_site, 4 << 20, 0x7010_0000, 0, 2_000));
     out.push(call(CudaApi::CuMemAlloc, &[0x40_5050, 0x40_3030], 2 << 20, 0x7100_0000, 0, 3_000));
     out.push(call(CudaApi::CudaFree, &[0x40_6060, 0x40_3030], 0, 0x7000_0000, 0, 1_000));
+    // PyTorch's allocator: two tensors, the second freed by its deleter (a pointer, no stack).
+    out.push(call(CudaApi::C10Malloc, &[0x40_4141, 0x40_2020, 0x40_3030], 3 << 20, 0x7010_0000, 0, 1_000));
+    out.push(call(CudaApi::C10Malloc, &[0x40_4242, 0x40_3030], 1 << 20, 0x7013_0000, 0, 1_000));
+    out.push(call(CudaApi::C10LocalRawDelete, &[], 0, 0x7013_0000, 0, 0));
     out.push(Event::KernelName(KernelName { pid: PID, handle: 0xabc0, name: "gemm_kernel".into() }));
     for _ in 0..2 {
         out.push(call(CudaApi::CuLaunchKernel, &[0x40_7070, 0x40_3030], 0, 0xabc0, 0, 4_000));
@@ -226,7 +231,7 @@ fn outputs_of_a_fixed_recording_stay_the_same() {
     let bless = std::env::var_os("GPUFLAME_BLESS").is_some();
     let recorded = recorded();
     let names: Vec<&str> = recorded.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(names, ["oom", "cpu", "hbm-alloc", "hbm-inuse", "gpu-launches", "cuda-api", "gpu-time", "off-cpu", "wall", "collectives", "collective-time"]);
+    assert_eq!(names, ["oom", "cpu", "hbm-alloc", "hbm-inuse", "tensor-alloc", "tensor-inuse", "gpu-launches", "cuda-api", "gpu-time", "off-cpu", "wall", "collectives", "collective-time"]);
     let mut differ = compare("hand-built", &hand_built(), bless);
     for (name, profile) in &recorded {
         assert!(!profile.samples.is_empty(), "{name} has no samples");

@@ -13,6 +13,8 @@ pub enum ProfileKind {
     Cpu,
     HbmAlloc,
     HbmInUse,
+    TensorAlloc,
+    TensorInUse,
     GpuLaunches,
     CudaApi,
     GpuTime,
@@ -74,7 +76,7 @@ pub struct Descriptor {
     pub adds_frames: &'static [FrameKind],
 }
 
-pub const DESCRIPTORS: [Descriptor; 10] = [
+pub const DESCRIPTORS: [Descriptor; 12] = [
     Descriptor {
         kind: ProfileKind::Cpu,
         name: "cpu",
@@ -102,6 +104,28 @@ pub const DESCRIPTORS: [Descriptor; 10] = [
         name: "hbm-inuse",
         pyroscope: "hbm_inuse",
         about: "device memory live per stack at the end of the window",
+        sample_types: &[("inuse_space", "bytes"), ("inuse_objects", "count")],
+        sampled_time: false,
+        window: WindowValue::Snapshot,
+        needs: Needs { cuda: Some(CudaHooks::Memory), ..NOTHING },
+        adds_frames: &[FrameKind::CudaApi],
+    },
+    Descriptor {
+        kind: ProfileKind::TensorAlloc,
+        name: "tensor-alloc",
+        pyroscope: "tensor_alloc",
+        about: "PyTorch tensors' device memory allocated per stack during the window",
+        sample_types: &[("alloc_space", "bytes"), ("alloc_objects", "count")],
+        sampled_time: false,
+        window: WindowValue::Sum,
+        needs: Needs { cuda: Some(CudaHooks::Memory), ..NOTHING },
+        adds_frames: &[FrameKind::CudaApi],
+    },
+    Descriptor {
+        kind: ProfileKind::TensorInUse,
+        name: "tensor-inuse",
+        pyroscope: "tensor_inuse",
+        about: "PyTorch tensors' device memory live per stack at the end of the window",
         sample_types: &[("inuse_space", "bytes"), ("inuse_objects", "count")],
         sampled_time: false,
         window: WindowValue::Snapshot,
@@ -192,8 +216,8 @@ pub const DESCRIPTORS: [Descriptor; 10] = [
 ];
 
 impl ProfileKind {
-    pub const ALL: [ProfileKind; 10] = {
-        let mut all = [ProfileKind::Cpu; 10];
+    pub const ALL: [ProfileKind; 12] = {
+        let mut all = [ProfileKind::Cpu; 12];
         let mut i = 0;
         while i < DESCRIPTORS.len() {
             all[i] = DESCRIPTORS[i].kind;

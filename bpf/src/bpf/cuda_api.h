@@ -74,7 +74,20 @@ enum cuda_api {
 	NCCL_SCATTER = 55,
 	NCCL_SEND = 56,
 	NCCL_RECV = 57,
-	CUDA_API_MAX = 58,
+	/* PyTorch's caching allocator (libc10_cuda.so, static symbols; libc10.so): tensors, not
+	 * segments. NativeCachingAllocator::malloc(this, void **ptr, int8 device, size, stream) */
+	C10_MALLOC = 58,
+	/* the three ways a tensor's block goes back to the cache: ptr arg 1, arg 0 for the deleter */
+	C10_FREE = 59,             /* NativeCachingAllocator::free(this, ptr) */
+	C10_RAW_DELETE = 60,       /* NativeCachingAllocator::raw_delete(this, ptr) */
+	C10_LOCAL_RAW_DELETE = 61, /* Native::local_raw_delete(ptr): every tensor's DataPtr deleter */
+	/* c10::reportOutOfMemoryToProfiler(size, allocated, reserved, Device): the allocator's
+	 * out-of-memory path, just before it throws */
+	C10_OUT_OF_MEMORY = 62,
+	/* the instructions malloc's callers resume at: its return, without a return probe, which
+	 * would stop the C++ exception it throws at an out-of-memory (see call_sites.rs) */
+	C10_MALLOC_RETURNED = 63,
+	CUDA_API_MAX = 64,
 };
 
 /* Hooked calls nest (cudaMalloc calls cuMemAlloc_v2): per thread and class, only the outermost
@@ -88,7 +101,13 @@ enum cuda_class {
 	CUDA_CLASS_META = 5,
 	CUDA_CLASS_CUPTI = 6,  /* handled at entry: no return hook */
 	CUDA_CLASS_COLLECTIVE = 7,
+	CUDA_CLASS_TENSOR_ALLOC = 8,
+	CUDA_CLASS_TENSOR_FREE = 9, /* handled at entry: no return hook, no stack */
+	CUDA_CLASS_TENSOR_OOM = 10,
 };
+
+/* cuda_call_payload.flags */
+#define CUDA_CALL_IN_ALLOCATOR 1 /* a segment call made inside a hooked tensor allocation */
 
 /* A kernel activity record as the injection library passes it (struct gpuflame_kernel). */
 struct cupti_kernel {

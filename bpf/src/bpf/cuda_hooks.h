@@ -25,6 +25,8 @@ struct cuda_call {
 	__u64 args[4];
 	__u32 api;
 	__u32 device;
+	__u32 flags; /* CUDA_CALL_IN_ALLOCATOR */
+	__u32 _pad;
 };
 
 struct {
@@ -109,6 +111,12 @@ const volatile __u8 cuda_class_by_api[CUDA_CLASS_TABLE] = {
 	[NCCL_SCATTER] = CUDA_CLASS_COLLECTIVE,
 	[NCCL_SEND] = CUDA_CLASS_COLLECTIVE,
 	[NCCL_RECV] = CUDA_CLASS_COLLECTIVE,
+	[C10_MALLOC] = CUDA_CLASS_TENSOR_ALLOC,
+	[C10_FREE] = CUDA_CLASS_TENSOR_FREE,
+	[C10_RAW_DELETE] = CUDA_CLASS_TENSOR_FREE,
+	[C10_LOCAL_RAW_DELETE] = CUDA_CLASS_TENSOR_FREE,
+	[C10_OUT_OF_MEMORY] = CUDA_CLASS_TENSOR_OOM,
+	[C10_MALLOC_RETURNED] = CUDA_CLASS_TENSOR_ALLOC,
 };
 
 static __always_inline enum cuda_class cuda_class_of(__u32 api)
@@ -219,6 +227,33 @@ static __always_inline void cupti_enter(struct pt_regs *ctx, __u64 id, __u32 api
 		count(COUNTER_CUDA_LOST);
 }
 
+/* PyTorch's allocator: a tensor's free is a pointer and nothing else, sent at entry: no stack,
+ * no wake-up, one trap (thousands a second). */
+static __always_inline void tensor_freed(struct pt_regs *ctx, __u64 id, __u32 api)
+{
+	__u32 slot = SCRATCH_CUDA;
+	struct event_record *e = bpf_map_lookup_elem(&sample_scratch, &slot);
+	struct cuda_call_payload *c;
+	__u64 flags = BPF_RB_NO_WAKEUP;
+	/* Both read first: a load at an offset chosen at run time is not allowed on ctx. */
+	__u64 arg0 = PT_REGS_PARM1(ctx), arg1 = PT_REGS_PARM2(ctx);
+
+	barrier_var(arg0);
+	barrier_var(arg1);
+	if (!e)
+		return;
+	cuda_header(e, EVENT_CUDA_CALL, id);
+	c = &e->payload.cuda_call;
+	__builtin_memset(c, 0, sizeof(*c));
+	c->api = api;
+	c->addr = api == C10_LOCAL_RAW_DELETE ? arg0 : arg1;
+	if (bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) > SAMPLES_WAKEUP_BYTES)
+		flags = BPF_RB_FORCE_WAKEUP;
+	count(COUNTER_CUDA_CALLS);
+	if (bpf_ringbuf_output(&samples, e, EVENT_FIXED_BYTES, flags))
+		count(COUNTER_CUDA_LOST);
+}
+
 /* At entry: 0 asks for the return half, 1 does not (the return trap is then saved). */
 static __always_inline int cuda_enter(struct pt_regs *ctx)
 {
@@ -235,11 +270,16 @@ static __always_inline int cuda_enter(struct pt_regs *ctx)
 		cupti_enter(ctx, id, api);
 		return 1;
 	}
+	if (key.cls == CUDA_CLASS_TENSOR_FREE) {
+		tensor_freed(ctx, id, api);
+		return 1;
+	}
 	call.sp = PT_REGS_SP(ctx);
 	/* A call of the same class deeper in this thread's stack is nested in one that counts. A
 	 * recorded call whose return was never seen (its hook went away) is higher up or gone. */
+	/* The allocator's malloc does not nest, and one that threw left its entry behind. */
 	outer = bpf_map_lookup_elem(&cuda_calls, &key);
-	if (outer && call.sp < outer->sp)
+	if (outer && call.sp < outer->sp && key.cls != CUDA_CLASS_TENSOR_ALLOC)
 		return 1;
 	call.t0 = bpf_ktime_get_ns();
 	call.api = api;
@@ -249,6 +289,16 @@ static __always_inline int cuda_enter(struct pt_regs *ctx)
 	call.args[3] = PT_REGS_PARM4(ctx);
 	device = bpf_map_lookup_elem(&cuda_devices, &tid);
 	call.device = device ? *device : 0;
+	if (api == C10_MALLOC)
+		call.device = (__u8)call.args[2];
+	/* A segment the caching allocator asks for while a tensor waits: the tensor is what the
+	 * program allocated; user space says so. */
+	if (key.cls == CUDA_CLASS_ALLOC) {
+		struct cuda_call_key tensor = { .tid = tid, .cls = CUDA_CLASS_TENSOR_ALLOC };
+		outer = bpf_map_lookup_elem(&cuda_calls, &tensor);
+		if (outer && call.sp < outer->sp)
+			call.flags = CUDA_CALL_IN_ALLOCATOR;
+	}
 	/* CUmemAllocationProp: location.id, the device, is at byte 12. */
 	if (api == CU_MEM_CREATE && call.args[2] &&
 	    !bpf_probe_read_user(&location_id, sizeof(location_id), (void *)(call.args[2] + 12)))
@@ -257,7 +307,8 @@ static __always_inline int cuda_enter(struct pt_regs *ctx)
 		count(COUNTER_CUDA_CALLS_FULL);
 		return 1;
 	}
-	return 0;
+	/* Its return is seen where its callers resume (C10_MALLOC_RETURNED). */
+	return api == C10_MALLOC;
 }
 
 /* The kernel handle cuModuleGetFunction returned, with its name. */
@@ -279,10 +330,11 @@ static __always_inline void send_kernel_name(struct event_record *e, __u64 id, s
 		count(COUNTER_CUDA_LOST);
 }
 
-static __always_inline int cuda_return(struct pt_regs *ctx)
+/* `api`: the call whose return this is. */
+static __always_inline int cuda_return(struct pt_regs *ctx, __u32 api)
 {
 	__u64 id = bpf_get_current_pid_tgid(), now = bpf_ktime_get_ns(), size, flags;
-	__u32 tid = (__u32)id, api = (__u32)bpf_get_attach_cookie(ctx);
+	__u32 tid = (__u32)id;
 	__u32 slot = SCRATCH_CUDA, frames;
 	struct cuda_call_key key = { .tid = tid, .cls = cuda_class_of(api) };
 	struct cuda_call *found, call;
@@ -319,7 +371,7 @@ static __always_inline int cuda_return(struct pt_regs *ctx)
 	c->api = api;
 	c->result = result;
 	c->device = call.device;
-	c->_pad = 0;
+	c->flags = call.flags;
 	c->duration_ns = now - call.t0;
 	c->size = 0;
 	c->addr = 0;
@@ -333,6 +385,27 @@ static __always_inline int cuda_return(struct pt_regs *ctx)
 		break;
 	case CUDA_CLASS_FREE:
 		c->addr = call.args[0];
+		break;
+	case CUDA_CLASS_TENSOR_OOM: {
+		/* The allocator reports, then throws: the malloc it is in never returns, and is
+		 * forgotten here, or a later call on this thread would look nested in it. c10::Device,
+		 * by value: its type in the low byte, its index in the next. */
+		struct cuda_call_key alloc = { .tid = tid, .cls = CUDA_CLASS_TENSOR_ALLOC };
+
+		bpf_map_delete_elem(&cuda_calls, &alloc);
+		c->result = 2;
+		c->size = call.args[0];
+		c->addr = call.args[1];
+		c->handle = call.args[2];
+		c->device = (__u8)(call.args[3] >> 8);
+		break;
+	}
+	case CUDA_CLASS_TENSOR_ALLOC:
+		/* malloc returns nothing: the block is what it wrote to *ptr. */
+		c->result = 0;
+		c->size = call.args[3];
+		if (bpf_probe_read_user(&c->addr, sizeof(c->addr), (void *)call.args[1]))
+			c->addr = 0;
 		break;
 	case CUDA_CLASS_MAP:
 		c->addr = call.args[0];
@@ -370,7 +443,7 @@ static __always_inline int cuda_return(struct pt_regs *ctx)
 	size = EVENT_FIXED_BYTES + (__u64)frames * sizeof(__u64);
 	/* Memory calls are rare, and user space must name their Python frames while the process
 	 * lives (and hear of an out-of-memory at once): they wake it. */
-	flags = cuda_class_of(api) <= CUDA_CLASS_MAP ||
+	flags = cuda_class_of(api) <= CUDA_CLASS_MAP || cuda_class_of(api) == CUDA_CLASS_TENSOR_OOM ||
 			bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) > SAMPLES_WAKEUP_BYTES
 		? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
 	if (bpf_ringbuf_output(&samples, e, size, flags))
@@ -382,7 +455,19 @@ static __always_inline int cuda_return(struct pt_regs *ctx)
 SEC("uprobe.session")
 int on_cuda_call(struct pt_regs *ctx)
 {
-	return bpf_session_is_return() ? cuda_return(ctx) : cuda_enter(ctx);
+	__u32 api = (__u32)bpf_get_attach_cookie(ctx);
+	bool returned = bpf_session_is_return();
+
+	/* One copy of the return half, for both kinds of return: its stack is large. */
+	if (!returned && api == C10_MALLOC_RETURNED) {
+		returned = true;
+		api = C10_MALLOC;
+	}
+	if (returned) {
+		cuda_return(ctx, api);
+		return 1;
+	}
+	return cuda_enter(ctx);
 }
 
 #endif

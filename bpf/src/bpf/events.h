@@ -84,13 +84,14 @@ struct cuda_call_payload {
 	__u32 api;         /* enum cuda_api */
 	__s32 result;      /* the call's CUresult or cudaError_t */
 	__u32 device;      /* the calling thread's current device, or the one asked for */
-	__u32 _pad;
+	__u32 flags;       /* CUDA_CALL_IN_ALLOCATOR */
 	__u64 duration_ns; /* entry to return */
 	__u64 size;        /* bytes allocated, or mapped or unmapped; a collective's element count */
 	__u64 addr;        /* the device pointer or handle allocated or freed, the address mapped or
-			    * unmapped, the kernel launched */
+			    * unmapped, the kernel launched; C10_OUT_OF_MEMORY: the bytes the
+			    * allocator says its tensors hold */
 	__u64 handle;      /* cuMemMap: the physical memory handle mapped at addr; a collective's
-			    * ncclDataType_t */
+			    * ncclDataType_t; C10_OUT_OF_MEMORY: the bytes it says it reserved */
 	__u64 hook_ns;     /* time the return hook's program took (unwinding included) */
 };
 

@@ -62,6 +62,9 @@ pub struct CudaCall {
     pub handle: u64,
     /// What the return hook's program took, unwinding included: part of what hooking cost.
     pub hook_ns: u64,
+    /// A segment (cudaMalloc and the like) that PyTorch's caching allocator asked for while a
+    /// hooked tensor allocation was under way.
+    pub in_allocator: bool,
 }
 
 /// A kernel handle that cuModuleGetFunction returned, and the kernel's name.
@@ -74,7 +77,7 @@ pub struct KernelName {
 
 /// EVENT_CUDA_CALL: cut after the caller's user stack, which has no kernel part.
 pub(super) fn decode_call(r: &Record) -> Option<CudaCall> {
-    let types::cuda_call_payload { api, result, device, _pad: _, duration_ns, size, addr, handle, hook_ns } = r.payload();
+    let types::cuda_call_payload { api, result, device, flags, duration_ns, size, addr, handle, hook_ns } = r.payload();
     Some(CudaCall {
         sample: sample_of(r, &r.slots(), StackRead::Frames(Vec::new())),
         api: CudaApi::from_raw(api)?,
@@ -85,8 +88,12 @@ pub(super) fn decode_call(r: &Record) -> Option<CudaCall> {
         addr,
         handle,
         hook_ns,
+        in_allocator: flags & IN_ALLOCATOR != 0,
     })
 }
+
+/// CUDA_CALL_IN_ALLOCATOR (cuda_api.h).
+const IN_ALLOCATOR: u32 = 1;
 
 /// EVENT_CUPTI_LAUNCH: a call of the injection library's launch function, with the stack of the
 /// launch; `addr` is the correlation id, `handle` the callback id.
@@ -108,7 +115,7 @@ pub(super) fn decode_cupti_status(r: &Record) -> CudaCall {
 
 /// A call of one of the injection library's functions: what its payload does not carry is 0.
 fn cupti_call(api: CudaApi, sample: Sample) -> CudaCall {
-    CudaCall { sample, api, result: 0, device: 0, duration_ns: 0, size: 0, addr: 0, handle: 0, hook_ns: 0 }
+    CudaCall { sample, api, result: 0, device: 0, duration_ns: 0, size: 0, addr: 0, handle: 0, hook_ns: 0, in_allocator: false }
 }
 
 /// EVENT_CUDA_KERNEL: the handle, and the name after the fixed part.
@@ -154,7 +161,7 @@ mod tests {
             api: types::cuda_api::CUDA_MALLOC.0,
             result: 2,
             device: 1,
-            _pad: 0,
+            flags: 1,
             duration_ns: 500,
             size: 4096,
             addr: 0x7000,

@@ -18,6 +18,9 @@ pub struct AgentMetrics {
     pub processes_tracked: usize,
     pub series: super::series::Stats,
     pub ranks: crate::workload::rank::RankStats,
+    /// Reserved against allocated per device.
+    pub devices: Vec<crate::cuda::memory::DeviceUse>,
+    pub tensors: crate::cuda::hbm::HbmStats,
 }
 
 pub fn render(m: &AgentMetrics, q: &QueueStats) -> String {
@@ -84,6 +87,24 @@ pub fn render(m: &AgentMetrics, q: &QueueStats) -> String {
         &[("{map=\"unwind_rows\",kind=\"used\"}", m.capacity.rows_used), ("{map=\"unwind_rows\",kind=\"capacity\"}", m.capacity.rows_total)],
     );
     metric("gpuflame_processes_tracked", "gauge", "Processes whose unwind tables are loaded.", &[("", m.processes_tracked as u64)]);
+    let per_device = |f: &dyn Fn(&crate::cuda::memory::DeviceUse) -> Option<u64>| -> Vec<(String, u64)> {
+        m.devices.iter().filter_map(|d| f(d).map(|v| (format!("{{device=\"{}\"}}", d.device), v))).collect()
+    };
+    for (name, help, values) in [
+        ("gpuflame_hbm_reserved_bytes", "Device memory PyTorch's caching allocator holds in segments (all segments where no allocator is seen), per device, in the processes profiled.", per_device(&|d| Some(d.reserved))),
+        ("gpuflame_hbm_allocated_bytes", "Device memory live tensors hold, per device (where PyTorch's caching allocator is followed).", per_device(&|d| d.allocated)),
+        ("gpuflame_hbm_cached_bytes", "Reserved but held by no tensor: the allocator's cache, per device.", per_device(&|d| d.cached())),
+        ("gpuflame_hbm_outside_allocator_bytes", "Device memory allocated outside PyTorch's caching allocator (NCCL, workspaces, raw CUDA), per device.", per_device(&|d| d.allocator_seen().then_some(d.outside))),
+    ] {
+        let values: Vec<(&str, u64)> = values.iter().map(|(l, v)| (l.as_str(), *v)).collect();
+        metric(name, "gauge", help, &values);
+    }
+    metric(
+        "gpuflame_tensor_frees_unknown_total",
+        "counter",
+        "Frees of tensors allocated before the agent attached: their bytes are unknown.",
+        &[("", m.tensors.unknown_frees)],
+    );
     out
 }
 

@@ -194,6 +194,9 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
                 m.processes_tracked = session.tracker.processes();
                 m.series = stats;
                 m.ranks = session.rank_stats();
+                let sources = session.source_stats();
+                m.devices = sources.devices;
+                m.tensors = sources.tensors;
             }
             Ok(if stopping { Flow::Stop } else { Flow::Continue })
         })?;
@@ -221,7 +224,19 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
 fn log_ooms(session: &mut Session) {
     for oom in session.take_ooms() {
         let r = &oom.report;
-        tracing::warn!(pid = r.pid, comm = %r.comm, requested = r.requested, in_use = r.in_use, device = r.device, stack = %oom.stack, "out of memory: {} failed", r.api.symbol());
+        let holders: Vec<String> = oom.holders.iter().map(|(bytes, label, _)| format!("{} {label}", crate::cuda::human_bytes(*bytes))).collect();
+        tracing::warn!(
+            pid = r.pid,
+            comm = %r.comm,
+            requested = r.requested,
+            in_use = r.in_use,
+            device = r.device,
+            memory = %r.usage,
+            holders = %holders.join("; "),
+            stack = %oom.stack,
+            "out of memory: {} failed",
+            r.failed_call()
+        );
     }
 }
 

@@ -7,6 +7,8 @@ use std::path::Path;
 use gpuflame_bpf::CudaApi;
 use gpuflame_elfread::{consts, open_regular, ElfError, ElfFile, ReadAt};
 
+use super::call_sites::return_sites;
+
 #[derive(Debug, thiserror::Error)]
 #[error("cannot search {path} for CUDA: {source}")]
 pub struct DiscoverError {
@@ -14,17 +16,31 @@ pub struct DiscoverError {
     source: ElfError,
 }
 
+/// What a file holds of CUDA.
+#[derive(Debug, Default, PartialEq)]
+pub struct CudaSearch {
+    /// The hookable functions, with the file offsets the uprobes take.
+    pub functions: Vec<(CudaApi, u64)>,
+    /// The file is PyTorch's libc10_cuda (it exports the caching allocator's configuration) but
+    /// the allocator's methods were not all found: why, in words.
+    pub allocator_missing: Option<String>,
+}
+
+/// Mangled names start so in PyTorch's caching allocator.
+const ALLOCATOR_PREFIX: &[u8] = b"_ZN3c104cuda20CUDACachingAllocator";
+const NATIVE_MALLOC_PREFIX: &[u8] = b"_ZN3c104cuda20CUDACachingAllocator6Native22NativeCachingAllocator6malloc";
+
 /// The hookable CUDA functions a file defines, with the file offsets the uprobes take; empty for
 /// a file without CUDA. `path` is best /proc/PID/map_files/…: the mapped file itself. The file
 /// is read with pread (a file truncated meanwhile is an error, not a SIGBUS), and only if it is
 /// a regular file (a FIFO at the path cannot block the search).
-pub fn cuda_functions(path: &Path) -> Result<Vec<(CudaApi, u64)>, DiscoverError> {
+pub fn cuda_functions(path: &Path) -> Result<CudaSearch, DiscoverError> {
     let err = |source: ElfError| DiscoverError { path: path.display().to_string(), source };
     let file = open_regular(path).map_err(|e| err(e.into()))?;
     functions_in(&file).map_err(err)
 }
 
-fn functions_in(src: impl ReadAt) -> Result<Vec<(CudaApi, u64)>, ElfError> {
+fn functions_in(src: impl ReadAt) -> Result<CudaSearch, ElfError> {
     let elf = ElfFile::parse(src)?;
     let segments: Vec<(u64, u64, u64)> =
         elf.load_segments().filter(|s| s.file_size > 0).map(|s| (s.vaddr, s.vaddr.saturating_add(s.file_size), s.offset)).collect();
@@ -32,15 +48,26 @@ fn functions_in(src: impl ReadAt) -> Result<Vec<(CudaApi, u64)>, ElfError> {
     // A file whose dynamic symbols define or import the CUDA entry points uses them from there
     // (libcudart itself, or libtorch_cuda.so calling it): no static copy to look for in .symtab,
     // which in libtorch_cuda.so is 100 ms of reading.
+    // PyTorch's libc10_cuda imports the runtime, but its allocator's methods are local symbols:
+    // in .symtab only.
     let mut dynamic_cuda = false;
+    let mut c10_cuda = false;
+    let mut other_malloc: Option<String> = None;
+    let mut malloc_vaddr = None;
     for kind in [consts::SHT_DYNSYM, consts::SHT_SYMTAB] {
-        if kind == consts::SHT_SYMTAB && dynamic_cuda {
+        if kind == consts::SHT_SYMTAB && dynamic_cuda && !c10_cuda {
             break;
         }
         let Some(symbols) = elf.symbols(kind)? else { continue };
         for sym in symbols.iter() {
+            if kind == consts::SHT_DYNSYM && sym.is_defined() && sym.name.starts_with(ALLOCATOR_PREFIX) {
+                c10_cuda = true;
+            }
             if !could_be_hooked(sym.name) || !sym.is_function() {
                 continue;
+            }
+            if sym.name.starts_with(NATIVE_MALLOC_PREFIX) && CudaApi::from_symbol(sym.name_str().unwrap_or("")).is_none() {
+                other_malloc = sym.name_str().map(str::to_string);
             }
             let Some(name) = sym.name_str() else { continue };
             // Versioned names in .symtab read `name@@VERSION`.
@@ -51,6 +78,9 @@ fn functions_in(src: impl ReadAt) -> Result<Vec<(CudaApi, u64)>, ElfError> {
                 continue;
             }
             let addr = sym.value;
+            if api == CudaApi::C10Malloc {
+                malloc_vaddr = Some(addr);
+            }
             let Some(&(start, _, offset)) = segments.iter().find(|&&(s, e, _)| addr >= s && addr < e) else { continue };
             let file_offset = (addr - start).saturating_add(offset);
             if !found.iter().any(|&(a, o)| a == api || o == file_offset) {
@@ -58,15 +88,43 @@ fn functions_in(src: impl ReadAt) -> Result<Vec<(CudaApi, u64)>, ElfError> {
             }
         }
     }
+    let mut no_return = None;
+    if let Some(target) = malloc_vaddr {
+        // Its return is seen where its callers resume (call_sites.rs): without one, not at all.
+        let functions: Vec<(u64, u64)> = match elf.symbols(consts::SHT_SYMTAB)? {
+            Some(symbols) => symbols.iter().filter(|s| s.is_function() && s.size > 0).map(|s| (s.value, s.value.saturating_add(s.size))).collect(),
+            None => Vec::new(),
+        };
+        let sites = return_sites(&elf, target, &functions)?;
+        if sites.is_empty() {
+            found.retain(|(api, _)| *api != CudaApi::C10Malloc);
+            no_return = Some("no call of its malloc was found (gpuflame follows direct calls on x86-64)".to_string());
+        }
+        found.extend(sites.into_iter().map(|offset| (CudaApi::C10MallocReturned, offset)));
+    }
     found.sort();
-    Ok(found)
+    let allocator_missing = c10_cuda.then(|| no_return.or_else(|| allocator_check(&found, other_malloc))).flatten();
+    Ok(CudaSearch { functions: found, allocator_missing })
+}
+
+/// Why the caching allocator of a libc10_cuda cannot be followed, if it cannot.
+fn allocator_check(found: &[(CudaApi, u64)], other_malloc: Option<String>) -> Option<String> {
+    let has = |api| found.iter().any(|&(a, _)| a == api);
+    if has(CudaApi::C10Malloc) && has(CudaApi::C10LocalRawDelete) {
+        return None;
+    }
+    let missing: Vec<&str> = [CudaApi::C10Malloc, CudaApi::C10LocalRawDelete].into_iter().filter(|&a| !has(a)).map(CudaApi::frame_name).collect();
+    Some(match other_malloc {
+        Some(name) => format!("this PyTorch's allocator has another shape ({name} is not the malloc gpuflame knows); {} not found", missing.join(", ")),
+        None => format!("{} not found (the library's static symbols are stripped, or this PyTorch differs)", missing.join(", ")),
+    })
 }
 
 /// Whether a symbol name may be one of the hooked functions: they all start with "cu" (CUDA's
-/// runtime and driver), "nccl" (NCCL's collectives) or "gpuflame_cupti_" (the injection
-/// library), so most of a big table is passed over without comparing it with each.
+/// runtime and driver), "nccl" (NCCL's collectives), "gpuflame_cupti_" (the injection
+/// library) or "_ZN3c10" (PyTorch's allocator), so most of a big table is passed over without comparing it with each.
 fn could_be_hooked(name: &[u8]) -> bool {
-    name.starts_with(b"cu") || name.starts_with(b"nccl") || name.starts_with(b"gpuflame_cupti_")
+    name.starts_with(b"cu") || name.starts_with(b"nccl") || name.starts_with(b"gpuflame_cupti_") || name.starts_with(b"_ZN3c10")
 }
 
 #[cfg(test)]
@@ -83,7 +141,7 @@ mod tests {
     #[test]
     fn a_file_without_cuda_has_no_functions() {
         let exe = std::env::current_exe().unwrap();
-        assert!(cuda_functions(&exe).unwrap().is_empty());
+        assert_eq!(cuda_functions(&exe).unwrap(), CudaSearch::default());
     }
 
     #[test]

@@ -18,6 +18,9 @@ use crate::stacks::StackKey;
 pub struct Site {
     pub stack: StackKey,
     pub device: u32,
+    /// A segment PyTorch's caching allocator asked for while handing out a tensor: reserved
+    /// memory, which the tensors in it hold.
+    pub via_allocator: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -44,6 +47,8 @@ pub struct HbmStats {
     /// Frees (or releases, unmaps) of memory allocated before the hooks saw it.
     pub unknown_frees: u64,
     pub failed_allocations: u64,
+    /// Allocations at an address that was live: its free was not seen.
+    pub overwritten: u64,
 }
 
 #[derive(Default)]
@@ -67,8 +72,22 @@ impl Hbm {
         t.1 += 1;
         if api == CudaApi::CuMemCreate {
             self.physical.insert((pid, addr), Physical { site, size, released: false, mappings: 0 });
-        } else {
-            self.blocks.insert((pid, addr), Block { site, size });
+        } else if self.blocks.insert((pid, addr), Block { site, size }).is_some() {
+            self.stats.overwritten += 1;
+        }
+    }
+
+    /// A block at `addr` freed; what it was, if it was known.
+    pub fn freed(&mut self, pid: u32, addr: u64) -> Option<(Rc<Site>, u64)> {
+        match self.blocks.remove(&(pid, addr)) {
+            Some(b) => {
+                self.stats.frees += 1;
+                Some((b.site, b.size))
+            }
+            None => {
+                self.stats.unknown_frees += 1;
+                None
+            }
         }
     }
 
@@ -93,10 +112,7 @@ impl Hbm {
                 if addr == 0 {
                     return; // cudaFree(NULL) frees nothing
                 }
-                match self.blocks.remove(&(pid, addr)) {
-                    Some(_) => self.stats.frees += 1,
-                    None => self.stats.unknown_frees += 1,
-                }
+                self.freed(pid, addr);
             }
             (CudaClass::Map, CudaApi::CuMemMap) => {
                 if let Some(p) = self.physical.get_mut(&(pid, handle)) {
@@ -151,6 +167,29 @@ impl Hbm {
         out
     }
 
+    /// Live bytes per device, of one process or of all: (all, of them via PyTorch's allocator).
+    pub fn by_device(&self, pid: Option<u32>) -> BTreeMap<u32, (u64, u64)> {
+        let mut out: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+        let blocks = self.blocks.iter().map(|(k, b)| (k.0, &b.site, b.size));
+        let physical = self.physical.iter().map(|(k, p)| (k.0, &p.site, p.size));
+        for (p, site, size) in blocks.chain(physical) {
+            if pid.is_some_and(|want| want != p) {
+                continue;
+            }
+            let t = out.entry(site.device).or_default();
+            t.0 += size;
+            if site.via_allocator {
+                t.1 += size;
+            }
+        }
+        out
+    }
+
+    /// Whether anything of process `pid` is live.
+    pub fn holds(&self, pid: u32) -> bool {
+        self.blocks.keys().any(|k| k.0 == pid) || self.physical.keys().any(|k| k.0 == pid)
+    }
+
     /// Bytes live now, in one process.
     pub fn bytes_in_use(&self, pid: u32) -> u64 {
         self.in_use_of(Some(pid)).values().map(|t| t.0 as u64).sum()
@@ -175,7 +214,7 @@ mod tests {
 
     fn site(n: u32) -> Rc<Site> {
         let stack = StackKey { pid: 1, tid: n, comm: "t".into(), kernel: vec![], user: vec![], root: None, tail: vec![], leaf: None };
-        Rc::new(Site { stack, device: 0 })
+        Rc::new(Site { stack, device: 0, via_allocator: false })
     }
 
     #[test]

@@ -152,6 +152,9 @@ pub struct HookStats {
     pub attach_failures: usize,
     /// Time from the event that reported a new mapping to its hooks being attached, worst case.
     pub max_attach_latency: Duration,
+    /// Each PyTorch libc10_cuda found: its path, and why its allocator is not followed (None:
+    /// its tensors are).
+    pub allocators: Vec<(String, Option<String>)>,
 }
 
 impl CudaHookManager {
@@ -225,14 +228,24 @@ impl CudaHookManager {
             return;
         }
         self.stats.files_searched += 1;
-        let functions = match cuda_functions(&path) {
-            Ok(f) if !f.is_empty() => f,
-            Ok(_) => {
+        let found = match cuda_functions(&path) {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::debug!(pid, path = %entry.path, error = %e, "cannot search for CUDA");
                 self.without_cuda.insert(key);
                 return;
             }
-            Err(e) => {
-                tracing::debug!(pid, path = %entry.path, error = %e, "cannot search for CUDA");
+        };
+        let is_allocator = found.allocator_missing.is_some() || found.functions.iter().any(|(api, _)| *api == CudaApi::C10Malloc);
+        if is_allocator && self.stats.allocators.len() < 64 {
+            if let Some(why) = &found.allocator_missing {
+                tracing::warn!(path = %entry.path, "PyTorch's caching allocator cannot be followed: {why}; tensor-alloc and tensor-inuse stay empty for it, the hbm-* profiles (segments) still hold");
+            }
+            self.stats.allocators.push((entry.path.clone(), found.allocator_missing.clone()));
+        }
+        let functions = match found.functions {
+            f if !f.is_empty() => f,
+            _ => {
                 self.without_cuda.insert(key);
                 return;
             }

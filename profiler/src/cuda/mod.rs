@@ -3,15 +3,18 @@
 //! accounting that the CUDA profiles' sources (`crate::sources`) build on: device memory by
 //! allocation, GPU time by launch, NCCL's device time by collective call.
 
+mod call_sites;
 mod discover;
 pub mod gputime;
 pub mod hbm;
 pub mod hooks;
 pub mod injection;
+pub mod memory;
 pub mod nccl;
 pub mod ready;
+pub mod timeline;
 
-pub use discover::{cuda_functions, DiscoverError};
+pub use discover::{cuda_functions, CudaSearch, DiscoverError};
 pub use hooks::{Coverage, CudaHookManager, DutyCycle};
 
 pub fn human_bytes(n: u64) -> String {

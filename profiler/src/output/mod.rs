@@ -15,6 +15,7 @@ mod pprof_read;
 pub mod rendering;
 pub mod select;
 pub mod svg;
+pub mod timeline;
 mod visible;
 
 pub use pprof::MAX_PROFILE_BYTES;

@@ -44,6 +44,26 @@ pub struct RecordOptions {
     pub detail: output::Detail,
     /// The labels read from each process's environment (its rank in a job).
     pub rank_labels: RankLabels,
+    /// `--memory-timeline`: None for the default.
+    pub memory_timeline: Option<PathBuf>,
+}
+
+impl RecordOptions {
+    /// Where the memory timeline goes, if one is drawn.
+    pub fn memory_timeline_path(&self) -> Option<PathBuf> {
+        match &self.memory_timeline {
+            Some(p) if p.as_os_str() == "none" => None,
+            Some(p) => Some(p.clone()),
+            None => {
+                let memory = [ProfileKind::HbmAlloc, ProfileKind::HbmInUse, ProfileKind::TensorAlloc, ProfileKind::TensorInUse];
+                self.profiles.iter().any(|k| memory.contains(k)).then(|| {
+                    let stem = self.output.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                    let stem = stem.split('.').next().filter(|s| !s.is_empty()).unwrap_or("gpuflame").to_string();
+                    self.output.with_file_name(format!("{stem}.memory-timeline.svg"))
+                })
+            }
+        }
+    }
 }
 
 /// Where each profile goes: the output itself for one profile; for several, one file each,
@@ -172,6 +192,7 @@ fn record(opts: &RecordOptions, format: Format, outputs: &[(ProfileKind, Output)
     ooms.write_all(&mut session);
     status.clear();
     let end = report::End::of(&session, &window)?;
+    let timeline = opts.memory_timeline_path().map(|path| (path, session.memory_timeline()));
     drop(session);
 
     let mut profiles = window.profiles;
@@ -188,6 +209,20 @@ fn record(opts: &RecordOptions, format: Format, outputs: &[(ProfileKind, Output)
         let rendering = output::Rendering { title: &title, detail: opts.detail };
         out.write_with(|w| output::write(profile, format, &rendering, w)).with_context(|| format!("writing {}", out.path().display()))?;
         written.push(out.path().display().to_string());
+    }
+    if let Some((path, charts)) = timeline {
+        if charts.is_empty() {
+            tracing::info!("no device memory was allocated: no memory timeline");
+        } else {
+            let title = format!("gpuflame: device memory over time · {}", describe_targets(opts));
+            match Output::open(&path) {
+                Ok(out) => {
+                    out.write_with(|w| output::timeline::write_svg(&charts, &title, w)).with_context(|| format!("writing {}", path.display()))?;
+                    written.push(path.display().to_string());
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot write the memory timeline"),
+            }
+        }
     }
     end.report(&window.stats, window.duration, format, &written);
 
@@ -239,8 +274,8 @@ struct OomWriter {
 
 impl OomWriter {
     fn write_all(&mut self, session: &mut Session) {
-        for Oom { report, snapshot: profile, stack } in session.take_ooms() {
-            let title = format!("gpuflame: HBM in use when {} of {} failed in pid {}", report.api.symbol(), human_bytes(report.requested), report.pid);
+        for Oom { report, snapshot: profile, stack, holders } in session.take_ooms() {
+            let title = format!("gpuflame: HBM in use when {} of {} failed in pid {}", report.failed_call(), human_bytes(report.requested), report.pid);
             // The process that ran out of memory may have planted a link at its snapshot's
             // path: never written through, the next number is taken instead.
             let path_for = |n: u32| with_infix(&self.output, &format!("oom-{}-{n}", report.pid));
@@ -263,10 +298,25 @@ impl OomWriter {
                 );
             }
             match written {
-                Ok(()) => eprintln!(
-                    "gpuflame: out of memory in pid {} ({}): {} of {} on device {} failed holding {}; stack: {stack}; in-use snapshot → {}",
-                    report.pid, report.comm, report.api.symbol(), human_bytes(report.requested), report.device, human_bytes(report.in_use), path.display()
-                ),
+                Ok(()) => {
+                    eprintln!(
+                        "gpuflame: out of memory in pid {} ({}): {} of {} on device {} failed holding {}; {}; stack: {stack}; in-use snapshot → {}",
+                        report.pid,
+                        report.comm,
+                        report.failed_call(),
+                        human_bytes(report.requested),
+                        report.device,
+                        human_bytes(report.in_use),
+                        report.usage,
+                        path.display()
+                    );
+                    if let Some((allocated, reserved)) = report.allocator_says {
+                        eprintln!("gpuflame:   PyTorch's allocator says: allocated {}, reserved {}", human_bytes(allocated), human_bytes(reserved));
+                    }
+                    for (bytes, label, whole) in &holders {
+                        eprintln!("gpuflame:   {:>10} held by {label}   [{whole}]", human_bytes(*bytes));
+                    }
+                }
                 Err(e) => tracing::warn!(path = %path.display(), error = %e, "cannot write the out-of-memory snapshot"),
             }
         }

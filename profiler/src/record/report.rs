@@ -17,6 +17,8 @@ use crate::workload::rank::RankStats;
 pub(super) struct End {
     counters: Counters,
     malformed: u64,
+    /// Device memory lines for the summary: reserved against allocated, which allocator applies.
+    memory: Vec<String>,
     capacity: UnwindCapacity,
     tracker: TrackerStats,
     unknown_python: u64,
@@ -38,7 +40,9 @@ impl End {
         if let (Some(c), Some(coverage)) = (session.cuda.as_ref(), window.coverage) {
             report_cuda(&c.hooks.stats, &session.source_stats(), coverage, &counters.cuda);
         }
+        let memory = session.cuda.as_ref().map(|c| memory_lines(&c.hooks.stats, &session.source_stats())).unwrap_or_default();
         Ok(End {
+            memory,
             malformed: session.sampler.malformed_records(),
             capacity: session.sampler.unwind_capacity(),
             tracker: TrackerStats { rows_unaccounted: session.tracker.rows_unaccounted(&session.sampler), ..session.tracker.stats.clone() },
@@ -64,6 +68,9 @@ impl End {
             if malformed > 0 { format!(", {malformed} malformed records") } else { String::new() },
             written.join(", "),
         );
+        for line in &self.memory {
+            eprintln!("gpuflame: {line}");
+        }
         report_unwinding(counters, &self.tracker, self.capacity, self.unknown_python);
         report_ranks(&self.ranks);
         if let Some(left) = self.off_cpu_threads_left {
@@ -168,6 +175,15 @@ fn report_cuda(s: &HookStats, sources: &SourceStats, coverage: Coverage, counter
     if h.unknown_frees > 0 {
         tracing::info!(count = h.unknown_frees, "frees of memory allocated before the hooks were attached");
     }
+    let t = &sources.tensors;
+    tracing::info!(
+        allocations = t.allocations,
+        frees = t.frees,
+        unknown_frees = t.unknown_frees,
+        overwritten = t.overwritten,
+        allocator_retries = sources.allocator_retries,
+        "PyTorch tensors"
+    );
     tracing::info!(calls = counters.calls, lost = counters.lost, table_full = counters.table_full, races = counters.races, "CUDA hook records");
     if counters.lost > 0 || counters.table_full > 0 {
         tracing::warn!(
@@ -178,3 +194,30 @@ fn report_cuda(s: &HookStats, sources: &SourceStats, coverage: Coverage, counter
     }
 }
 
+
+/// Device memory at the end: reserved against allocated per device, and whether tensors were
+/// followed (PyTorch's caching allocator) or only segments, and why.
+fn memory_lines(hooks: &HookStats, sources: &SourceStats) -> Vec<String> {
+    let mut lines: Vec<String> = sources.devices.iter().map(|d| format!("HBM at the end: {}", d)).collect();
+    let t = &sources.tensors;
+    for (path, why) in &hooks.allocators {
+        match why {
+            Some(why) => lines.push(format!("tensors not followed in {path}: {why}; hbm-* (segments) still hold")),
+            None if t.allocations == 0 => lines.push(format!(
+                "PyTorch's caching allocator in {path} is hooked but handed out no tensor: another allocator (backend:cudaMallocAsync, a pluggable allocator) is in use, or none ran; hbm-* (segments) hold"
+            )),
+            None => {}
+        }
+    }
+    if t.allocations > 0 || t.unknown_frees > 0 {
+        let mut line = format!("tensors: {} allocated, {} freed", t.allocations, t.frees);
+        if t.unknown_frees > 0 {
+            line.push_str(&format!(
+                ", {} frees of tensors allocated before gpuflame attached (their bytes are unknown, and not in any profile)",
+                t.unknown_frees
+            ));
+        }
+        lines.push(line);
+    }
+    lines
+}

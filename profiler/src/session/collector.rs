@@ -3,7 +3,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use gpuflame_bpf::Event;
+use gpuflame_bpf::{CudaClass, Event};
 use gpuflame_pyframes::Interpreter;
 use gpuflame_symbolizer::MappedFile;
 
@@ -47,6 +47,8 @@ impl Collector {
                 let stack = stacks.wait_stack(&record.sample, files, python);
                 sources.iter_mut().for_each(|s| s.add(&Input::OffCpu { record, stack: &stack }, stacks));
             }
+            // Thousands a second, and nothing but a pointer.
+            Event::Cuda(call) if call.api.class() == CudaClass::TensorFree => self.offer(&Input::TensorFreed(call)),
             Event::Cuda(call) => {
                 let stack = stacks.call_stack(&call.sample, files, python);
                 sources.iter_mut().for_each(|s| s.add(&Input::CudaCall { call, stack: &stack, files }, stacks));
@@ -107,9 +109,16 @@ impl Collector {
             .map(|report| {
                 let snapshot = report.snapshot(&mut self.stacks, at);
                 let stack = self.stacks.describe(&report.stack);
-                Oom { report, snapshot, stack }
+                let holders = report.top_holders(&mut self.stacks);
+                Oom { report, snapshot, stack, holders }
             })
             .collect()
+    }
+
+    /// Device memory over time, per device, drawn up to `end_ns` (boot time).
+    pub fn memory_timeline(&mut self, end_ns: u64) -> Vec<crate::output::timeline::DeviceChart> {
+        let stacks = &mut self.stacks;
+        self.sources.iter_mut().flat_map(|s| s.memory_timeline(end_ns, stacks)).collect()
     }
 
     pub fn samples(&self) -> u64 {

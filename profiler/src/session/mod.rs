@@ -308,6 +308,11 @@ impl Session {
         self.collector.samples()
     }
 
+    /// Device memory over time, per device, up to now.
+    pub fn memory_timeline(&mut self) -> Vec<crate::output::timeline::DeviceChart> {
+        self.collector.memory_timeline(crate::cuda::timeline::boot_time_ns())
+    }
+
     /// The out-of-memory failures seen since the last call, with their snapshots.
     pub fn take_ooms(&mut self) -> Vec<Oom> {
         self.collector.take_ooms(self.window.wall)
@@ -419,3 +424,4 @@ mod tests {
         assert_eq!(describe(&out), ["Exec 7", "MmapExec 7", "sample 7", "sample 9", "sample 7", "MmapExec 9"]);
     }
 }
+

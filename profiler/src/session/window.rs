@@ -80,4 +80,6 @@ pub struct Oom {
     pub snapshot: Profile,
     /// The failing stack on one line: `main → load → cudaMalloc`.
     pub stack: String,
+    /// The biggest holders: bytes, the Python line first, the whole stack.
+    pub holders: Vec<(u64, String, String)>,
 }

@@ -33,6 +33,8 @@ impl Source for CycledHooks {
             Input::CudaCall { call, .. } if call.api == CudaApi::CuptiLaunch => {}
             // NCCL's calls are the collectives profiles'.
             Input::CudaCall { call, .. } if call.api.class() == CudaClass::Collective => {}
+            // PyTorch's allocator is device memory's.
+            Input::CudaCall { call, .. } if matches!(call.api.class(), CudaClass::TensorAlloc | CudaClass::TensorOom) => {}
             Input::CudaCall { call, stack, files } => {
                 self.calls.saw(call);
                 if let Some(l) = self.launches.as_mut().filter(|_| call.api.class() == CudaClass::Launch && call.result == 0) {

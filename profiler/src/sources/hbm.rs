@@ -1,6 +1,8 @@
-//! HBM allocated during the window and in use at its end, per allocating stack, from the ordered
-//! stream of allocations, frees and maps (the accounting is `cuda::hbm`). Also where an
-//! out-of-memory failure is seen, with what was in use when it happened.
+//! Device memory per stack: segments as CUDA gave them (hbm-alloc, hbm-inuse) and tensors as
+//! PyTorch's caching allocator handed them out (tensor-alloc, tensor-inuse), from the ordered
+//! stream of allocations, frees and maps (the accounting is `cuda::memory`). Also where an
+//! out-of-memory failure is seen, with what held the memory when it happened, and the memory
+//! timeline.
 
 use std::rc::Rc;
 
@@ -8,7 +10,10 @@ use gpuflame_bpf::{CudaCall, CudaClass};
 
 use super::oom::{site_values, OomReport};
 use super::source::{Closed, Input, Source, SourceStats, WindowInfo};
-use crate::cuda::hbm::{Hbm, Site};
+use super::timeline_chart::chart;
+use crate::cuda::hbm::Site;
+use crate::cuda::memory::{DeviceMemory, DeviceUse};
+use crate::output::timeline::DeviceChart;
 use crate::profile_kind::ProfileKind;
 use crate::stacks::{StackKey, Stacks, TailFrame};
 
@@ -16,51 +21,72 @@ use crate::stacks::{StackKey, Stacks, TailFrame};
 const OUT_OF_MEMORY: i32 = 2;
 
 pub struct HbmSource {
-    hbm: Hbm,
-    alloc: bool,
-    in_use: bool,
+    memory: DeviceMemory,
+    wants: [bool; 4],
     ooms: Vec<OomReport>,
 }
 
 impl HbmSource {
-    pub fn new(alloc: bool, in_use: bool) -> Self {
-        HbmSource { hbm: Hbm::default(), alloc, in_use, ooms: Vec::new() }
+    /// Which of hbm-alloc, hbm-inuse, tensor-alloc and tensor-inuse to make.
+    pub fn new(wants: [bool; 4]) -> Self {
+        HbmSource { memory: DeviceMemory::default(), wants, ooms: Vec::new() }
     }
 
     fn call(&mut self, call: &CudaCall, stack: &StackKey) {
-        let pid = call.sample.pid;
+        let (pid, t) = (call.sample.pid, call.sample.timestamp_ns);
         let class = call.api.class();
-        if !matches!(class, CudaClass::Alloc | CudaClass::Free | CudaClass::Map) {
-            return;
-        }
         let ok = call.result == 0;
-        let with_call = || {
+        let site = || {
             let mut s = stack.clone();
-            s.tail.push(TailFrame::Call(call.api.symbol().to_string()));
-            s
+            s.tail.push(TailFrame::Call(call.api.frame_name().to_string()));
+            Rc::new(Site { stack: s, device: call.device, via_allocator: call.in_allocator })
         };
+        let m = &mut self.memory;
         match class {
-            CudaClass::Alloc if ok && call.addr != 0 => {
-                self.hbm.allocated(pid, call.api, call.addr, call.size, Rc::new(Site { stack: with_call(), device: call.device }));
-            }
+            CudaClass::Alloc if ok && call.addr != 0 => m.segment_allocated(t, pid, call.api, call.addr, call.size, site()),
             CudaClass::Alloc => {
-                self.hbm.failed();
-                if call.result == OUT_OF_MEMORY {
-                    self.ooms.push(OomReport {
-                        pid,
-                        comm: call.sample.comm.clone(),
-                        api: call.api,
-                        requested: call.size,
-                        device: call.device,
-                        in_use: self.hbm.bytes_in_use(pid),
-                        stack: with_call(),
-                        in_use_by_site: self.hbm.in_use_of(Some(pid)),
-                    });
+                m.segments.failed();
+                if call.in_allocator {
+                    // PyTorch frees its cache and tries again; its own report says if it failed.
+                    m.allocator_retries += 1;
+                } else if call.result == OUT_OF_MEMORY {
+                    self.out_of_memory(call, site(), None);
                 }
             }
-            _ if ok => self.hbm.changed(pid, call.api, call.addr, call.size, call.handle),
+            CudaClass::Free | CudaClass::Map if ok => m.segment_changed(t, pid, call.api, call.addr, call.size, call.handle),
+            CudaClass::TensorAlloc if call.addr != 0 => m.tensor_allocated(t, pid, call.api, call.addr, call.size, site()),
+            CudaClass::TensorAlloc => m.tensors.failed(),
+            CudaClass::TensorOom => {
+                m.tensors.failed();
+                self.out_of_memory(call, site(), Some((call.addr, call.handle)));
+            }
             _ => {}
         }
+    }
+
+    /// `allocator_says`: the allocator's own allocated and reserved bytes, from its report.
+    fn out_of_memory(&mut self, call: &CudaCall, failing: Rc<Site>, allocator_says: Option<(u64, u64)>) {
+        let pid = call.sample.pid;
+        let usage = self.memory.by_device(Some(pid)).into_iter().find(|d| d.device == call.device);
+        let holders = self.memory.holders(pid, Some(call.device));
+        self.memory.timeline.oom(call.sample.timestamp_ns, call.device, call.size);
+        self.ooms.push(OomReport {
+            pid,
+            comm: call.sample.comm.clone(),
+            api: call.api,
+            requested: call.size,
+            device: call.device,
+            in_use: holders.values().map(|t| t.0 as u64).sum(),
+            usage: usage.unwrap_or(DeviceUse { device: call.device, ..Default::default() }),
+            allocator_says,
+            stack: failing.stack.clone(),
+            holders,
+        });
+    }
+
+    /// Reserved against allocated on each device, for a profile's comments.
+    fn usage_comments(&self) -> Vec<String> {
+        self.memory.window_by_device().iter().map(DeviceUse::to_string).collect()
     }
 }
 
@@ -68,28 +94,44 @@ impl Source for HbmSource {
     fn add(&mut self, input: &Input<'_>, _: &mut Stacks) {
         match input {
             Input::CudaCall { call, stack, .. } => self.call(call, stack),
-            Input::ProcessExited(pid) => self.hbm.process_exited(*pid),
+            Input::TensorFreed(call) => self.memory.tensor_freed(call.sample.timestamp_ns, call.sample.pid, call.addr),
+            Input::ProcessExited(pid) => {
+                // After its last record, which may have been read just now.
+                let t = crate::cuda::timeline::boot_time_ns().max(self.memory.timeline.last_ns() + 1);
+                self.memory.process_exited(t, *pid)
+            }
             _ => {}
         }
     }
 
     fn close(&mut self, _: &WindowInfo, _: &mut Stacks) -> Vec<Closed> {
-        let (allocs, in_use) = self.hbm.take_window();
-        let mut out = Vec::new();
-        if self.alloc {
-            out.push(Closed::new(ProfileKind::HbmAlloc, site_values(&allocs)));
-        }
-        if self.in_use {
-            out.push(Closed::new(ProfileKind::HbmInUse, site_values(&in_use)));
-        }
-        out
+        let comments = self.usage_comments();
+        self.memory.window_closed();
+        let (segment_allocs, segments_in_use) = self.memory.segments.take_window();
+        let (tensor_allocs, tensors_in_use) = self.memory.tensors.take_window();
+        let kinds = [ProfileKind::HbmAlloc, ProfileKind::HbmInUse, ProfileKind::TensorAlloc, ProfileKind::TensorInUse];
+        let values = [segment_allocs, segments_in_use, tensor_allocs, tensors_in_use];
+        kinds
+            .into_iter()
+            .zip(values)
+            .zip(self.wants)
+            .filter(|(_, want)| *want)
+            .map(|((kind, totals), _)| Closed { kind, values: site_values(&totals), comments: comments.clone() })
+            .collect()
     }
 
     fn stats(&self, into: &mut SourceStats) {
-        into.hbm = self.hbm.stats;
+        into.hbm = self.memory.segments.stats;
+        into.tensors = self.memory.tensors.stats;
+        into.allocator_retries = self.memory.allocator_retries;
+        into.devices = self.memory.window_by_device();
     }
 
     fn take_ooms(&mut self) -> Vec<OomReport> {
         std::mem::take(&mut self.ooms)
+    }
+
+    fn memory_timeline(&mut self, end_ns: u64, stacks: &mut Stacks) -> Vec<DeviceChart> {
+        chart(&mut self.memory.timeline, end_ns, stacks)
     }
 }

@@ -11,12 +11,13 @@ mod cpu;
 mod cuda_api;
 mod cycled;
 mod gpu_time;
-mod hbm;
+pub mod hbm;
 mod launches;
 pub mod offcpu;
 pub mod oom;
 mod scaling;
 pub mod source;
+mod timeline_chart;
 
 use std::time::Duration;
 
@@ -38,7 +39,8 @@ pub fn for_profiles(kinds: &[ProfileKind], trap_cost: Duration) -> Vec<Box<dyn S
     // Memory is followed whenever CUDA is hooked: an out-of-memory failure is reported with
     // what was in use, whatever the profiles.
     if kinds.iter().any(|k| k.descriptor().needs.cuda.is_some()) {
-        out.push(Box::new(hbm::HbmSource::new(wants(ProfileKind::HbmAlloc), wants(ProfileKind::HbmInUse))));
+        let memory = [ProfileKind::HbmAlloc, ProfileKind::HbmInUse, ProfileKind::TensorAlloc, ProfileKind::TensorInUse].map(wants);
+        out.push(Box::new(hbm::HbmSource::new(memory)));
     }
     if wants(ProfileKind::GpuLaunches) || wants(ProfileKind::CudaApi) {
         out.push(Box::new(cycled::CycledHooks::new(trap_cost, wants(ProfileKind::GpuLaunches), wants(ProfileKind::CudaApi))));

@@ -1,5 +1,6 @@
-//! Out-of-memory forensics: when an allocation fails for lack of device memory, what the failing
-//! process held, by stack, with the failed request as a stack of its own:
+//! Out-of-memory forensics: when an allocation fails for lack of device memory (CUDA's error, or
+//! PyTorch's caching allocator's own report before it throws), what held the memory of the
+//! failing process on that device, by stack, with the failed request as a stack of its own:
 //! `… → cudaMalloc → [out of memory] 128.0 MiB requested`. A snapshot, written when it happens,
 //! not at the end of a window.
 
@@ -9,9 +10,13 @@ use gpuflame_bpf::CudaApi;
 
 use crate::cuda::hbm::SiteTotals;
 use crate::cuda::human_bytes;
+use crate::cuda::memory::DeviceUse;
 use crate::profile::Profile;
 use crate::profile_kind::ProfileKind;
 use crate::stacks::{StackKey, StackValues, Stacks, TailFrame};
+
+/// Holders listed in the report, biggest first.
+pub const TOP_HOLDERS: usize = 5;
 
 /// An allocation that failed for lack of memory.
 #[derive(Debug, Clone)]
@@ -21,34 +26,99 @@ pub struct OomReport {
     pub api: CudaApi,
     pub requested: u64,
     pub device: u32,
-    /// Bytes the process held when it failed, as far as the hooks saw.
+    /// Bytes the holders held on the device when it failed, as far as the hooks saw.
     pub in_use: u64,
+    /// Reserved, allocated and cached on the device, of the failing process.
+    pub usage: DeviceUse,
+    /// The allocator's own allocated and reserved bytes, from its report.
+    pub allocator_says: Option<(u64, u64)>,
     pub stack: StackKey,
-    pub in_use_by_site: SiteTotals,
+    /// Its tensors and the segments allocated outside its allocator, on the device.
+    pub holders: SiteTotals,
 }
 
 impl OomReport {
     /// The in-use profile of the process that failed, the failed request included.
     pub fn snapshot(&self, stacks: &mut Stacks, at: SystemTime) -> Profile {
-        let mut values = site_values(&self.in_use_by_site);
+        let mut values = site_values(&self.holders);
         let mut failing = self.stack.clone();
         failing.tail.push(TailFrame::Marker(format!("[out of memory] {} requested", human_bytes(self.requested))));
         values.push((failing, Some(self.device), vec![self.requested as i64, 1]));
         let mut profile = ProfileKind::HbmInUse.empty_profile(1);
-        profile.comments.push(format!(
-            "out of memory: {} of {} failed in pid {} ({}) holding {}",
-            self.api.symbol(),
+        profile.comments.push(self.headline());
+        profile.comments.push(self.usage.to_string());
+        stacks.build(&mut profile, values, at, Duration::ZERO);
+        profile
+    }
+
+    /// The call that failed: the allocator's report is made in its malloc.
+    pub fn failed_call(&self) -> &'static str {
+        if self.api == CudaApi::C10OutOfMemory {
+            CudaApi::C10Malloc.frame_name()
+        } else {
+            self.api.frame_name()
+        }
+    }
+
+    /// `CUDACachingAllocator::malloc of 30.0 MiB on device 0 failed in pid 7 (python3) holding 250.0 MiB`.
+    pub fn headline(&self) -> String {
+        let mut line = format!(
+            "out of memory: {} of {} on device {} failed in pid {} ({}) holding {}",
+            self.failed_call(),
             human_bytes(self.requested),
+            self.device,
             self.pid,
             self.comm,
             human_bytes(self.in_use)
-        ));
-        stacks.build(&mut profile, values, at, Duration::ZERO);
-        profile
+        );
+        if let Some((allocated, reserved)) = self.allocator_says {
+            line.push_str(&format!(" (PyTorch: allocated {}, reserved {})", human_bytes(allocated), human_bytes(reserved)));
+        }
+        line
+    }
+
+    /// The biggest holders, each as `bytes  python line ← caller  (whole stack)`.
+    pub fn top_holders(&self, stacks: &mut Stacks) -> Vec<(u64, String, String)> {
+        let mut held: Vec<(&StackKey, u64)> = self.holders.iter().map(|(s, t)| (&s.stack, t.0 as u64)).collect();
+        held.sort_by_key(|h| std::cmp::Reverse(h.1));
+        held.truncate(TOP_HOLDERS);
+        held.into_iter()
+            .map(|(stack, bytes)| {
+                let whole = stacks.describe(stack);
+                (bytes, holder_label(&whole), whole)
+            })
+            .collect()
+    }
+}
+
+/// The line a person looks for in a stack described as `a → b → c`: its innermost Python frame
+/// and the one that called it; without Python, the caller of the allocation.
+pub fn holder_label(described: &str) -> String {
+    let frames: Vec<&str> = described.split(" → ").collect();
+    let python: Vec<&str> = frames.iter().copied().filter(|f| f.contains(".py:")).collect();
+    match python.as_slice() {
+        [.., caller, inner] => format!("{inner} ← {caller}"),
+        [inner] => inner.to_string(),
+        [] => frames.iter().rev().nth(1).or(frames.last()).map_or_else(String::new, |f| f.to_string()),
     }
 }
 
 /// Bytes and objects per allocating stack, with its device.
 pub(super) fn site_values(totals: &SiteTotals) -> StackValues {
     totals.iter().map(|(site, &(bytes, objects))| (site.stack.clone(), Some(site.device), vec![bytes, objects])).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::holder_label;
+
+    #[test]
+    fn a_holder_is_named_by_its_python_line_first() {
+        assert_eq!(
+            holder_label("main (serve.py:90) → allocate_kv_cache (serve.py:40) → at::empty → CUDACachingAllocator::malloc"),
+            "allocate_kv_cache (serve.py:40) ← main (serve.py:90)"
+        );
+        assert_eq!(holder_label("main → load → cudaMalloc"), "load");
+        assert_eq!(holder_label("cudaMalloc"), "cudaMalloc");
+    }
 }

@@ -8,6 +8,8 @@ use gpuflame_symbolizer::MappedFile;
 
 use super::oom::OomReport;
 use crate::cuda::hbm::HbmStats;
+use crate::cuda::memory::DeviceUse;
+use crate::output::timeline::DeviceChart;
 use crate::cuda::Coverage;
 use crate::profile_kind::ProfileKind;
 use crate::stacks::{StackKey, StackValues, Stacks};
@@ -21,6 +23,8 @@ pub enum Input<'a> {
     OffCpuEnd(&'a OffCpuEnd),
     /// A hooked CUDA call returned; `stack` is its caller's, without the call itself.
     CudaCall { call: &'a CudaCall, stack: &'a StackKey, files: Option<&'a [MappedFile]> },
+    /// A tensor's block went back to PyTorch's allocator: a pointer, no stack.
+    TensorFreed(&'a CudaCall),
     /// The CUPTI injection library said how it is doing.
     CuptiStatus(&'a CudaCall),
     KernelName(&'a KernelName),
@@ -55,6 +59,12 @@ impl Closed {
 #[derive(Debug, Clone, Default)]
 pub struct SourceStats {
     pub hbm: HbmStats,
+    /// Tensors of PyTorch's caching allocator.
+    pub tensors: HbmStats,
+    /// Segment allocations that failed inside the allocator, which retried.
+    pub allocator_retries: u64,
+    /// Reserved against allocated, per device, now.
+    pub devices: Vec<DeviceUse>,
     pub launches_seen: u64,
 }
 
@@ -66,6 +76,10 @@ pub trait Source {
     fn stats(&self, _into: &mut SourceStats) {}
     /// Allocations that failed for lack of memory since the last call.
     fn take_ooms(&mut self) -> Vec<OomReport> {
+        Vec::new()
+    }
+    /// Device memory over time, drawn up to `end_ns` (boot time), per device.
+    fn memory_timeline(&mut self, _end_ns: u64, _stacks: &mut Stacks) -> Vec<DeviceChart> {
         Vec::new()
     }
 }

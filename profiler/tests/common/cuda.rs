@@ -37,3 +37,24 @@ pub fn build_nccl(dir: &Path) -> PathBuf {
     ]);
     dir.join("libnccl.so.2")
 }
+
+/// Runs `c++ ARGS` in `dir`; fails the test with the compiler's output if it fails.
+pub fn cxx_in(dir: &Path, args: &[&str]) {
+    let out = Command::new("c++").args(args).current_dir(dir).output().expect("a C++ compiler (c++) is needed");
+    assert!(out.status.success(), "c++ {args:?}:\n{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Builds the stand-ins of PyTorch's libc10.so and libc10_cuda.so (its CUDA caching allocator,
+/// under the real mangled names, local symbols as in the real library: -fvisibility=hidden) into
+/// `dir`, on the stand-in runtime there (build_stand_ins first), and tensor_app, the C++ program
+/// that allocates tensors through it; returns tensor_app's path.
+pub fn build_c10(dir: &Path) -> PathBuf {
+    let rpath = format!("-Wl,-rpath,{}", dir.display());
+    cxx_in(dir, &["-O2", "-g", "-shared", "-fPIC", "-Wl,-soname,libc10.so", "-o", "libc10.so", &source("fake_c10.cpp")]);
+    cxx_in(dir, &[
+        "-O2", "-g", "-shared", "-fPIC", "-fvisibility=hidden", "-Wl,-soname,libc10_cuda.so", "-o", "libc10_cuda.so", &source("fake_c10_cuda.cpp"), "-L.",
+        "-l:libcudart.so.13", "-l:libc10.so", "-Wl,-rpath,$ORIGIN", "-lpthread",
+    ]);
+    cxx_in(dir, &["-O2", "-g", "-rdynamic", "-o", "tensor_app", &source("tensor_app.cpp"), "-L.", "-l:libc10_cuda.so", &rpath]);
+    dir.join("tensor_app")
+}

@@ -1,0 +1,303 @@
+// A PyTorch-like program on the stand-in caching allocator (libc10_cuda.so): tensors allocated and
+// freed from named functions, so that a profiler's stacks show them. Modes (argv[1]):
+//   exact            known live bytes per function, a reuse of a freed block, raw_alloc/raw_delete,
+//                    NativeCachingAllocator::free and a device other than 0
+//   loop SECONDS RATE  one 64 KiB tensor allocated and freed RATE times a second, paced by a busy
+//                    wait; prints the time the allocator itself took per iteration
+//   oom              weights, a KV cache, then decode steps until an allocation fails (run under
+//                    FAKE_CUDA_BUDGET)
+//   late             5 tensors of 1 MiB before the gate (a profiler attaching with -p), then
+//                    frees them and keeps 2 of 2 MiB
+// With GPUFLAME_TEST_GATE set, waits at the gate (../gate.h) first, or in `late` after its
+// first tensors.
+// Prints key=value lines, ends with allocated= and reserved= (device 0), then sleeps LINGER_MS.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <unistd.h>
+#include <vector>
+
+#include "../gate.h"
+
+extern "C" {
+void *gf_tensor_alloc(size_t size, int device);
+void gf_tensor_free(void *ptr);
+void *gf_raw_alloc(size_t size);
+void gf_raw_delete(void *ptr);
+void gf_free(void *ptr);
+void gf_empty_cache(void);
+void gf_memory_stats(int device, unsigned long *allocated, unsigned long *reserved);
+void gf_set_limit(unsigned long bytes);
+void gf_call_counts(unsigned long counts[4]);
+}
+
+#define NOINLINE __attribute__((noinline))
+
+static const size_t MiB = 1 << 20;
+
+static void *tensor(size_t size, int device = 0)
+{
+	void *p = gf_tensor_alloc(size, device);
+	if (!p) {
+		fprintf(stderr, "tensor_app: out of memory allocating %zu bytes on device %d\n", size, device);
+		exit(1);
+	}
+	return p;
+}
+
+static void print_stats(const char *suffix, int device)
+{
+	unsigned long allocated = 0, reserved = 0;
+	gf_memory_stats(device, &allocated, &reserved);
+	printf("allocated%s=%lu\nreserved%s=%lu\n", suffix, allocated, suffix, reserved);
+}
+
+static void live(const char *function, size_t bytes, int count)
+{
+	printf("live_%s_bytes=%zu\nlive_%s_count=%d\n", function, bytes, function, count);
+}
+
+// --- exact ---------------------------------------------------------------------------------------
+
+static std::vector<void *> weights, kept_activations, device_two;
+static void *second, *raw_kept;
+
+// Four tensors of `each` bytes, kept (8 MiB in exact, 16 MiB in oom).
+NOINLINE void load_weights(size_t each)
+{
+	for (int i = 0; i < 4; i++)
+		weights.push_back(tensor(each));
+}
+
+NOINLINE void activations()
+{
+	std::vector<void *> a;
+	for (int i = 0; i < 10; i++)
+		a.push_back(tensor(1 * MiB));
+	for (int i = 0; i < 10; i++) {
+		if (i % 5 < 3) /* 0, 1, 2, 5, 6, 7: six freed */
+			gf_tensor_free(a[i]);
+		else
+			kept_activations.push_back(a[i]);
+	}
+}
+
+NOINLINE void *second_owner()
+{
+	return tensor(8 * MiB);
+}
+
+// The first weight freed, and its 8 MiB block taken by a new tensor: the same pointer, owned now
+// by second_owner.
+NOINLINE int reuse()
+{
+	void *old = weights[0];
+	gf_tensor_free(old);
+	weights.erase(weights.begin());
+	second = second_owner();
+	return second == old;
+}
+
+NOINLINE void raw()
+{
+	raw_kept = gf_raw_alloc(2 * MiB);
+	void *scratch = gf_raw_alloc(3 * MiB);
+	if (!raw_kept || !scratch) {
+		fprintf(stderr, "tensor_app: raw_alloc failed\n");
+		exit(1);
+	}
+	gf_raw_delete(scratch);
+}
+
+NOINLINE void direct_free()
+{
+	void *p = tensor(5 * MiB);
+	gf_free(p);
+}
+
+NOINLINE void on_device_two()
+{
+	for (int i = 0; i < 3; i++)
+		device_two.push_back(tensor(4 * MiB, 2));
+}
+
+static void exact()
+{
+	load_weights(8 * MiB);
+	activations();
+	int reused = reuse();
+	raw();
+	direct_free();
+	on_device_two();
+	printf("reused=%d\n", reused);
+	live("load_weights", 3 * 8 * MiB, 3);
+	live("activations", 4 * 1 * MiB, 4);
+	live("reuse", 0, 0);
+	live("second_owner", 8 * MiB, 1);
+	live("raw", 2 * MiB, 1);
+	live("direct_free", 0, 0);
+	live("on_device_two", 3 * 4 * MiB, 3);
+	printf("expected_allocated=%zu\n", (3 * 8 + 4 + 8 + 2) * MiB);
+	printf("expected_allocated_dev2=%zu\n", 12 * MiB);
+	// Each tensor and raw allocation is one NativeCachingAllocator::malloc; each free one of the
+	// three ways in: local_raw_delete (6 activations and a weight), raw_delete, free.
+	unsigned long counts[4];
+	gf_call_counts(counts);
+	printf("expected_mallocs=21\nmallocs=%lu\n", counts[0]);
+	printf("expected_frees=1\nfrees=%lu\n", counts[1]);
+	printf("expected_raw_deletes=1\nraw_deletes=%lu\n", counts[2]);
+	printf("expected_local_raw_deletes=7\nlocal_raw_deletes=%lu\n", counts[3]);
+	print_stats("_dev2", 2);
+}
+
+// --- loop ----------------------------------------------------------------------------------------
+
+static long long now_ns()
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+NOINLINE void loop_step()
+{
+	void *p = tensor(64 << 10);
+	gf_tensor_free(p);
+}
+
+static void loop(double seconds, double rate)
+{
+	// Once before the clock starts: CUDA's initialisation and the first segment are not the
+	// allocator's cost per tensor.
+	loop_step();
+	long long period = rate > 0 ? (long long)(1e9 / rate) : 0;
+	long long start = now_ns(), end = start + (long long)(seconds * 1e9), work = 0, iterations = 0;
+	for (long long t = start; t < end; iterations++) {
+		long long a = now_ns();
+		loop_step();
+		long long b = now_ns();
+		work += b - a;
+		long long next = start + (iterations + 1) * period;
+		do
+			t = now_ns();
+		while (t < next && t < end);
+	}
+	printf("iterations=%lld\n", iterations);
+	printf("work_ns_per_iteration=%lld\n", iterations ? work / iterations : 0);
+}
+
+// --- oom -----------------------------------------------------------------------------------------
+
+static size_t oom_requested;
+static const char *oom_function;
+static std::vector<void *> kv_cache, prefix_cache;
+
+static void *try_tensor(size_t size, const char *function)
+{
+	void *p = gf_tensor_alloc(size, 0);
+	if (!p && !oom_function) {
+		oom_requested = size;
+		oom_function = function;
+	}
+	return p;
+}
+
+NOINLINE void allocate_kv_cache()
+{
+	for (int layer = 0; layer < 16; layer++)
+		kv_cache.push_back(tensor(8 * MiB));
+}
+
+NOINLINE bool grow_prefix_cache()
+{
+	void *p = try_tensor(1 * MiB, "grow_prefix_cache");
+	if (!p)
+		return false;
+	prefix_cache.push_back(p);
+	return true;
+}
+
+NOINLINE bool sample_logits()
+{
+	void *logits = try_tensor(30 * MiB, "sample_logits");
+	if (!logits)
+		return false;
+	gf_tensor_free(logits);
+	return true;
+}
+
+NOINLINE bool decode_step()
+{
+	return grow_prefix_cache() && sample_logits();
+}
+
+NOINLINE int serve()
+{
+	int steps = 0;
+	while (decode_step())
+		steps++;
+	return steps;
+}
+
+static void oom()
+{
+	load_weights(16 * MiB);
+	allocate_kv_cache();
+	int steps = serve();
+	printf("steps=%d\n", steps);
+	printf("oom_requested=%zu\n", oom_requested);
+	printf("oom_function=%s\n", oom_function ? oom_function : "none");
+	printf("kv_cache_bytes=%zu\n", kv_cache.size() * 8 * MiB);
+	printf("weights_bytes=%zu\n", weights.size() * 16 * MiB);
+	printf("prefix_cache_bytes=%zu\n", prefix_cache.size() * MiB);
+}
+
+NOINLINE void before_attach(std::vector<void *> &kept)
+{
+	for (int i = 0; i < 5; i++)
+		kept.push_back(tensor(1 * MiB));
+}
+
+NOINLINE void after_attach(std::vector<void *> &kept)
+{
+	for (void *p : kept)
+		gf_tensor_free(p);
+	kept.clear();
+	for (int i = 0; i < 2; i++)
+		kept.push_back(tensor(2 * MiB));
+	printf("live_after_attach_bytes=%zu\n", 2 * 2 * MiB);
+}
+
+static void late()
+{
+	static std::vector<void *> kept;
+	before_attach(kept);
+	gate();
+	after_attach(kept);
+}
+
+int main(int argc, char **argv)
+{
+	const char *mode = argc > 1 ? argv[1] : "exact";
+	if (strcmp(mode, "late"))
+		gate();
+	if (!strcmp(mode, "late")) {
+		late();
+	} else if (!strcmp(mode, "exact")) {
+		exact();
+	} else if (!strcmp(mode, "loop")) {
+		loop(argc > 2 ? atof(argv[2]) : 1.0, argc > 3 ? atof(argv[3]) : 1000.0);
+	} else if (!strcmp(mode, "oom")) {
+		oom();
+	} else {
+		fprintf(stderr, "usage: tensor_app exact | loop SECONDS RATE | oom\n");
+		return 2;
+	}
+	print_stats("", 0);
+	fflush(stdout);
+	const char *linger = getenv("LINGER_MS");
+	if (linger && *linger)
+		usleep(strtoul(linger, NULL, 10) * 1000);
+	return 0;
+}
