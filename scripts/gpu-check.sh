@@ -44,6 +44,26 @@ for mode in default expandable compile; do
 	echo "  cuda-api total:                          $(total "$out/$mode.cuda-api.folded") ns"
 	grep -E "CUDA found and hooked|CUDA files_hooked" "$out/$mode.err" | sed 's/^/  /' || true
 done
+echo "== tensors (tensor-inuse) against torch's allocator: requested bytes, reserved, top holders"
+for mode in default expandable; do
+	conf=""
+	[ "$mode" = expandable ] && conf="expandable_segments:True"
+	# The workload holds its tensors for 60 s after printing torch's figures; the recording ends
+	# at 25 s with them live.
+	"$exe" record -v -d 25 --profiles tensor-inuse,hbm-inuse -o "$out/tensors-$mode.folded" --memory-timeline "$out/tensors-$mode.svg" -- \
+		env PYTORCH_CUDA_ALLOC_CONF="$conf" "$python" "$root/scripts/gpu_tensors.py" 60 >"$out/tensors-$mode.out" 2>"$out/tensors-$mode.err" || true
+	pkill -f gpu_tensors.py || true
+	echo "-- $mode (PYTORCH_CUDA_ALLOC_CONF=$conf)"
+	echo "  torch requested_bytes (live tensors):  $(sed -n 's/^requested_bytes=//p' "$out/tensors-$mode.out") bytes"
+	echo "  torch.cuda.memory_allocated():         $(sed -n 's/^memory_allocated=//p' "$out/tensors-$mode.out") bytes (block sizes, rounded)"
+	echo "  gpuflame tensor-inuse total:           $(total "$out/tensors-$mode.tensor-inuse.folded") bytes"
+	echo "  torch.cuda.memory_reserved():          $(sed -n 's/^memory_reserved=//p' "$out/tensors-$mode.out") bytes"
+	echo "  gpuflame hbm-inuse total (segments):   $(total "$out/tensors-$mode.hbm-inuse.folded") bytes"
+	for f in load_weights allocate_kv_cache activations small_tensors; do
+		echo "  $f: torch $(sed -n "s/^torch_holder=$f://p" "$out/tensors-$mode.out") bytes, gpuflame $(under "$out/tensors-$mode.tensor-inuse.folded" "$f (gpu_tensors.py") bytes"
+	done
+	grep -E "HBM at the end|tensors|allocator" "$out/tensors-$mode.err" | sed 's/^/  /' || true
+done
 echo "== gpu-time against torch.profiler (separate runs: both are CUPTI subscribers)"
 for mode in default compile; do
 	"$python" "$root/scripts/gpu_workload.py" "$mode" >"$out/$mode.bare.out"

@@ -363,3 +363,49 @@ fn five_thousand_hertz_for_a_minute_ten_times() {
     let _serial = serial();
     high_frequency_runs(10, 60);
 }
+
+/// PyTorch's tensors (the stand-in caching allocator) under the agent: their own series,
+/// `tensor_inuse` and `tensor_alloc`, per device.
+#[test]
+fn tensor_profiles_are_pushed_as_series_of_their_own() {
+    require_bpf();
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    common::cuda::build_stand_ins(dir.path());
+    let app = common::cuda::build_c10(dir.path());
+    let receiver = Receiver::start(Box::new(|_| 200));
+    let url = receiver.url();
+    let agent = agent(&["--server", &url, "--once", "--window", "4", "--profiles", "tensor-inuse,tensor-alloc", "-v"]);
+    let gate = Gate::new(dir.path(), "gate");
+    let (var, path) = gate.env();
+    let app = Workload(Command::new(&app).arg("exact").env("LINGER_MS", "8000").env("GPUFLAME_SERVICE_NAME", "trainer").env(var, path).stdout(Stdio::null()).spawn().unwrap());
+    // Its first tensor comes as soon as the gate opens: once the allocator is hooked.
+    let hooked = format!("CUDA found and hooked pid={}", app.0.id());
+    let started = Instant::now();
+    while !agent.lines.lock().unwrap().iter().any(|l| l.contains(&hooked) && l.contains("libc10_cuda.so")) {
+        assert!(started.elapsed() < HANG, "libc10_cuda.so was not hooked:\n{}", agent.lines.lock().unwrap().join("\n"));
+        sleep(Duration::from_millis(20));
+    }
+    std::fs::write(&gate.path, b"").unwrap();
+    while receiver.received().is_empty() && started.elapsed() < HANG {
+        sleep(Duration::from_millis(100));
+    }
+    let log = agent.stop();
+    drop(app);
+    assert_clean(&receiver);
+    let got = receiver.received();
+    let series = |name: &str| -> Vec<(String, i64)> {
+        let mut out: Vec<(String, i64)> = service(&got, "trainer")
+            .into_iter()
+            .filter(|r| r.labels.get("__name__").map(String::as_str) == Some(name))
+            .map(|r| (r.labels.get("device").cloned().unwrap_or_default(), r.profile.total()))
+            .collect();
+        out.sort();
+        out
+    };
+    let all: Vec<_> = got.iter().map(|r| (&r.labels, r.profile.total())).collect();
+    // tensor_app exact: 38 MiB live on device 0, 12 MiB on device 2; 72 MiB allocated in all.
+    assert_eq!(series("tensor_inuse"), [("0".to_string(), 39_845_888), ("2".to_string(), 12_582_912)], "{all:#?}\n{log}");
+    assert_eq!(series("tensor_alloc").iter().map(|s| s.1).sum::<i64>(), 72 << 20, "{all:#?}");
+    assert!(series("hbm_inuse").is_empty(), "hbm-inuse was not asked for");
+}

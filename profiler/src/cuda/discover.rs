@@ -139,6 +139,17 @@ mod tests {
     }
 
     #[test]
+    fn an_allocator_of_another_shape_is_said_not_misread() {
+        let both = [(CudaApi::C10Malloc, 0x10), (CudaApi::C10LocalRawDelete, 0x20)];
+        assert_eq!(allocator_check(&both, None), None);
+        let other = "_ZN3c104cuda20CUDACachingAllocator6Native22NativeCachingAllocator6mallocEPPvimP11CUstream_st".to_string();
+        let why = allocator_check(&[(CudaApi::C10LocalRawDelete, 0x20)], Some(other.clone())).unwrap();
+        assert!(why.contains("another shape") && why.contains(&other) && why.contains("CUDACachingAllocator::malloc"), "{why}");
+        let why = allocator_check(&[], None).unwrap();
+        assert!(why.contains("stripped"), "{why}");
+    }
+
+    #[test]
     fn a_file_without_cuda_has_no_functions() {
         let exe = std::env::current_exe().unwrap();
         assert_eq!(cuda_functions(&exe).unwrap(), CudaSearch::default());

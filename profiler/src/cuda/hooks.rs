@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use gpuflame_bpf::{CpuSampler, CudaApi, CudaHooks};
+use gpuflame_bpf::{CpuSampler, CudaApi, CudaClass, CudaHooks};
 
 use super::discover::cuda_functions;
 use crate::process::MapsEntry;
@@ -133,6 +133,9 @@ struct HookedFile {
 pub struct CudaHookManager {
     /// Hook launches and synchronisations at all (the gpu-launches or cuda-api profile is on).
     cycled_wanted: bool,
+    /// Hook PyTorch's caching allocator (a tensor profile is on): three traps per tensor, tens
+    /// of microseconds on a VM, which a program that asked only for segments does not pay.
+    tensors_wanted: bool,
     /// None: exact, always attached.
     duty: Option<DutyCycle>,
     files: HashMap<(String, u64), HookedFile>,
@@ -164,6 +167,7 @@ impl CudaHookManager {
         let cycle_start = duty.as_ref().and_then(|d| now.checked_sub(d.period)).unwrap_or(now);
         CudaHookManager {
             cycled_wanted,
+            tensors_wanted: false,
             duty,
             files: HashMap::new(),
             without_cuda: HashSet::new(),
@@ -174,6 +178,11 @@ impl CudaHookManager {
             trap_cost: Duration::ZERO,
             stats: HookStats::default(),
         }
+    }
+
+    pub fn with_tensors(mut self, wanted: bool) -> Self {
+        self.tensors_wanted = wanted;
+        self
     }
 
     /// Measures what the traps of a hooked call cost, to correct sampled counts for it.
@@ -236,6 +245,12 @@ impl CudaHookManager {
                 return;
             }
         };
+        let mut found = found;
+        let is_tensor = |api: &CudaApi| matches!(api.class(), CudaClass::TensorAlloc | CudaClass::TensorFree | CudaClass::TensorOom);
+        if !self.tensors_wanted {
+            found.functions.retain(|(api, _)| !is_tensor(api));
+            found.allocator_missing = None;
+        }
         let is_allocator = found.allocator_missing.is_some() || found.functions.iter().any(|(api, _)| *api == CudaApi::C10Malloc);
         if is_allocator && self.stats.allocators.len() < 64 {
             if let Some(why) = &found.allocator_missing {

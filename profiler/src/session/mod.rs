@@ -90,7 +90,8 @@ impl Session {
         tracker.wait_for_tables(&mut sampler, PRELOAD_WAIT);
         let needs = needs_of(&config.profiles);
         let mut cuda = needs.cuda.map(|hooks| CudaState {
-            hooks: CudaHookManager::new(hooks == CudaHooks::DutyCycled, config.cuda_duty),
+            hooks: CudaHookManager::new(hooks == CudaHooks::DutyCycled, config.cuda_duty)
+                .with_tensors(config.profiles.iter().any(|k| matches!(k, ProfileKind::TensorAlloc | ProfileKind::TensorInUse))),
             waiting: WaitingProcesses::default(),
         });
         if let Some(c) = cuda.as_mut() {
