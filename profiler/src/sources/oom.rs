@@ -85,7 +85,10 @@ impl OomReport {
         held.into_iter()
             .map(|(stack, bytes)| {
                 let whole = stacks.describe(stack);
-                (bytes, holder_label(&whole), whole)
+                // From the program's own code on: the interpreter's start-up says nothing here.
+                let from_python = whole.find(".py:").and_then(|i| whole[..i].rfind(" → ").map(|j| j + " → ".len()));
+                let shown = from_python.map_or(whole.as_str(), |i| &whole[i..]).to_string();
+                (bytes, holder_label(&whole), shown)
             })
             .collect()
     }

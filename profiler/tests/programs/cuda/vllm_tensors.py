@@ -4,7 +4,7 @@ ctypes: tensors allocated from named Python functions, as torch does for vLLM.
 No argument (or "oom"): load the model (64 MiB), a profile run (activations allocated and freed),
 a KV cache of 16 layers of 8 MiB (128 MiB), then decode steps that each keep 1 MiB of prefix cache
 and allocate and free 30 MiB of logits, until an allocation fails (run under FAKE_CUDA_BUDGET,
-e.g. 300 MiB: the KV cache is then the largest holder). "steps N": N training-like steps, each
+e.g. 300 MiB: the KV cache is then the largest holder; STEP_MS between steps). "steps N": N training-like steps, each
 allocating activations in forward() and freeing them in backward(), with an optimizer state that
 grows by 256 KiB a step, 20 ms a step. Prints key=value lines, ends with allocated= and
 reserved= (device 0), then sleeps LINGER_MS."""
@@ -91,9 +91,12 @@ def decode_step(prefix_cache):
 
 
 def serve(prefix_cache):
+    # STEP_MS: time between decode steps (a request's compute), for a timeline to look at.
+    pause = float(os.environ.get("STEP_MS") or 0) / 1000
     steps = 0
     while decode_step(prefix_cache):
         steps += 1
+        time.sleep(pause)
     return steps
 
 
