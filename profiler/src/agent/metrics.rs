@@ -154,6 +154,28 @@ mod tests {
     }
 
     #[test]
+    fn reserved_against_allocated_is_exported_per_device() {
+        use crate::cuda::memory::DeviceUse;
+        let devices = vec![
+            DeviceUse { device: 0, reserved: 300, allocated: Some(250), outside: 8 },
+            DeviceUse { device: 1, reserved: 40, allocated: None, outside: 0 },
+        ];
+        let m = AgentMetrics { devices, ..Default::default() };
+        let text = render(&m, &QueueStats::default());
+        for line in [
+            "gpuflame_hbm_reserved_bytes{device=\"0\"} 300",
+            "gpuflame_hbm_reserved_bytes{device=\"1\"} 40",
+            "gpuflame_hbm_allocated_bytes{device=\"0\"} 250",
+            "gpuflame_hbm_cached_bytes{device=\"0\"} 50",
+            "gpuflame_hbm_outside_allocator_bytes{device=\"0\"} 8",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+        }
+        // Where no allocator was seen there is no allocated, cached or outside figure.
+        assert!(!text.contains("gpuflame_hbm_allocated_bytes{device=\"1\"}") && !text.contains("gpuflame_hbm_cached_bytes{device=\"1\"}"), "{text}");
+    }
+
+    #[test]
     fn rank_counts_are_exported() {
         let ranks = crate::workload::rank::RankStats { environments_read: 5, processes_labelled: 4, values_left_out: 3, unreadable: 2, cut: 1 };
         let m = AgentMetrics { ranks, ..Default::default() };
