@@ -14,8 +14,10 @@
 
 use gpuflame_elfread::{consts, ElfError, ElfFile, ReadAt};
 
-/// Executable bytes searched at most, and read at a time.
-const MAX_SCAN_BYTES: u64 = 512 << 20;
+/// Executable bytes searched at most (libc10_cuda.so has 0.4 MiB of code; a file that claims
+/// the allocator's symbols is searched once, and a hostile one costs no more than this), and
+/// read at a time.
+const MAX_SCAN_BYTES: u64 = 64 << 20;
 const CHUNK: u64 = 4 << 20;
 /// Call sites kept at most: a function called from more places is followed where it is.
 pub const MAX_SITES: usize = 64;
