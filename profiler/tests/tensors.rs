@@ -177,6 +177,26 @@ fn the_oom_report_names_the_kv_cache_first_and_the_timeline_marks_it() {
     assert!(svg.contains("allocate_kv_cache (vllm_tensors.py:"), "bands are named by their Python line");
 }
 
+/// The same shape in C++, out of memory by the allocator's own limit (as
+/// `torch.cuda.set_per_process_memory_fraction` makes it): no CUDA call fails, the allocator's
+/// report is the one.
+#[test]
+fn the_allocators_own_limit_is_an_oom_with_the_same_report() {
+    let fx = Fixture::build();
+    let out = fx.path("c.folded");
+    let app = fx.app.display().to_string();
+    let limit = (300 * MIB).to_string();
+    let (stderr, kv) = fx.record(&["--profiles", "tensor-inuse,hbm-inuse", "-o", &out, "--memory-timeline", "none"], &[("C10_LIMIT", &limit), ("LINGER_MS", "300")], &[&app, "oom"]);
+    let reports: Vec<&str> = stderr.lines().filter(|l| l.contains("out of memory in pid")).collect();
+    assert_eq!(reports.len(), 1, "one report for one failure:\n{stderr}");
+    let (allocated, reserved) = (num(&kv, "allocated"), num(&kv, "reserved"));
+    assert!(reports[0].contains("CUDACachingAllocator::malloc of 30.0 MiB") && reports[0].contains(&device_line(0, reserved, allocated, 0)), "{stderr}");
+    assert!(reports[0].contains("sample_logits()"), "the failing stack: {stderr}");
+    let holders: Vec<&str> = stderr.lines().filter(|l| l.contains(" held by ")).collect();
+    assert!(holders[0].contains(&format!("{} held by allocate_kv_cache() ← oom", gpuflame::cuda::human_bytes(num(&kv, "kv_cache_bytes")))), "{stderr}");
+    assert!(!stderr.contains("memory_timeline") && !Path::new(&fx.path("c.memory-timeline.svg")).exists(), "--memory-timeline none");
+}
+
 #[test]
 fn tensors_allocated_before_attaching_are_counted_not_guessed() {
     let fx = Fixture::build();

@@ -94,15 +94,23 @@ impl OomReport {
     }
 }
 
-/// The line a person looks for in a stack described as `a → b → c`: its innermost Python frame
-/// and the one that called it; without Python, the caller of the allocation.
+/// Frames of PyTorch and the C++ library: a tensor's holder is the code that called into them.
+const LIBRARY_PREFIXES: [&str; 5] = ["c10::", "at::", "torch::", "caffe2::", "std::"];
+
+/// The line a person looks for in a stack described as `a → b → c` (its last frame the hooked
+/// call): its innermost Python frame and the one that called it; without Python, the innermost
+/// native frame outside PyTorch and the C++ library, and its caller.
 pub fn holder_label(described: &str) -> String {
     let frames: Vec<&str> = described.split(" → ").collect();
     let python: Vec<&str> = frames.iter().copied().filter(|f| f.contains(".py:")).collect();
-    match python.as_slice() {
+    let own: Vec<&str> = match python.as_slice() {
+        [] => frames[..frames.len().saturating_sub(1)].iter().copied().filter(|f| !LIBRARY_PREFIXES.iter().any(|p| f.starts_with(p))).collect(),
+        _ => python,
+    };
+    match own.as_slice() {
         [.., caller, inner] => format!("{inner} ← {caller}"),
         [inner] => inner.to_string(),
-        [] => frames.iter().rev().nth(1).or(frames.last()).map_or_else(String::new, |f| f.to_string()),
+        [] => frames.last().map_or_else(String::new, |f| f.to_string()),
     }
 }
 
@@ -121,7 +129,11 @@ mod tests {
             holder_label("main (serve.py:90) → allocate_kv_cache (serve.py:40) → at::empty → CUDACachingAllocator::malloc"),
             "allocate_kv_cache (serve.py:40) ← main (serve.py:90)"
         );
-        assert_eq!(holder_label("main → load → cudaMalloc"), "load");
+        assert_eq!(holder_label("main → load → cudaMalloc"), "load ← main");
+        assert_eq!(
+            holder_label("main → oom → allocate_kv_cache() → at::empty(unsigned long, int) → c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::allocate(unsigned long) → CUDACachingAllocator::malloc"),
+            "allocate_kv_cache() ← oom"
+        );
         assert_eq!(holder_label("cudaMalloc"), "cudaMalloc");
     }
 }

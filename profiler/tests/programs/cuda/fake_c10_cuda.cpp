@@ -474,9 +474,12 @@ using c10::cuda::CUDACachingAllocator::Native::kDevices;
 
 #define GF_API extern "C" __attribute__((visibility("default")))
 
-// A tensor's storage on `device`, as torch.empty(size, device=f"cuda:{device}"): under a device
-// guard, allocate() (one NativeCachingAllocator::malloc); NULL at an out-of-memory.
-GF_API void *gf_tensor_alloc(size_t size, int device)
+// A tensor's storage on `device`, as torch.empty(size, device=f"cuda:{device}") and at::empty
+// in C++: under a device guard, allocate() (one NativeCachingAllocator::malloc); NULL at an
+// out-of-memory. In PyTorch's namespace, as at::empty is: a profiler names a tensor's holder by
+// the first frame outside PyTorch's.
+namespace at {
+__attribute__((visibility("default"))) void *empty(size_t size, int device)
 {
 	if (device < 0 || device >= kDevices)
 		return nullptr;
@@ -487,6 +490,10 @@ GF_API void *gf_tensor_alloc(size_t size, int device)
 		return nullptr;
 	}
 }
+} // namespace at
+
+// The same for ctypes.
+GF_API void *gf_tensor_alloc(size_t size, int device) { return at::empty(size, device); }
 
 // A tensor's storage freed, as its DataPtr's deleter does.
 GF_API void gf_tensor_free(void *ptr) { c10::cuda::CUDACachingAllocator::Native::local_raw_delete(ptr); }

@@ -5,7 +5,7 @@
 //   loop SECONDS RATE  one 64 KiB tensor allocated and freed RATE times a second, paced by a busy
 //                    wait; prints the time the allocator itself took per iteration
 //   oom              weights, a KV cache, then decode steps until an allocation fails (run under
-//                    FAKE_CUDA_BUDGET)
+//                    FAKE_CUDA_BUDGET, or C10_LIMIT: the allocator's own limit, in bytes)
 //   late             5 tensors of 1 MiB before the gate (a profiler attaching with -p), then
 //                    frees them and keeps 2 of 2 MiB
 // With GPUFLAME_TEST_GATE set, waits at the gate (../gate.h) first, or in `late` after its
@@ -32,19 +32,29 @@ void gf_set_limit(unsigned long bytes);
 void gf_call_counts(unsigned long counts[4]);
 }
 
+// As a C++ PyTorch program calls at::empty: tensors are allocated in the functions below, which
+// call it themselves (tensor() and try_tensor() are macros: an inlined function would still be
+// a frame of the stack, from the debug information).
+namespace at {
+void *empty(size_t size, int device);
+}
+
 #define NOINLINE __attribute__((noinline))
 
 static const size_t MiB = 1 << 20;
 
-static void *tensor(size_t size, int device = 0)
+// The storage, or the end of the program at an out-of-memory; called after at::empty returned.
+static void *checked(void *p, size_t size, int device)
 {
-	void *p = gf_tensor_alloc(size, device);
 	if (!p) {
 		fprintf(stderr, "tensor_app: out of memory allocating %zu bytes on device %d\n", size, device);
 		exit(1);
 	}
 	return p;
 }
+
+#define tensor_on(size, device) checked(at::empty((size), (device)), (size), (device))
+#define tensor(size) tensor_on((size), 0)
 
 static void print_stats(const char *suffix, int device)
 {
@@ -119,7 +129,7 @@ NOINLINE void direct_free()
 NOINLINE void on_device_two()
 {
 	for (int i = 0; i < 3; i++)
-		device_two.push_back(tensor(4 * MiB, 2));
+		device_two.push_back(tensor_on(4 * MiB, 2));
 }
 
 static void exact()
@@ -193,15 +203,17 @@ static size_t oom_requested;
 static const char *oom_function;
 static std::vector<void *> kv_cache, prefix_cache;
 
-static void *try_tensor(size_t size, const char *function)
+// The storage, or NULL at an out-of-memory, which is noted; called after at::empty returned.
+static void *noted(void *p, size_t size, const char *function)
 {
-	void *p = gf_tensor_alloc(size, 0);
 	if (!p && !oom_function) {
 		oom_requested = size;
 		oom_function = function;
 	}
 	return p;
 }
+
+#define try_tensor(size, function) noted(at::empty((size), 0), (size), (function))
 
 NOINLINE void allocate_kv_cache()
 {
@@ -242,6 +254,10 @@ NOINLINE int serve()
 
 static void oom()
 {
+	// As torch.cuda.set_per_process_memory_fraction: the allocator refuses on its own.
+	const char *limit = getenv("C10_LIMIT");
+	if (limit && *limit)
+		gf_set_limit(strtoul(limit, NULL, 10));
 	load_weights(16 * MiB);
 	allocate_kv_cache();
 	int steps = serve();
