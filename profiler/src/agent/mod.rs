@@ -138,6 +138,7 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
         profiles: cfg.profiles.clone(),
         cuda_duty: Some(DutyCycle::DEFAULT),
         rank_labels: cfg.rank_labels.clone(),
+        memory_timeline: false,
     })?;
     eprintln!(
         "gpuflame agent: profiling the whole machine ({} processes) at {} Hz, pushing every {} s to {}",

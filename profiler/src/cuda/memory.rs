@@ -64,7 +64,10 @@ pub struct DeviceMemory {
     pub tensors: Hbm,
     /// Processes whose caching allocator was seen handing out tensors.
     allocator_pids: HashSet<u32>,
+    /// Kept only when a timeline is drawn (`record`): its sites grow with every stack that
+    /// held memory, which an agent running for weeks must not keep.
     pub timeline: MemoryTimeline,
+    pub timeline_on: bool,
     /// Segment allocations that failed inside the allocator, which then frees its cache and
     /// tries again: an out-of-memory only if its own report follows.
     pub allocator_retries: u64,
@@ -78,7 +81,7 @@ impl DeviceMemory {
     pub fn segment_allocated(&mut self, t_ns: u64, pid: u32, api: CudaApi, addr: u64, size: u64, site: Rc<Site>) {
         self.next_window();
         if !site.via_allocator && api != CudaApi::CuMemCreate {
-            self.timeline.change(t_ns, &site, size as i64);
+            self.track(t_ns, &site, size as i64);
         }
         self.segments.allocated(pid, api, addr, size, site);
     }
@@ -91,7 +94,7 @@ impl DeviceMemory {
             }
             if let Some((site, size)) = self.segments.freed(pid, addr) {
                 if !site.via_allocator {
-                    self.timeline.change(t_ns, &site, -(size as i64));
+                    self.track(t_ns, &site, -(size as i64));
                 }
             }
             return;
@@ -102,13 +105,25 @@ impl DeviceMemory {
     pub fn tensor_allocated(&mut self, t_ns: u64, pid: u32, api: CudaApi, addr: u64, size: u64, site: Rc<Site>) {
         self.next_window();
         self.allocator_pids.insert(pid);
-        self.timeline.change(t_ns, &site, size as i64);
+        self.track(t_ns, &site, size as i64);
         self.tensors.allocated(pid, api, addr, size, site);
     }
 
     pub fn tensor_freed(&mut self, t_ns: u64, pid: u32, addr: u64) {
         if let Some((site, size)) = self.tensors.freed(pid, addr) {
-            self.timeline.change(t_ns, &site, -(size as i64));
+            self.track(t_ns, &site, -(size as i64));
+        }
+    }
+
+    fn track(&mut self, t_ns: u64, site: &Rc<Site>, delta: i64) {
+        if self.timeline_on {
+            self.timeline.change(t_ns, site, delta);
+        }
+    }
+
+    fn track_quietly(&mut self, t_ns: u64, site: &Rc<Site>, delta: i64) {
+        if self.timeline_on {
+            self.timeline.change_without_point(t_ns, site, delta);
         }
     }
 
@@ -119,12 +134,16 @@ impl DeviceMemory {
     pub fn process_exited(&mut self, t_ns: u64, pid: u32) {
         self.next_window();
         let held = self.by_device(Some(pid));
-        self.timeline.flush();
+        if self.timeline_on {
+            self.timeline.flush();
+        }
         self.exited = merge(std::mem::take(&mut self.exited), held);
         for (site, (bytes, _)) in self.holders(pid, None) {
-            self.timeline.change_without_point(t_ns, &site, -bytes);
+            self.track_quietly(t_ns, &site, -bytes);
         }
-        self.timeline.flush();
+        if self.timeline_on {
+            self.timeline.flush();
+        }
         self.segments.process_exited(pid);
         self.tensors.process_exited(pid);
         self.allocator_pids.remove(&pid);
@@ -213,7 +232,7 @@ mod tests {
 
     #[test]
     fn reserved_allocated_and_cached_per_device() {
-        let mut m = DeviceMemory::default();
+        let mut m = DeviceMemory { timeline_on: true, ..Default::default() };
         m.segment_allocated(1, 1, CudaApi::CudaMalloc, 0x1000, 20 << 20, site(1, true));
         m.tensor_allocated(1, 1, CudaApi::C10Malloc, 0x1000, 4 << 20, site(2, false));
         m.tensor_allocated(2, 1, CudaApi::C10Malloc, 0x2000, 6 << 20, site(3, false));

@@ -158,6 +158,7 @@ fn record(opts: &RecordOptions, format: Format, outputs: &[(ProfileKind, Output)
         profiles: opts.profiles.clone(),
         cuda_duty: (!opts.cuda_exact).then_some(DutyCycle { on: opts.cuda_window, ..DutyCycle::DEFAULT }),
         rank_labels: opts.rank_labels.clone(),
+        memory_timeline: opts.memory_timeline_path().is_some(),
     })?;
     let mut ooms = OomWriter { output: opts.output.clone(), format, detail: opts.detail, count: 0 };
     let mut child = start_command(opts, &mut session)?;

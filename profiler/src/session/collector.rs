@@ -115,6 +115,11 @@ impl Collector {
             .collect()
     }
 
+    /// Keep device memory over time, for [`Collector::memory_timeline`].
+    pub fn keep_memory_timeline(&mut self) {
+        self.sources.iter_mut().for_each(|s| s.keep_memory_timeline());
+    }
+
     /// Device memory over time, per device, drawn up to `end_ns` (boot time).
     pub fn memory_timeline(&mut self, end_ns: u64) -> Vec<crate::output::timeline::DeviceChart> {
         let stacks = &mut self.stacks;

@@ -45,6 +45,8 @@ pub struct SessionConfig {
     pub cuda_duty: Option<DutyCycle>,
     /// The labels read from each process's environment (its rank in a distributed job).
     pub rank_labels: RankLabels,
+    /// Keep device memory over time, to draw it at the end.
+    pub memory_timeline: bool,
 }
 
 pub struct CudaState {
@@ -117,7 +119,10 @@ impl Session {
             sampler.enable_off_cpu()?;
         }
         let trap_cost = cuda.as_ref().map_or(Duration::ZERO, |c| c.hooks.trap_cost());
-        let collector = Collector::new(&config.profiles, frequency_hz, trap_cost);
+        let mut collector = Collector::new(&config.profiles, frequency_hz, trap_cost);
+        if config.memory_timeline {
+            collector.keep_memory_timeline();
+        }
         report_ready(&mut tracker);
         Ok(Session {
             sampler,

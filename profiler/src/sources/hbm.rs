@@ -69,7 +69,9 @@ impl HbmSource {
         let pid = call.sample.pid;
         let usage = self.memory.by_device(Some(pid)).into_iter().find(|d| d.device == call.device);
         let holders = self.memory.holders(pid, Some(call.device));
-        self.memory.timeline.oom(call.sample.timestamp_ns, call.device, call.size);
+        if self.memory.timeline_on {
+            self.memory.timeline.oom(call.sample.timestamp_ns, call.device, call.size);
+        }
         self.ooms.push(OomReport {
             pid,
             comm: call.sample.comm.clone(),
@@ -129,6 +131,10 @@ impl Source for HbmSource {
 
     fn take_ooms(&mut self) -> Vec<OomReport> {
         std::mem::take(&mut self.ooms)
+    }
+
+    fn keep_memory_timeline(&mut self) {
+        self.memory.timeline_on = true;
     }
 
     fn memory_timeline(&mut self, end_ns: u64, stacks: &mut Stacks) -> Vec<DeviceChart> {

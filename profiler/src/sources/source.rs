@@ -78,6 +78,8 @@ pub trait Source {
     fn take_ooms(&mut self) -> Vec<OomReport> {
         Vec::new()
     }
+    /// Keep what the memory timeline needs (`record` draws one; the agent does not).
+    fn keep_memory_timeline(&mut self) {}
     /// Device memory over time, drawn up to `end_ns` (boot time), per device.
     fn memory_timeline(&mut self, _end_ns: u64, _stacks: &mut Stacks) -> Vec<DeviceChart> {
         Vec::new()
