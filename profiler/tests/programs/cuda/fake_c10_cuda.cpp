@@ -42,12 +42,18 @@
 #if defined(__clang__)
 #define GF_OWN_FUNCTION __attribute__((noinline, used))
 #define GF_NOT_SPLIT
+#define GF_PROLOGUE_FIRST
 #else
 #define GF_OWN_FUNCTION __attribute__((noipa, used))
 // The out-of-memory path kept in the function's own body rather than in a .cold part, as it is
 // in the real library: its call to reportOutOfMemoryToProfiler returns into
 // DeviceCachingAllocator::malloc itself.
 #define GF_NOT_SPLIT __attribute__((optimize("no-reorder-blocks-and-partition")))
+// The frees begin with their prologue's push, as in the real library (whose first instruction
+// in each is `push %r12`), not with the test of a null pointer that shrink-wrapping puts first:
+// what a probe at a function's entry costs depends on that instruction (a push is emulated by
+// the kernel; a test is stepped over, tens of times dearer in a VM).
+#define GF_PROLOGUE_FIRST __attribute__((optimize("no-shrink-wrap")))
 #endif
 
 struct CUstream_st;
@@ -334,8 +340,8 @@ public:
 
 	GF_OWN_FUNCTION DataPtr allocate(size_t size);
 	GF_OWN_FUNCTION void malloc(void **devPtr, DeviceIndex device, size_t size, cudaStream_t stream);
-	GF_OWN_FUNCTION void free(void *ptr);
-	GF_OWN_FUNCTION void raw_delete(void *ptr);
+	GF_OWN_FUNCTION GF_PROLOGUE_FIRST void free(void *ptr);
+	GF_OWN_FUNCTION GF_PROLOGUE_FIRST void raw_delete(void *ptr);
 	GF_OWN_FUNCTION void *raw_alloc(size_t nbytes);
 	GF_OWN_FUNCTION void emptyCache(std::pair<unsigned long long, unsigned long long> mempool_id);
 	GF_OWN_FUNCTION Block *get_allocated_block(const void *ptr, bool remove = false);
@@ -413,7 +419,7 @@ void NativeCachingAllocator::raw_delete(void *ptr)
 }
 
 // The deleter of every tensor's DataPtr; internal linkage, as in the real library.
-static GF_OWN_FUNCTION void local_raw_delete(void *ptr)
+static GF_OWN_FUNCTION GF_PROLOGUE_FIRST void local_raw_delete(void *ptr)
 {
 	if (!ptr)
 		return;
