@@ -127,12 +127,17 @@ cuda_apis! {
     C10LocalRawDelete = C10_LOCAL_RAW_DELETE, "_ZN3c104cuda20CUDACachingAllocator6NativeL16local_raw_deleteEPv", TensorFree;
     C10OutOfMemory = C10_OUT_OF_MEMORY, "_ZN3c1027reportOutOfMemoryToProfilerElmmNS_6DeviceE", TensorOom;
     // Not a symbol (no name has a space): the instructions after the calls of C10Malloc.
-    C10MallocReturned = C10_MALLOC_RETURNED, "_ZN3c10 return of NativeCachingAllocator::malloc", TensorAlloc;
+    C10MallocReturned = C10_MALLOC_RETURNED, "_ZN3c104cuda20CUDACachingAllocator (return of malloc)", TensorAlloc;
 }
 
 impl CudaApi {
     pub fn from_symbol(name: &str) -> Option<CudaApi> {
         CudaApi::ALL.iter().copied().find(|a| a.symbol() == name)
+    }
+
+    /// PyTorch's caching allocator's, not CUDA's own.
+    pub fn is_pytorch(self) -> bool {
+        matches!(self.class(), CudaClass::TensorAlloc | CudaClass::TensorFree | CudaClass::TensorOom)
     }
 
     /// What a stack's last frame calls it: the exported name, or for PyTorch's allocator, whose

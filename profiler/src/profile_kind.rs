@@ -226,6 +226,9 @@ impl ProfileKind {
         all
     };
 
+    /// The profiles of device memory: segments and tensors, allocated and in use.
+    pub const MEMORY: [ProfileKind; 4] = [ProfileKind::HbmAlloc, ProfileKind::HbmInUse, ProfileKind::TensorAlloc, ProfileKind::TensorInUse];
+
     pub fn descriptor(self) -> &'static Descriptor {
         // The table is in the enum's order (a test checks it).
         &DESCRIPTORS[self as usize]

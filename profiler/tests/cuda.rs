@@ -42,12 +42,8 @@ impl Fixture {
         cmd.push(&app);
         cmd.extend_from_slice(app_args);
         let out = gpuflame_ok(&cmd, 0);
-        (key_values(&String::from_utf8_lossy(&out.stdout)), String::from_utf8_lossy(&out.stderr).into_owned())
+        (common::cuda::key_values(&String::from_utf8_lossy(&out.stdout)), String::from_utf8_lossy(&out.stderr).into_owned())
     }
-}
-
-fn key_values(text: &str) -> BTreeMap<String, String> {
-    text.lines().filter_map(|l| l.split_once('=')).map(|(k, v)| (k.trim().to_string(), v.trim().to_string())).collect()
 }
 
 /// Total of the stacks whose user frames end with `suffix`.
@@ -193,7 +189,7 @@ fn vllm_like_kv_cache_is_under_the_python_function_that_made_it() {
     let script = script.display().to_string();
     let args = ["record", "--profiles", "hbm-inuse", "-o", &out, "--", "env", &format!("FAKE_CUDA_BUDGET={budget}"), "FAKE_CUDA_SYNC_US=5000", &format!("CUDART={cudart}"), python, &script];
     let run = gpuflame_ok(&args, 0);
-    let kv = key_values(&String::from_utf8_lossy(&run.stdout));
+    let kv = common::cuda::key_values(&String::from_utf8_lossy(&run.stdout));
     let stacks = read_folded(Path::new(&out));
     let ctx = format!("{}\n{}", describe(&stacks), String::from_utf8_lossy(&run.stderr));
     let kv_cache: u64 = kv["kv_cache_bytes"].parse().unwrap();

@@ -47,12 +47,8 @@ impl Fixture {
         cmd.extend_from_slice(program);
         let (status, stderr) = record_gated(&gate, &cmd, 1);
         assert!(status.success(), "{stderr}");
-        (stderr, key_values(&std::fs::read_to_string(&result).unwrap_or_default()))
+        (stderr, common::cuda::key_values(&std::fs::read_to_string(&result).unwrap_or_default()))
     }
-}
-
-fn key_values(text: &str) -> BTreeMap<String, String> {
-    text.lines().filter_map(|l| l.split_once('=')).map(|(k, v)| (k.trim().to_string(), v.trim().to_string())).collect()
 }
 
 fn num(kv: &BTreeMap<String, String>, key: &str) -> u64 {
@@ -212,7 +208,7 @@ fn tensors_allocated_before_attaching_are_counted_not_guessed() {
     gate.open_when_ready(&recording, &[pid]);
     let (status, stderr) = recording.finish();
     assert!(status.success(), "{stderr}");
-    let kv = key_values(&std::fs::read_to_string(&result).unwrap());
+    let kv = common::cuda::key_values(&std::fs::read_to_string(&result).unwrap());
     let inuse = read_folded(Path::new(&out));
     assert_eq!(under(&inuse, "after_attach"), num(&kv, "live_after_attach_bytes"), "{}", describe(&inuse));
     assert_eq!(total(&inuse), 4 * MIB, "nothing is guessed for the tensors from before");

@@ -1,6 +1,6 @@
 /* The CUDA functions the hooks know (NCCL's collectives among them), and the records of gpuflame's CUPTI injection library: the
  * numbering both sides use (the attach cookie). Which class each function is in is a table in
- * cuda_hooks.h that the Rust side checks against its own list. */
+ * cuda_classes.h that the Rust side checks against its own list. */
 #ifndef GPUFLAME_CUDA_API_H
 #define GPUFLAME_CUDA_API_H
 

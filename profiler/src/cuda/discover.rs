@@ -29,6 +29,8 @@ pub struct CudaSearch {
 /// Mangled names start so in PyTorch's caching allocator.
 const ALLOCATOR_PREFIX: &[u8] = b"_ZN3c104cuda20CUDACachingAllocator";
 const NATIVE_MALLOC_PREFIX: &[u8] = b"_ZN3c104cuda20CUDACachingAllocator6Native22NativeCachingAllocator6malloc";
+/// c10::reportOutOfMemoryToProfiler, in libc10.so.
+const OOM_REPORT_PREFIX: &[u8] = b"_ZN3c1027reportOutOfMemoryToProfiler";
 
 /// The hookable CUDA functions a file defines, with the file offsets the uprobes take; empty for
 /// a file without CUDA. `path` is best /proc/PID/map_files/…: the mapped file itself. The file
@@ -66,13 +68,15 @@ fn functions_in(src: impl ReadAt) -> Result<CudaSearch, ElfError> {
             if !could_be_hooked(sym.name) || !sym.is_function() {
                 continue;
             }
-            if sym.name.starts_with(NATIVE_MALLOC_PREFIX) && CudaApi::from_symbol(sym.name_str().unwrap_or("")).is_none() {
-                other_malloc = sym.name_str().map(str::to_string);
-            }
             let Some(name) = sym.name_str() else { continue };
             // Versioned names in .symtab read `name@@VERSION`.
             let name = name.split('@').next().unwrap_or(name);
-            let Some(api) = CudaApi::from_symbol(name) else { continue };
+            let Some(api) = CudaApi::from_symbol(name) else {
+                if sym.name.starts_with(NATIVE_MALLOC_PREFIX) {
+                    other_malloc = Some(name.to_string());
+                }
+                continue;
+            };
             dynamic_cuda |= kind == consts::SHT_DYNSYM;
             if !sym.is_defined() || sym.value == 0 {
                 continue;
@@ -121,10 +125,15 @@ fn allocator_check(found: &[(CudaApi, u64)], other_malloc: Option<String>) -> Op
 }
 
 /// Whether a symbol name may be one of the hooked functions: they all start with "cu" (CUDA's
-/// runtime and driver), "nccl" (NCCL's collectives), "gpuflame_cupti_" (the injection
-/// library) or "_ZN3c10" (PyTorch's allocator), so most of a big table is passed over without comparing it with each.
+/// runtime and driver), "nccl" (NCCL's collectives), "gpuflame_cupti_" (the injection library)
+/// or one of PyTorch's allocator's two prefixes, so most of a big table (libtorch's thousands of
+/// other `c10::` names among them) is passed over without comparing it with each.
 fn could_be_hooked(name: &[u8]) -> bool {
-    name.starts_with(b"cu") || name.starts_with(b"nccl") || name.starts_with(b"gpuflame_cupti_") || name.starts_with(b"_ZN3c10")
+    name.starts_with(b"cu")
+        || name.starts_with(b"nccl")
+        || name.starts_with(b"gpuflame_cupti_")
+        || name.starts_with(ALLOCATOR_PREFIX)
+        || name.starts_with(OOM_REPORT_PREFIX)
 }
 
 #[cfg(test)]

@@ -95,8 +95,8 @@ impl Hbm {
         self.stats.failed_allocations += 1;
     }
 
-    /// A successful free, release, map or unmap.
-    pub fn changed(&mut self, pid: u32, api: CudaApi, addr: u64, size: u64, handle: u64) {
+    /// A successful free, release, map or unmap; the block a free gave back, if it was known.
+    pub fn changed(&mut self, pid: u32, api: CudaApi, addr: u64, size: u64, handle: u64) -> Option<(Rc<Site>, u64)> {
         match (api.class(), api) {
             (CudaClass::Free, CudaApi::CuMemRelease) => match self.physical.get_mut(&(pid, addr)) {
                 Some(p) => {
@@ -108,12 +108,9 @@ impl Hbm {
                 }
                 None => self.stats.unknown_frees += 1,
             },
-            (CudaClass::Free, _) => {
-                if addr == 0 {
-                    return; // cudaFree(NULL) frees nothing
-                }
-                self.freed(pid, addr);
-            }
+            // cudaFree(NULL) frees nothing.
+            (CudaClass::Free, _) if addr == 0 => {}
+            (CudaClass::Free, _) => return self.freed(pid, addr),
             (CudaClass::Map, CudaApi::CuMemMap) => {
                 if let Some(p) = self.physical.get_mut(&(pid, handle)) {
                     p.mappings += 1;
@@ -135,6 +132,7 @@ impl Hbm {
             }
             _ => {}
         }
+        None
     }
 
     /// The process ended: the driver gives its memory back. What it held is kept for the in-use
@@ -185,12 +183,8 @@ impl Hbm {
         out
     }
 
-    /// Whether anything of process `pid` is live.
-    pub fn holds(&self, pid: u32) -> bool {
-        self.blocks.keys().any(|k| k.0 == pid) || self.physical.keys().any(|k| k.0 == pid)
-    }
-
     /// Bytes live now, in one process.
+    #[cfg(test)]
     pub fn bytes_in_use(&self, pid: u32) -> u64 {
         self.in_use_of(Some(pid)).values().map(|t| t.0 as u64).sum()
     }

@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use gpuflame_bpf::{CpuSampler, CudaApi, CudaClass, CudaHooks};
+use gpuflame_bpf::{CpuSampler, CudaApi, CudaHooks};
 
 use super::discover::cuda_functions;
 use crate::process::MapsEntry;
@@ -237,7 +237,7 @@ impl CudaHookManager {
             return;
         }
         self.stats.files_searched += 1;
-        let found = match cuda_functions(&path) {
+        let mut found = match cuda_functions(&path) {
             Ok(found) => found,
             Err(e) => {
                 tracing::debug!(pid, path = %entry.path, error = %e, "cannot search for CUDA");
@@ -245,10 +245,8 @@ impl CudaHookManager {
                 return;
             }
         };
-        let mut found = found;
-        let is_tensor = |api: &CudaApi| matches!(api.class(), CudaClass::TensorAlloc | CudaClass::TensorFree | CudaClass::TensorOom);
         if !self.tensors_wanted {
-            found.functions.retain(|(api, _)| !is_tensor(api));
+            found.functions.retain(|(api, _)| !api.is_pytorch());
             found.allocator_missing = None;
         }
         let is_allocator = found.allocator_missing.is_some() || found.functions.iter().any(|(api, _)| *api == CudaApi::C10Malloc);

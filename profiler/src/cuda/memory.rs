@@ -88,18 +88,9 @@ impl DeviceMemory {
 
     /// A segment freed, released, mapped or unmapped.
     pub fn segment_changed(&mut self, t_ns: u64, pid: u32, api: CudaApi, addr: u64, size: u64, handle: u64) {
-        if api.class() == gpuflame_bpf::CudaClass::Free && api != CudaApi::CuMemRelease {
-            if addr == 0 {
-                return;
-            }
-            if let Some((site, size)) = self.segments.freed(pid, addr) {
-                if !site.via_allocator {
-                    self.track(t_ns, &site, -(size as i64));
-                }
-            }
-            return;
+        if let Some((site, size)) = self.segments.changed(pid, api, addr, size, handle).filter(|(s, _)| !s.via_allocator) {
+            self.track(t_ns, &site, -(size as i64));
         }
-        self.segments.changed(pid, api, addr, size, handle);
     }
 
     pub fn tensor_allocated(&mut self, t_ns: u64, pid: u32, api: CudaApi, addr: u64, size: u64, site: Rc<Site>) {
@@ -121,9 +112,10 @@ impl DeviceMemory {
         }
     }
 
-    fn track_quietly(&mut self, t_ns: u64, site: &Rc<Site>, delta: i64) {
+    /// An allocation failed for lack of memory: marked on the timeline.
+    pub fn out_of_memory(&mut self, t_ns: u64, device: u32, requested: u64) {
         if self.timeline_on {
-            self.timeline.change_without_point(t_ns, site, delta);
+            self.timeline.oom(t_ns, device, requested);
         }
     }
 
@@ -134,14 +126,13 @@ impl DeviceMemory {
     pub fn process_exited(&mut self, t_ns: u64, pid: u32) {
         self.next_window();
         let held = self.by_device(Some(pid));
-        if self.timeline_on {
-            self.timeline.flush();
-        }
         self.exited = merge(std::mem::take(&mut self.exited), held);
-        for (site, (bytes, _)) in self.holders(pid, None) {
-            self.track_quietly(t_ns, &site, -bytes);
-        }
         if self.timeline_on {
+            // The state before the exit, then the memory gone at once: one step down.
+            self.timeline.flush();
+            for (site, (bytes, _)) in self.holders(pid, None) {
+                self.timeline.change_without_point(t_ns, &site, -bytes);
+            }
             self.timeline.flush();
         }
         self.segments.process_exited(pid);

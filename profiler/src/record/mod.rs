@@ -54,14 +54,11 @@ impl RecordOptions {
         match &self.memory_timeline {
             Some(p) if p.as_os_str() == "none" => None,
             Some(p) => Some(p.clone()),
-            None => {
-                let memory = [ProfileKind::HbmAlloc, ProfileKind::HbmInUse, ProfileKind::TensorAlloc, ProfileKind::TensorInUse];
-                self.profiles.iter().any(|k| memory.contains(k)).then(|| {
-                    let stem = self.output.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-                    let stem = stem.split('.').next().filter(|s| !s.is_empty()).unwrap_or("gpuflame").to_string();
-                    self.output.with_file_name(format!("{stem}.memory-timeline.svg"))
-                })
-            }
+            None => self
+                .profiles
+                .iter()
+                .any(|k| ProfileKind::MEMORY.contains(k))
+                .then(|| self.output.with_file_name(format!("{}.memory-timeline.svg", name_parts(&self.output).0))),
         }
     }
 }
@@ -77,12 +74,17 @@ pub fn output_paths(output: &Path, profiles: &[ProfileKind]) -> Vec<(ProfileKind
 
 /// `dir/out.pb.gz` with infix `cpu` → `dir/out.cpu.pb.gz`.
 pub fn with_infix(output: &Path, infix: &str) -> PathBuf {
-    let name = output.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let (stem, ext) = match name.find('.') {
-        Some(i) if i > 0 => (&name[..i], &name[i..]),
-        _ => (name.as_str(), ""),
-    };
+    let (stem, ext) = name_parts(output);
     output.with_file_name(format!("{stem}.{infix}{ext}"))
+}
+
+/// `dir/out.pb.gz` → (`out`, `.pb.gz`).
+fn name_parts(output: &Path) -> (String, String) {
+    let name = output.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    match name.find('.') {
+        Some(i) if i > 0 => (name[..i].to_string(), name[i..].to_string()),
+        _ => (name, String::new()),
+    }
 }
 
 /// Runs a recording; returns the process exit code (the command's, when one was given).

@@ -34,7 +34,7 @@ impl Source for CycledHooks {
             // NCCL's calls are the collectives profiles'.
             Input::CudaCall { call, .. } if call.api.class() == CudaClass::Collective => {}
             // PyTorch's allocator is device memory's.
-            Input::CudaCall { call, .. } if matches!(call.api.class(), CudaClass::TensorAlloc | CudaClass::TensorOom) => {}
+            Input::CudaCall { call, .. } if call.api.is_pytorch() => {}
             Input::CudaCall { call, stack, files } => {
                 self.calls.saw(call);
                 if let Some(l) = self.launches.as_mut().filter(|_| call.api.class() == CudaClass::Launch && call.result == 0) {

@@ -36,11 +36,12 @@ impl HbmSource {
         let (pid, t) = (call.sample.pid, call.sample.timestamp_ns);
         let class = call.api.class();
         let ok = call.result == 0;
-        let site = || {
+        let with_call = || {
             let mut s = stack.clone();
             s.tail.push(TailFrame::Call(call.api.frame_name().to_string()));
-            Rc::new(Site { stack: s, device: call.device, via_allocator: call.in_allocator })
+            s
         };
+        let site = || Rc::new(Site { stack: with_call(), device: call.device, via_allocator: call.in_allocator });
         let m = &mut self.memory;
         match class {
             CudaClass::Alloc if ok && call.addr != 0 => m.segment_allocated(t, pid, call.api, call.addr, call.size, site()),
@@ -50,7 +51,7 @@ impl HbmSource {
                     // PyTorch frees its cache and tries again; its own report says if it failed.
                     m.allocator_retries += 1;
                 } else if call.result == OUT_OF_MEMORY {
-                    self.out_of_memory(call, site(), None);
+                    self.out_of_memory(call, with_call(), None);
                 }
             }
             CudaClass::Free | CudaClass::Map if ok => m.segment_changed(t, pid, call.api, call.addr, call.size, call.handle),
@@ -58,20 +59,18 @@ impl HbmSource {
             CudaClass::TensorAlloc => m.tensors.failed(),
             CudaClass::TensorOom => {
                 m.tensors.failed();
-                self.out_of_memory(call, site(), Some((call.addr, call.handle)));
+                self.out_of_memory(call, with_call(), Some((call.addr, call.handle)));
             }
             _ => {}
         }
     }
 
     /// `allocator_says`: the allocator's own allocated and reserved bytes, from its report.
-    fn out_of_memory(&mut self, call: &CudaCall, failing: Rc<Site>, allocator_says: Option<(u64, u64)>) {
+    fn out_of_memory(&mut self, call: &CudaCall, stack: StackKey, allocator_says: Option<(u64, u64)>) {
         let pid = call.sample.pid;
         let usage = self.memory.by_device(Some(pid)).into_iter().find(|d| d.device == call.device);
         let holders = self.memory.holders(pid, Some(call.device));
-        if self.memory.timeline_on {
-            self.memory.timeline.oom(call.sample.timestamp_ns, call.device, call.size);
-        }
+        self.memory.out_of_memory(call.sample.timestamp_ns, call.device, call.size);
         self.ooms.push(OomReport {
             pid,
             comm: call.sample.comm.clone(),
@@ -81,7 +80,7 @@ impl HbmSource {
             in_use: holders.values().map(|t| t.0 as u64).sum(),
             usage: usage.unwrap_or(DeviceUse { device: call.device, ..Default::default() }),
             allocator_says,
-            stack: failing.stack.clone(),
+            stack,
             holders,
         });
     }
@@ -111,9 +110,8 @@ impl Source for HbmSource {
         self.memory.window_closed();
         let (segment_allocs, segments_in_use) = self.memory.segments.take_window();
         let (tensor_allocs, tensors_in_use) = self.memory.tensors.take_window();
-        let kinds = [ProfileKind::HbmAlloc, ProfileKind::HbmInUse, ProfileKind::TensorAlloc, ProfileKind::TensorInUse];
         let values = [segment_allocs, segments_in_use, tensor_allocs, tensors_in_use];
-        kinds
+        ProfileKind::MEMORY
             .into_iter()
             .zip(values)
             .zip(self.wants)

@@ -39,7 +39,7 @@ pub fn for_profiles(kinds: &[ProfileKind], trap_cost: Duration) -> Vec<Box<dyn S
     // Memory is followed whenever CUDA is hooked: an out-of-memory failure is reported with
     // what was in use, whatever the profiles.
     if kinds.iter().any(|k| k.descriptor().needs.cuda.is_some()) {
-        let memory = [ProfileKind::HbmAlloc, ProfileKind::HbmInUse, ProfileKind::TensorAlloc, ProfileKind::TensorInUse].map(wants);
+        let memory = ProfileKind::MEMORY.map(wants);
         out.push(Box::new(hbm::HbmSource::new(memory)));
     }
     if wants(ProfileKind::GpuLaunches) || wants(ProfileKind::CudaApi) {

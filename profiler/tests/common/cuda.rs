@@ -4,6 +4,11 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// The `key=value` lines a stand-in program printed.
+pub fn key_values(text: &str) -> std::collections::BTreeMap<String, String> {
+    text.lines().filter_map(|l| l.split_once('=')).map(|(k, v)| (k.trim().to_string(), v.trim().to_string())).collect()
+}
+
 /// The folder of the stand-ins' sources.
 pub fn source(file: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/cuda").join(file).display().to_string()

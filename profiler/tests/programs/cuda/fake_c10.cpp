@@ -5,32 +5,9 @@
 // symbol _ZN3c1027reportOutOfMemoryToProfilerElmmNS_6DeviceE, as in the real libc10.so: the
 // caching allocator calls it, through the PLT, just before it throws c10::OutOfMemoryError, with
 // the size it failed to allocate, what it had allocated and reserved, and the device.
-#include <cstdint>
-#include <exception>
-#include <string>
+#include "fake_c10.h"
 
 namespace c10 {
-
-enum class DeviceType : int8_t { CPU = 0, CUDA = 1 };
-using DeviceIndex = int8_t;
-
-// As c10::Device: two bytes, trivially copyable, passed by value in a register.
-struct Device {
-	DeviceType type_;
-	DeviceIndex index_;
-};
-static_assert(sizeof(Device) == 2, "c10::Device is two bytes");
-
-// The real one derives from c10::Error (itself a std::exception); what() is the message.
-class OutOfMemoryError : public std::exception {
-public:
-	explicit OutOfMemoryError(std::string msg);
-	~OutOfMemoryError() override;
-	const char *what() const noexcept override;
-
-private:
-	std::string msg_;
-};
 
 // The destructor is the key function: the vtable and typeinfo are emitted here, exported, and
 // shared by every library that throws or catches the exception.

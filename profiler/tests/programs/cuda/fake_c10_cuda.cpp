@@ -68,30 +68,7 @@ int cudaSetDevice(int device);
 int cudaGetDevice(int *device);
 }
 
-namespace c10 {
-
-enum class DeviceType : int8_t { CPU = 0, CUDA = 1 };
-using DeviceIndex = int8_t;
-
-struct Device {
-	DeviceType type_;
-	DeviceIndex index_;
-};
-
-void reportOutOfMemoryToProfiler(int64_t alloc_size, size_t total_allocated, size_t total_reserved, Device device);
-
-// Defined in libc10.so, whose typeinfo this library throws and catches.
-class OutOfMemoryError : public std::exception {
-public:
-	explicit OutOfMemoryError(std::string msg);
-	~OutOfMemoryError() override;
-	const char *what() const noexcept override;
-
-private:
-	std::string msg_;
-};
-
-} // namespace c10
+#include "fake_c10.h"
 #pragma GCC visibility pop
 
 namespace c10 {
