@@ -10,7 +10,7 @@ use std::time::Duration;
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder, UprobeMultiOpts};
 
-use gpuflame_unwind::{CompactTable, RuleTable};
+use gpuflame_unwind::{CompactTable, LoadSegment, RuleTable};
 
 use crate::calibrate;
 use crate::config::{SamplerConfig, Targets};
@@ -244,11 +244,26 @@ impl CpuSampler {
         self.unwind.remove_table(&self.skel.maps.unwind_tables, id)
     }
 
+    /// Publishes a loaded table by the identity of its file (st_dev, st_ino, st_size), for code
+    /// that no mapping of [`Self::set_process`] covers yet: a program's first milliseconds after
+    /// exec, a library just mapped. Its samples say so ([`crate::Sample::by_file`]).
+    pub fn publish_file_table(&self, dev: u64, ino: u64, size: u64, id: TableId, segments: &[LoadSegment]) -> Result<(), BpfError> {
+        UnwindMaps::publish_file_table(&self.skel.maps.file_tables, dev, ino, size, id, segments)
+    }
+
+    /// Takes back what [`Self::publish_file_table`] published for the file; before its table goes.
+    pub fn unpublish_file_table(&self, dev: u64, ino: u64, size: u64) {
+        UnwindMaps::unpublish_file_table(&self.skel.maps.file_tables, dev, ino, size)
+    }
+
     /// Replaces a process's executable mappings. Returns how many did not fit (beyond 1024).
     /// `forked_from`: they are the parent's, which a forked child runs until it execs or maps
     /// code of its own; its samples say so.
     pub fn set_process(&self, pid: u32, mappings: &[ExecMapping], forked_from: Option<u32>) -> Result<usize, BpfError> {
-        UnwindMaps::set_process(&self.skel.maps.processes, pid, mappings, forked_from)
+        let dropped = UnwindMaps::set_process(&self.skel.maps.processes, pid, mappings, forked_from)?;
+        // The VMAs its samples looked up while it was not described (file_vmas.h) are stale now.
+        let _ = self.skel.maps.file_vmas_of.delete(&pid.to_ne_bytes());
+        Ok(dropped)
     }
 
     pub fn remove_process(&self, pid: u32) {

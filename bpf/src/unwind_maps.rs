@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use gpuflame_pyframes::{FrameEntry, PyOffsets};
 use std::os::fd::{AsFd, AsRawFd};
 
-use gpuflame_unwind::{CfaRule, CompactTable, RbpRule, RuleTable, UnwindRule};
+use gpuflame_unwind::{CfaRule, CompactTable, LoadSegment, RbpRule, RuleTable, UnwindRule};
 use libbpf_rs::{MapCore, MapFlags, MapHandle, MapMut, MapType};
 
 use crate::blocks::BlockAllocator;
@@ -278,6 +278,29 @@ impl UnwindMaps {
         }
         map.update(&pid.to_ne_bytes(), as_bytes(&*info), MapFlags::ANY).map_err(map_err("processes"))?;
         Ok(sorted.len() - kept)
+    }
+
+    fn file_table_key(dev: u64, ino: u64, size: u64) -> types::file_table_key {
+        // The kernel's dev_t: a 12-bit major above a 20-bit minor.
+        let dev = (libc::major(dev) << 20) | (libc::minor(dev) & 0xf_ffff);
+        types::file_table_key { ino, size, dev, _pad: 0 }
+    }
+
+    pub(crate) fn publish_file_table(map: &MapMut<'_>, dev: u64, ino: u64, size: u64, id: TableId, segments: &[LoadSegment]) -> Result<(), BpfError> {
+        let mut value = types::file_table { table_id: id.0, ..Default::default() };
+        let mapped = segments.iter().filter(|s| s.file_size > 0);
+        for (slot, seg) in value.segments.iter_mut().zip(mapped) {
+            // ld.so maps each segment from its page-aligned offset (see gpuflame_unwind::load_bias).
+            *slot = types::file_table_segment { file_offset: seg.file_offset & !4095, delta: seg.vaddr.wrapping_sub(seg.file_offset) };
+            value.segment_count += 1;
+        }
+        let key = Self::file_table_key(dev, ino, size);
+        map.update(as_bytes(&key), as_bytes(&value), MapFlags::ANY).map_err(map_err("file_tables"))
+    }
+
+    pub(crate) fn unpublish_file_table(map: &MapMut<'_>, dev: u64, ino: u64, size: u64) {
+        let key = Self::file_table_key(dev, ino, size);
+        let _ = map.delete(as_bytes(&key));
     }
 
     pub(crate) fn set_python(map: &MapMut<'_>, pid: u32, py: &PythonProcess) -> Result<(), BpfError> {

@@ -35,6 +35,7 @@ fn sample(tid: u32, comm: &str, user: &[u64], unwind: UnwindStatus) -> Sample {
         unwind,
         leaf_file: None,
         forked_from: None,
+        by_file: false,
     }
 }
 

@@ -73,10 +73,21 @@ struct event_stack {
 	__u64 leaf_ino;
 	__u64 leaf_size;
 	__u64 leaf_offset;
+	/* The leaf's VMA: frames unwound in it by its file's table (STACK_BY_FILE) are in the
+	 * same file, at the leaf's offset plus their distance from the leaf. */
+	__u64 leaf_vma_begin;
+	__u64 leaf_vma_end;
 	/* Not 0: the unwinder walked with the mappings the process got from this parent at fork
 	 * (process_info.forked_from), which user space names from what it read of the parent. */
 	__u32 forked_from;
-	__u32 _pad;
+	__u32 flags; /* enum stack_flags */
+};
+
+enum stack_flags {
+	/* Frames in code that no mapping user space read covered were unwound with the table
+	 * published for their file (file_tables): user space names them once it has read the
+	 * process's maps, and keeps only the leaf where it could not. */
+	STACK_BY_FILE = 1,
 };
 
 /* EVENT_CUDA_CALL: the return of an outermost hooked call. */
@@ -224,6 +235,31 @@ struct process_info {
 	 * space could read its maps. */
 	__u32 forked_from;
 	struct exec_mapping mappings[MAX_PROCESS_MAPPINGS]; /* sorted by begin, not overlapping */
+};
+
+/* An unwind table published by the identity of its file: the kernel's device encoding, inode
+ * and size. Code that no mapping user space read covers yet (a program in its first milliseconds
+ * after exec, a library ld.so has just mapped) is unwound with it. A mapping of the file at a
+ * page-aligned file offset of one of its segments has the load bias
+ * vm_start - file_offset - delta. */
+#define FILE_TABLE_SEGMENTS 4
+
+struct file_table_key {
+	__u64 ino;
+	__u64 size;
+	__u32 dev;
+	__u32 _pad;
+};
+
+struct file_table_segment {
+	__u64 file_offset; /* page-aligned */
+	__u64 delta;       /* the segment's p_vaddr - p_offset */
+};
+
+struct file_table {
+	__u32 table_id;
+	__u32 segment_count;
+	struct file_table_segment segments[FILE_TABLE_SEGMENTS];
 };
 
 /* Where table `table_id` lives: its blocks are in pages of BLOCKS_PER_PAGE, anywhere among the

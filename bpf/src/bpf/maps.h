@@ -64,6 +64,14 @@ struct {
 	__type(value, struct table_info);
 } unwind_tables SEC(".maps");
 
+/* Loaded tables by their file's identity (see struct file_table). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_TABLES);
+	__type(key, struct file_table_key);
+	__type(value, struct file_table);
+} file_tables SEC(".maps");
+
 /* All tables' rows, in shards that user space creates and fills as tables arrive, up to the
  * memory budget: kernel memory grows with what is loaded, not with a fixed capacity. */
 struct unwind_shard {

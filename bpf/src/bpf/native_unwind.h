@@ -8,6 +8,7 @@
 #include "unwind_state.h"
 #include "unwind_tables.h"
 #include "no_cfi.h"
+#include "file_vmas.h"
 
 /* Asks user space for the table of the file mapped at `begin`; at most every 200 ms. */
 static __always_inline void ask_table(struct native_unwind_state *st, __u64 begin)
@@ -39,35 +40,13 @@ __noinline __u64 uretprobe_original(__u64 slot, __u64 ra)
 	return ra;
 }
 
-/* Writes the identity of the file under `*ip` into the sampler's event; its context is the
- * address alone, since every byte of stack here adds to the deepest call chain's. */
-static long leaf_file_of_vma(struct task_struct *task, struct vm_area_struct *vma, void *data)
-{
-	__u32 slot = SCRATCH_SAMPLER;
-	struct event_record *e = bpf_map_lookup_elem(&sample_scratch, &slot);
-	struct file *file = BPF_CORE_READ(vma, vm_file);
-	__u64 *ip = data;
-
-	if (!file || !e)
-		return 0;
-	e->stack.leaf_ino = BPF_CORE_READ(file, f_inode, i_ino);
-	e->stack.leaf_size = BPF_CORE_READ(file, f_inode, i_size);
-	e->stack.leaf_dev = BPF_CORE_READ(file, f_inode, i_sb, s_dev);
-	e->stack.leaf_offset = *ip - BPF_CORE_READ(vma, vm_start) + (BPF_CORE_READ(vma, vm_pgoff) << 12);
-	return 0;
-}
-
 /* The file under the leaf of a sample whose process, mapping or table user space has not read
- * yet: a process living a few hundred microseconds is gone before it can, and the leaf is then named
- * from the file identity alone. Only in the sampler: the VMA lookup takes the mmap lock (trylock),
- * which the scheduler's and the uprobes' contexts must not. */
+ * yet: a process living a few hundred microseconds is gone before it can, and the leaf is then
+ * named from the file identity alone. */
 static __always_inline void note_leaf_file(struct native_unwind_state *st)
 {
-	__u64 ip = st->ip;
-
-	if (st->frames != 1 || st->slot != SCRATCH_SAMPLER)
-		return;
-	bpf_find_vma(bpf_get_current_task_btf(), ip, leaf_file_of_vma, &ip, 0);
+	if (st->frames == 1)
+		file_vma_index(st);
 }
 
 /* One step of the walk: one native frame, or one Python frame. A global function, so that the
@@ -77,8 +56,9 @@ __noinline long unwind_one(struct native_unwind_state *st)
 	struct event_record *e;
 	struct process_info *proc;
 	struct exec_mapping *m;
+	struct file_vmas *fv;
 	struct unwind_rule *rule;
-	__u32 slot;
+	__u32 slot, table_id;
 	__u64 pc, cfa, ra;
 	int idx;
 	bool recorded_python;
@@ -108,31 +88,35 @@ __noinline long unwind_one(struct native_unwind_state *st)
 	st->leaf_done = 1;
 
 	proc = bpf_map_lookup_elem(&processes, &st->pid);
-	if (!proc) {
-		ask_refresh(st);
-		note_leaf_file(st);
-		return stop(st, UNWIND_NO_PROCESS);
-	}
-	idx = find_mapping_index(st->pid, st->ip);
+	idx = proc ? find_mapping_index(st->pid, st->ip) : -1;
 	if (idx < 0) {
+		/* Walked on with the table of the VMA's file, if user space published one. */
 		ask_refresh(st);
-		note_leaf_file(st);
-		return stop(st, UNWIND_NO_MAPPING);
+		idx = file_vma_index(st);
+		fv = idx < 0 ? NULL : bpf_map_lookup_elem(&file_vmas_of, &st->pid);
+		if (!fv)
+			return stop(st, proc ? UNWIND_NO_MAPPING : UNWIND_NO_PROCESS);
+		e->stack.flags |= STACK_BY_FILE;
+		table_id = fv->vmas[idx & (FILE_VMAS - 1)].table_id;
+		pc = st->ip - adjust - fv->vmas[idx & (FILE_VMAS - 1)].load_bias;
+	} else {
+		m = &proc->mappings[idx & (MAX_PROCESS_MAPPINGS - 1)];
+		if (m->flags & MAPPING_TABLE_PENDING) {
+			/* No frame-pointer step here: in code built without them it skips callers and
+			 * makes a stack that looks whole; a stop is honest and the table comes within
+			 * ~100 ms. The leaf's file too: a process of a few hundred microseconds, read
+			 * once, is gone before the table and its names come (1 in 7 samples of a storm
+			 * of them stayed unnamed). */
+			ask_table(st, m->begin);
+			note_leaf_file(st);
+			return stop(st, UNWIND_NO_TABLE_YET);
+		}
+		if (!(m->flags & MAPPING_HAS_TABLE))
+			return step_without_cfi(st);
+		table_id = m->table_id;
+		pc = st->ip - adjust - m->load_bias;
 	}
-	m = &proc->mappings[idx & (MAX_PROCESS_MAPPINGS - 1)];
-	if (m->flags & MAPPING_TABLE_PENDING) {
-		/* No frame-pointer step here: in code built without them it skips callers and makes
-		 * a stack that looks whole; a stop is honest and the table comes within ~100 ms. The
-		 * leaf's file too: a process of a few hundred microseconds, read once, is gone before
-		 * the table and its names come (1 in 7 samples of a storm of them stayed unnamed). */
-		ask_table(st, m->begin);
-		note_leaf_file(st);
-		return stop(st, UNWIND_NO_TABLE_YET);
-	}
-	if (!(m->flags & MAPPING_HAS_TABLE))
-		return step_without_cfi(st);
-	pc = st->ip - adjust - m->load_bias;
-	rule = find_rule(m->table_id, pc, st->now);
+	rule = find_rule(table_id, pc, st->now);
 	if (!rule)
 		return step_without_cfi(st);
 
@@ -251,6 +235,7 @@ static __always_inline void unwind_user_stack(struct event_record *e, __u32 slot
 	e->stack.user_frames = 0;
 	e->stack.leaf_ino = 0;
 	e->stack.forked_from = 0;
+	e->stack.flags = 0;
 	if (task->flags & 0x00200000 /* PF_KTHREAD */ || !task->mm) {
 		e->stack.unwind_status = UNWIND_KERNEL_THREAD;
 		return;
@@ -281,6 +266,8 @@ static __always_inline void unwind_user_stack(struct event_record *e, __u32 slot
 	proc = bpf_map_lookup_elem(&processes, &st.pid);
 	if (proc)
 		e->stack.forked_from = proc->forked_from;
+	if (slot == SCRATCH_SAMPLER)
+		new_vma_lookup();
 	/* Python frames take steps of their own: room for a full stack of both. */
 	bpf_loop(2 * MAX_USER_FRAMES + 1, unwind_step, &st, 0);
 	/* The Python frames are readable without the native stack: a gap in it keeps them. */

@@ -5,6 +5,7 @@
 
 #include "maps.h"
 #include "targets.h"
+#include "file_vmas.h"
 
 /* tgid -> its executable memory (mm->exec_vm) when last seen, to notice new code mapped. */
 struct {
@@ -100,6 +101,7 @@ int BPF_PROG(on_process_exec, struct task_struct *task, pid_t old_pid, struct li
 	 * say the process is not known. */
 	bpf_map_delete_elem(&processes, &tgid);
 	bpf_map_delete_elem(&python_processes, &tgid);
+	bpf_map_delete_elem(&file_vmas_of, &tgid);
 	if (is_target(tgid)) {
 		send_process_event(tgid, PROCESS_EXEC);
 		/* A new program: every library it maps from now on is news. */
@@ -156,6 +158,7 @@ int BPF_PROG(on_process_exit, struct task_struct *task)
 	bpf_map_delete_elem(&processes, &tgid);
 	bpf_map_delete_elem(&python_processes, &tgid);
 	bpf_map_delete_elem(&mmap_budgets, &tgid);
+	bpf_map_delete_elem(&file_vmas_of, &tgid);
 	/* A recycled pid must not inherit its predecessor's membership. */
 	if (target_mode == TARGET_PIDS && follow_forks)
 		bpf_map_delete_elem(&targets, &tgid);

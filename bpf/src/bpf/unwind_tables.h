@@ -104,22 +104,30 @@ __noinline int find_row_rule(__u32 block, __u32 rel)
 	return blk->rule[(lo - 1) & (ROWS_PER_BLOCK - 1)];
 }
 
-/* The rule for a file address, or NULL when no row covers it. Marks the table used. */
-static __always_inline struct unwind_rule *find_rule(__u32 table_id, __u64 elf_pc, __u64 now)
+/* The index among unwind_rules of the rule for `elf_pc` in table `table_id`, or -1. Global, so
+ * that its lookups' keys and state take no room in the unwinder's frame, the deepest chain's. */
+__noinline int find_rule_index(__u32 table_id, __u64 elf_pc, __u64 now)
 {
 	struct table_info *t = bpf_map_lookup_elem(&unwind_tables, &table_id);
-	int block, rule;
-	__u32 key;
+	int block;
 
 	if (!t || t->block_count == 0 || elf_pc < t->base || elf_pc - t->base > 0xfffffffeULL)
-		return NULL;
+		return -1;
 	/* Once a second at most: a store to a shared cache line on every frame would cost more. */
 	if (now - t->last_used > 1000000000ULL)
 		t->last_used = now;
 	block = find_block(table_id, elf_pc - t->base);
 	if (block < 0)
-		return NULL;
-	rule = find_row_rule(block, elf_pc - t->base);
+		return -1;
+	return find_row_rule(block, elf_pc - t->base);
+}
+
+/* The rule for a file address, or NULL when no row covers it. Marks the table used. */
+static __always_inline struct unwind_rule *find_rule(__u32 table_id, __u64 elf_pc, __u64 now)
+{
+	int rule = find_rule_index(table_id, elf_pc, now);
+	__u32 key;
+
 	if (rule < 0)
 		return NULL;
 	key = rule;

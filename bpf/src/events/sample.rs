@@ -155,6 +155,10 @@ pub struct Sample {
     /// what was read of that parent, not from the process's own maps, which may be a new
     /// program's by now.
     pub forked_from: Option<u32>,
+    /// Frames in code that no mapping read from /proc covered were unwound with the table of
+    /// their file, found by its identity (the first milliseconds of a program, a library just
+    /// mapped): they can be named only once the process's maps are read.
+    pub by_file: bool,
 }
 
 /// A file by identity, and an offset in it.
@@ -165,13 +169,22 @@ pub struct LeafFile {
     pub ino: u64,
     pub size: u64,
     pub offset: u64,
+    /// The leaf's mapping, [begin, end): every address in it is in this file, at `offset` plus
+    /// its distance from the leaf. (0, 0) when not taken.
+    pub vma: (u64, u64),
 }
 
 impl LeafFile {
     /// From the kernel's `dev_t` (12-bit major above a 20-bit minor) to user space's encoding.
-    fn from_kernel(dev: u32, ino: u64, size: u64, offset: u64) -> Self {
+    fn from_kernel(dev: u32, ino: u64, size: u64, offset: u64, vma: (u64, u64)) -> Self {
         let (major, minor) = (dev >> 20, dev & 0xf_ffff);
-        LeafFile { dev: libc::makedev(major, minor), ino, size, offset }
+        LeafFile { dev: libc::makedev(major, minor), ino, size, offset, vma }
+    }
+
+    /// The offset in the file of `addr`, an address in the leaf's mapping, when the leaf was at
+    /// `leaf`.
+    pub fn offset_of(&self, leaf: u64, addr: u64) -> Option<u64> {
+        (self.vma.0 <= addr && addr < self.vma.1).then(|| self.offset.wrapping_add(addr.wrapping_sub(leaf)))
     }
 }
 
@@ -180,7 +193,7 @@ impl LeafFile {
 pub(super) fn sample_of(r: &Record, slots: &[u64], kernel_stack: StackRead) -> Sample {
     // Every field named: a field added to the C structs and not read here does not compile.
     let types::event_header { kind: _, pid, tid, cpu, timestamp_ns, comm: _ } = r.header;
-    let types::event_stack { kernel_stack_bytes: _, user_frames, unwind_status, leaf_dev, leaf_ino, leaf_size, leaf_offset, forked_from, _pad: _ } =
+    let types::event_stack { kernel_stack_bytes: _, user_frames, unwind_status, leaf_dev, leaf_ino, leaf_size, leaf_offset, leaf_vma_begin, leaf_vma_end, forked_from, flags } =
         r.stack;
     let users = (user_frames as usize).min(slots.len()).min(USER_SLOTS);
     Sample {
@@ -192,8 +205,9 @@ pub(super) fn sample_of(r: &Record, slots: &[u64], kernel_stack: StackRead) -> S
         kernel_stack,
         user_stack: split_user_frames(&slots[..users]),
         unwind: UnwindStatus::from_raw(unwind_status),
-        leaf_file: (leaf_ino != 0).then(|| LeafFile::from_kernel(leaf_dev, leaf_ino, leaf_size, leaf_offset)),
+        leaf_file: (leaf_ino != 0).then(|| LeafFile::from_kernel(leaf_dev, leaf_ino, leaf_size, leaf_offset, (leaf_vma_begin, leaf_vma_end))),
         forked_from: (forked_from != 0).then_some(forked_from),
+        by_file: flags & types::stack_flags::STACK_BY_FILE.0 != 0,
     }
 }
 
@@ -238,19 +252,24 @@ mod tests {
             leaf_ino: 77,
             leaf_size: 4096,
             leaf_offset: 0x1234,
+            leaf_vma_begin: 0x800,
+            leaf_vma_end: 0x3000,
             forked_from: 9,
-            _pad: 0,
+            flags: types::stack_flags::STACK_BY_FILE.0,
         };
         let mut slots = vec![0u64; 512 + 127];
         slots[..2].copy_from_slice(&[0x1000, 0x2000]);
         let data = record(header(types::event_kind::EVENT_CPU_SAMPLE, 42, 43, "foo"), stack, &[0u8; 0], &slots);
         let Some(s) = decoded(&data, decode_cpu_sample) else { panic!("not a sample") };
-        assert_eq!(s.leaf_file, Some(LeafFile { dev: libc::makedev(8, 1), ino: 77, size: 4096, offset: 0x1234 }));
+        let leaf = LeafFile { dev: libc::makedev(8, 1), ino: 77, size: 4096, offset: 0x1234, vma: (0x800, 0x3000) };
+        assert_eq!(s.leaf_file, Some(leaf));
+        assert_eq!((leaf.offset_of(0x1000, 0x2000), leaf.offset_of(0x1000, 0x3000)), (Some(0x2234), None));
         assert_eq!((s.pid, s.tid, s.comm.as_str(), s.timestamp_ns), (42, 43, "foo", 1234));
         assert_eq!(s.kernel_stack, StackRead::Frames(vec![]));
         assert_eq!(s.user_stack, vec![UserFrame::Native(0x1000), UserFrame::Native(0x2000)]);
         assert_eq!(s.unwind, UnwindStatus::Truncated);
         assert_eq!(s.forked_from, Some(9));
+        assert!(s.by_file);
         assert!(decoded(&data[..10], decode_cpu_sample).is_none());
         assert!(decoded(&data[..200], decode_cpu_sample).is_none(), "a CPU sample is never cut short");
     }

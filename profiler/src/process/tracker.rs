@@ -24,6 +24,8 @@ use super::procfs::open_mapped_file;
 
 mod executables;
 mod fork;
+mod preload;
+mod published;
 mod python;
 mod ready;
 mod room;
@@ -67,6 +69,11 @@ pub struct ProcessTracker {
     /// Files already probed, by what stat says of them (size and modification time too: an inode
     /// is reused once its file is deleted, and a new library must not get an old table).
     keys_by_inode: HashMap<FileId, ExecutableKey>,
+    /// Inodes found for files whose tables were loaded already, to publish (`published`).
+    new_inodes: Vec<FileId>,
+    /// Files whose tables were built for a process before it ran (`preload`), kept while it
+    /// lives whether it maps them yet or not.
+    pinned: HashMap<u32, Vec<ExecutableKey>>,
     processes: HashMap<u32, Vec<ExecutableKey>>,
     /// Each process's file mappings as last read, for symbolization after it exits; exited
     /// processes stay a while, since their last samples may still be in flight.
@@ -105,6 +112,8 @@ impl ProcessTracker {
             builder: TableBuilder::start(),
             executables: HashMap::new(),
             keys_by_inode: HashMap::new(),
+            new_inodes: Vec::new(),
+            pinned: HashMap::new(),
             processes: HashMap::new(),
             files: HashMap::new(),
             pythons: HashMap::new(),
@@ -188,6 +197,7 @@ impl ProcessTracker {
                 }
             }
         }
+        self.publish_new_inodes(sampler);
         self.files.insert(pid, files);
         // Its own mappings from now on, not its parent's copy.
         self.forked.remove(&pid);
@@ -262,26 +272,31 @@ impl ProcessTracker {
         if let Some(keys) = self.processes.remove(&pid) {
             self.release_unused(sampler, pid, &keys);
         }
+        if let Some(keys) = self.pinned.remove(&pid) {
+            self.release_unused(sampler, pid, &keys);
+        }
     }
 
     fn release_unused(&mut self, sampler: &mut CpuSampler, pid: u32, keys: &[ExecutableKey]) {
-        let still: HashSet<&ExecutableKey> = self.processes.get(&pid).map(|k| k.iter().collect()).unwrap_or_default();
+        let still: HashSet<&ExecutableKey> = self.processes.get(&pid).into_iter().chain(self.pinned.get(&pid)).flatten().collect();
         for key in keys {
             if still.contains(key) {
                 continue;
             }
             let Some(exe) = self.executables.get_mut(key) else { continue };
             exe.users.remove(&pid);
-            if exe.users.is_empty() {
-                if let TableState::Loaded(id) = exe.state {
-                    if let Err(e) = sampler.remove_table(id) {
-                        tracing::warn!(error = %e, "cannot evict an unwind table");
-                    }
-                    self.stats.tables_evicted += 1;
-                }
-                self.executables.remove(key);
-                self.keys_by_inode.retain(|_, k| k != key);
+            if !exe.users.is_empty() {
+                continue;
             }
+            if let TableState::Loaded(id) = exe.state {
+                self.unpublish(sampler, key);
+                if let Err(e) = sampler.remove_table(id) {
+                    tracing::warn!(error = %e, "cannot evict an unwind table");
+                }
+                self.stats.tables_evicted += 1;
+            }
+            self.executables.remove(key);
+            self.keys_by_inode.retain(|_, k| k != key);
         }
     }
 

@@ -1,5 +1,6 @@
 //! `gpuflame record`: one window of a session, written to files.
 
+mod command_files;
 mod report;
 
 use std::io::BufWriter;
@@ -20,6 +21,10 @@ use crate::status::StatusLine;
 use crate::target::{self, GatedChild};
 use crate::workload::rank::RankLabels;
 use crate::{preflight, UserError};
+
+/// How long a command waits for the tables of its files before it runs regardless (their builds
+/// go on, and its first samples wait for them).
+const PRELOAD_WAIT: Duration = Duration::from_secs(10);
 
 /// Default sampling frequency of `record`: 99 Hz, off the 100 Hz of timers so as not to sample in
 /// lockstep with periodic work. (The agent will default to 19 Hz.)
@@ -264,6 +269,12 @@ fn start_command(opts: &RecordOptions, session: &mut Session) -> anyhow::Result<
     }
     let gated = GatedChild::spawn(&opts.command, &env)?;
     session.sampler.add_target(gated.pid())?;
+    // The tables of what the command maps first, in before it runs: its stacks are whole from
+    // its first sample, not from the first read of its maps.
+    let started = Instant::now();
+    let files = command_files::command_files(&opts.command, &env);
+    let ready = session.tracker.preload(&mut session.sampler, gated.pid(), &files, PRELOAD_WAIT);
+    tracing::debug!(files = files.len(), ready, ms = started.elapsed().as_millis() as u64, "the command's tables built before it runs");
     Ok(Some(gated.release()?))
 }
 

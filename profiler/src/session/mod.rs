@@ -404,6 +404,7 @@ mod tests {
             unwind: UnwindStatus::EndOfStack,
             leaf_file: None,
             forked_from: None,
+            by_file: false,
         })
     }
 

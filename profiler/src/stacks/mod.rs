@@ -231,12 +231,24 @@ impl Stacks {
         let mut user = Vec::with_capacity(sample.user_stack.len());
         // A process gone before its maps were read: its leaf is placed by the file under it.
         let leaf_in_file = sample.leaf_file.and_then(|f| self.symbolizer.in_file(f.dev, f.ino, f.size, f.offset));
+        let leaf_addr = match sample.user_stack.first() {
+            Some(UserFrame::Native(a)) => Some(*a),
+            _ => None,
+        };
         for frame in &sample.user_stack {
             match *frame {
                 UserFrame::Native(a) => {
                     let placed = normalized.next().unwrap_or(UserAddr::Unmapped { addr: a });
                     let placed = match (placed, leaf_in_file) {
                         (UserAddr::Unmapped { .. }, Some(in_file)) if user.is_empty() => in_file,
+                        // Unwound in the leaf's mapping with its file's table, in a process gone
+                        // before its maps were read: placed from the leaf.
+                        (UserAddr::Unmapped { .. }, Some(_)) if sample.by_file => sample
+                            .leaf_file
+                            .zip(leaf_addr)
+                            .and_then(|(f, leaf)| f.offset_of(leaf, a).map(|o| (f, o.saturating_sub(1))))
+                            .and_then(|(f, o)| self.symbolizer.in_file(f.dev, f.ino, f.size, o))
+                            .unwrap_or(placed),
                         _ => placed,
                     };
                     user.push(UserKey::Native(placed));
@@ -255,12 +267,20 @@ impl Stacks {
                 }
             }
         }
+        let mut unwind = sample.unwind;
+        // Unwound with its files' tables before its maps were read, and gone before they could
+        // be: the frames cannot be named, only the leaf by its file, as if unwinding had stopped
+        // there.
+        if sample.by_file && user.iter().any(|f| matches!(f, UserKey::Native(UserAddr::Unmapped { .. }))) {
+            user.truncate(1);
+            unwind = UnwindStatus::NoMapping;
+        }
         StackKey {
             pid: sample.pid,
             tid: sample.tid,
             comm: sample.comm.clone(),
             kernel: call_sites(sample.kernel_stack.frames()),
-            root: root_marker(sample.unwind, &user),
+            root: root_marker(unwind, &user),
             user,
             tail: Vec::new(),
             leaf: None,
@@ -367,6 +387,7 @@ mod tests {
             unwind: UnwindStatus::EndOfStack,
             leaf_file: None,
             forked_from: None,
+            by_file: false,
         }
     }
 

@@ -61,6 +61,8 @@ impl ProcessTracker {
         let key = probe.key.clone();
         self.keys_by_inode.insert(inode_key, key.clone());
         if let Some(exe) = self.executables.get_mut(&key) {
+            // The same file at another inode (another container's copy): its table is there.
+            self.new_inodes.push(inode_key);
             if !exe.paths.contains(&path) {
                 exe.paths.insert(0, path);
                 exe.paths.truncate(PATHS_PER_FILE);
@@ -90,7 +92,7 @@ impl ProcessTracker {
     }
 
     /// The vDSO exists only in memory: its table is built from the process's copy, once.
-    fn vdso(&mut self, pid: u32, entry: &MapsEntry) -> Option<ExecutableKey> {
+    pub(super) fn vdso(&mut self, pid: u32, entry: &MapsEntry) -> Option<ExecutableKey> {
         let data = read_process_memory(pid, entry.start, entry.end - entry.start)?;
         // The vDSO is the same image in every process of this kernel.
         let key = ExecutableKey::File { dev: 0, ino: 0, size: data.len() as u64, mtime_ns: 0 };

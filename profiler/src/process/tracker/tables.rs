@@ -146,6 +146,10 @@ impl ProcessTracker {
         };
         let Some(exe) = self.executables.get_mut(&built.key) else { return };
         exe.state = state;
+        if matches!(state, TableState::Loaded(_)) {
+            self.publish(sampler, &built.key);
+        }
+        let Some(exe) = self.executables.get(&built.key) else { return };
         let users: Vec<u32> = exe.users.iter().copied().collect();
         for pid in users {
             self.push_process(sampler, pid);
