@@ -40,6 +40,7 @@ fn a_forked_child_unwinds_with_its_parents_copy_until_it_execs() {
         targets: Targets::Processes { pids: vec![me], follow_forks: true },
         unwind_memory: 16 << 20,
         off_cpu: OffCpuSampling::default(),
+        ring: RingUse::Any,
     };
     let mut sampler = CpuSampler::start(&config).unwrap_or_else(|e| panic!("{e}"));
     // An entry without mappings: a copy of it makes the child's walks stop at an unknown

@@ -101,6 +101,7 @@ fn every_record_kind_goes_through_the_loaded_programs_and_decodes() {
         targets: Targets::Processes { pids: vec![me], follow_forks: false },
         unwind_memory: 16 << 20,
         off_cpu: OffCpuSampling::default(),
+        ring: RingUse::Any,
     };
     // A test that cannot run fails, saying why: a skip would pass for a result.
     // SAFETY: geteuid has no preconditions.

@@ -13,7 +13,7 @@ use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuild
 use gpuflame_unwind::{CompactTable, LoadSegment, RuleTable};
 
 use crate::calibrate;
-use crate::config::{SamplerConfig, Targets};
+use crate::config::{RingUse, SamplerConfig, Targets};
 use crate::counters::{self, Counters};
 use crate::cuda::CudaApi;
 use crate::error::{attach_error, BpfError};
@@ -79,6 +79,12 @@ impl CpuSampler {
         rodata.offcpu_cpu_refill_ns = 1_000_000_000 / sampling.cpu_rate.max(1);
         let rows = config.unwind_memory / SamplerConfig::BYTES_PER_ROW;
         let blocks = u32::try_from(rows.div_ceil(16).max(1)).unwrap_or(u32::MAX);
+        let ring = match config.ring {
+            RingUse::CpuSamplesOnly => SamplerConfig::samples_ring_bytes(config.frequency_hz, perf::online_cpus().map_or(1, |c| c.len() as u64)),
+            RingUse::Any => SamplerConfig::MAX_RING_BYTES,
+        };
+        rodata.samples_wakeup_bytes = u64::from(ring / 4);
+        open.maps.samples.set_max_entries(ring).map_err(BpfError::load)?;
         let skel = open.load().map_err(BpfError::load)?;
 
         let mut sampler_links = Vec::new();

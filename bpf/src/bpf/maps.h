@@ -10,9 +10,12 @@
 #define MAX_TABLES 16384
 #define MAX_RULES 65536
 
+/* The most the samples ring holds; user space sizes it to what the session's events need
+ * (SamplerConfig::samples_ring_bytes) before the programs load. */
 #define SAMPLES_RINGBUF_BYTES (16 * 1024 * 1024)
-/* Wake the reader once a quarter of the buffer is in use. */
-#define SAMPLES_WAKEUP_BYTES (SAMPLES_RINGBUF_BYTES / 4)
+/* Wake the reader once a quarter of the buffer is in use: set with the ring's size. */
+const volatile __u64 samples_wakeup_bytes = SAMPLES_RINGBUF_BYTES / 4;
+#define SAMPLES_WAKEUP_BYTES samples_wakeup_bytes
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);

@@ -6,7 +6,7 @@
 mod cuda;
 mod offcpu;
 mod process;
-mod record;
+pub(crate) mod record;
 mod sample;
 
 pub use cuda::{CudaCall, GpuKernel, GpuKernelBatch, GpuKernelName, KernelName};

@@ -12,7 +12,7 @@ pub(super) const PAYLOAD_AT: usize = offset_of!(types::event_record, payload);
 /// Where the fixed part ends, and the stack (or a name, or kernel records) begins.
 pub(super) const FIXED_BYTES: usize = offset_of!(types::event_record, user_stack);
 pub(super) const KERNEL_STACK_AT: usize = offset_of!(types::event_record, kernel_stack);
-pub(super) const RECORD_BYTES: usize = size_of::<types::event_record>();
+pub(crate) const RECORD_BYTES: usize = size_of::<types::event_record>();
 /// 8-byte slots after the fixed part of a whole record: the user stack's, then the kernel's.
 pub(super) const SLOTS: usize = (RECORD_BYTES - FIXED_BYTES) / size_of::<u64>();
 pub(super) const USER_SLOTS: usize = (KERNEL_STACK_AT - FIXED_BYTES) / size_of::<u64>();

@@ -326,8 +326,17 @@ fn build_loop(shared: &(Mutex<Queue>, Condvar), results: &Sender<Built>, rules: 
         let before = rules.len();
         let table = table.and_then(|t| CompactTable::new(&t, &mut rules).map_err(|e| e.to_string()));
         let built = Built { key: job.key, table, rules: (rules.len() != before).then(|| rules.clone()), elapsed: started.elapsed() };
+        drop(rules);
+        let big = job.cfi_bytes > SMALL_CFI_BYTES;
         if results.send(built).is_err() {
             return;
+        }
+        // A big file's rows (libtorch_cpu.so: 180 MiB while its table is made) are freed now, but
+        // malloc keeps the pages of this thread's arena: give them back, or the agent keeps
+        // its largest build's memory for good.
+        if big {
+            // SAFETY: malloc_trim has no preconditions.
+            unsafe { libc::malloc_trim(0) };
         }
     }
 }

@@ -8,7 +8,7 @@ mod window;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use gpuflame_bpf::{BpfError, CpuSampler, CudaApi, Event, OffCpuSampling, ProcessEventKind, Sample, SamplerConfig, Targets};
+use gpuflame_bpf::{BpfError, CpuSampler, CudaApi, Event, OffCpuSampling, ProcessEventKind, RingUse, Sample, SamplerConfig, Targets};
 
 pub use collector::Collector;
 pub use window::{Flow, Oom, Window, WindowStats};
@@ -77,8 +77,16 @@ impl Session {
         let frequency_hz = config.frequency_hz;
         // Descendants followed: a command started with the recording (record -- CMD).
         let command = matches!(config.targets, Targets::Processes { follow_forks: true, .. });
-        let sampler_config =
-            SamplerConfig { frequency_hz, targets: config.targets, unwind_memory: config.unwind_memory, off_cpu: OffCpuSampling::default() };
+        let needs = needs_of(&config.profiles);
+        // CPU samples alone come at a rate known now; switches and CUDA calls at any.
+        let ring = if needs.switches || needs.cuda.is_some() { RingUse::Any } else { RingUse::CpuSamplesOnly };
+        let sampler_config = SamplerConfig {
+            frequency_hz,
+            targets: config.targets,
+            unwind_memory: config.unwind_memory,
+            off_cpu: OffCpuSampling::default(),
+            ring,
+        };
         let mut sampler = CpuSampler::start(&sampler_config).map_err(user_facing)?;
         let mut tracker = ProcessTracker::new();
         tracker.demand_tables_at_low_priority(command);
@@ -90,7 +98,6 @@ impl Session {
         // Small files' tables come in tens of ms: waiting a little for them makes the first
         // samples complete; big ones load when samples ask, while sampling runs.
         tracker.wait_for_tables(&mut sampler, PRELOAD_WAIT);
-        let needs = needs_of(&config.profiles);
         let mut cuda = needs.cuda.map(|hooks| CudaState {
             hooks: CudaHookManager::new(hooks == CudaHooks::DutyCycled, config.cuda_duty)
                 .with_tensors(config.profiles.iter().any(|k| matches!(k, ProfileKind::TensorAlloc | ProfileKind::TensorInUse))),
