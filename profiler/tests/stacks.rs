@@ -335,8 +335,8 @@ fn deep_python_recursion_in_one_eval_call_keeps_its_frames() {
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
-/// No gate, a Python whose interpreter is in libpython: its tables (python, ld.so, libpython,
-/// libc, the vDSO) are in before it runs, and its first samples are walked with them before its
+/// No gate, a Python whose interpreter is in libpython: the tables of the files it links
+/// (python, ld.so, libpython, libc, the vDSO) are in before it runs, and its first samples are walked with them before its
 /// maps are read. Before, ~2% of a second of samples waited for a table (`clock_gettime` in the
 /// vDSO, libpython); now a few cross into a mapping no sample looked up yet (1 to 4 of ~1000
 /// beside two CPU hogs).
@@ -353,7 +353,11 @@ fn a_python_started_by_record_is_whole_from_its_first_sample() {
     let stacks: Vec<Stack> = read_folded(&out).into_iter().filter(|s| s.comm().starts_with("python")).collect();
     let all = total(&stacks);
     let incomplete: Vec<Stack> = stacks.iter().filter(|s| s.user().iter().any(|f| f.starts_with("[native:"))).cloned().collect();
-    let waited: u64 = incomplete.iter().filter(|s| s.user().contains(&"[native: unwind table not loaded yet]")).map(|s| s.count).sum();
+    // An extension module that an import opens at run time (site's imports of binascii, say) is
+    // not among the files the command links: a sample in it may wait for its table, as the
+    // README says. A CI run had one such sample of ~1000.
+    let in_extension = |s: &Stack| s.user().iter().any(|f| f.starts_with("ExtensionFileLoader."));
+    let waited: u64 = incomplete.iter().filter(|s| s.user().contains(&"[native: unwind table not loaded yet]") && !in_extension(s)).map(|s| s.count).sum();
     eprintln!("first samples: {} of {all} incomplete, {waited} waited for a table", total(&incomplete));
     assert!(all >= 500, "expected ~1000 samples, got {all}:\n{}", describe(&stacks));
     assert_eq!(waited, 0, "samples waited for a table built only once the command ran:\n{}", describe(&incomplete));

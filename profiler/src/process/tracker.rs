@@ -7,7 +7,7 @@
 //! and loaded (`tables`), making room for them (`room`), Python (`python`) and when a process is
 //! whole (`ready`) are each a file of their own, all of them one `ProcessTracker`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -24,6 +24,7 @@ use super::procfs::open_mapped_file;
 
 mod executables;
 mod fork;
+mod idle;
 mod preload;
 mod published;
 mod python;
@@ -74,6 +75,10 @@ pub struct ProcessTracker {
     /// Files whose tables were built for a process before it ran (`preload`), kept while it
     /// lives whether it maps them yet or not.
     pinned: HashMap<u32, Vec<ExecutableKey>>,
+    /// Loaded tables of files that no process maps any more, kept a while for the next process
+    /// that does (`idle`): when they became idle, oldest first.
+    idle: VecDeque<(Instant, ExecutableKey)>,
+    keep_idle: bool,
     processes: HashMap<u32, Vec<ExecutableKey>>,
     /// Each process's file mappings as last read, for symbolization after it exits; exited
     /// processes stay a while, since their last samples may still be in flight.
@@ -114,6 +119,8 @@ impl ProcessTracker {
             keys_by_inode: HashMap::new(),
             new_inodes: Vec::new(),
             pinned: HashMap::new(),
+            idle: VecDeque::new(),
+            keep_idle: false,
             processes: HashMap::new(),
             files: HashMap::new(),
             pythons: HashMap::new(),
@@ -278,7 +285,7 @@ impl ProcessTracker {
     }
 
     fn release_unused(&mut self, sampler: &mut CpuSampler, pid: u32, keys: &[ExecutableKey]) {
-        let still: HashSet<&ExecutableKey> = self.processes.get(&pid).into_iter().chain(self.pinned.get(&pid)).flatten().collect();
+        let still: HashSet<ExecutableKey> = self.processes.get(&pid).into_iter().chain(self.pinned.get(&pid)).flatten().cloned().collect();
         for key in keys {
             if still.contains(key) {
                 continue;
@@ -288,16 +295,27 @@ impl ProcessTracker {
             if !exe.users.is_empty() {
                 continue;
             }
-            if let TableState::Loaded(id) = exe.state {
-                self.unpublish(sampler, key);
-                if let Err(e) = sampler.remove_table(id) {
-                    tracing::warn!(error = %e, "cannot evict an unwind table");
-                }
-                self.stats.tables_evicted += 1;
+            if self.keep_idle && matches!(exe.state, TableState::Loaded(_)) {
+                self.idle.push_back((Instant::now(), key.clone()));
+                self.expire_idle(sampler);
+                continue;
             }
-            self.executables.remove(key);
-            self.keys_by_inode.retain(|_, k| k != key);
+            self.drop_table(sampler, key);
         }
+    }
+
+    /// Forgets a file that no process maps, and takes its table out of BPF.
+    fn drop_table(&mut self, sampler: &mut CpuSampler, key: &ExecutableKey) {
+        let Some(state) = self.executables.get(key).map(|e| e.state) else { return };
+        if let TableState::Loaded(id) = state {
+            self.unpublish(sampler, key);
+            if let Err(e) = sampler.remove_table(id) {
+                tracing::warn!(error = %e, "cannot evict an unwind table");
+            }
+            self.stats.tables_evicted += 1;
+        }
+        self.executables.remove(key);
+        self.keys_by_inode.retain(|_, k| k != key);
     }
 
     /// Loads every process that runs now (whole-machine recordings).

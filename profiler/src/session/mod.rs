@@ -90,6 +90,9 @@ impl Session {
         let mut sampler = CpuSampler::start(&sampler_config).map_err(user_facing)?;
         let mut tracker = ProcessTracker::new();
         tracker.demand_tables_at_low_priority(command);
+        // On a whole machine a file's next process is often a moment away (a shell loop's
+        // commands): its tables stay a while after its last process exits.
+        tracker.keep_idle_tables(preload.is_none());
         let started = Instant::now();
         match preload {
             None => tracker.refresh_all(&mut sampler),

@@ -81,6 +81,7 @@ impl ProcessTracker {
         for built in self.builder.finished() {
             self.loaded(sampler, built);
         }
+        self.expire_idle(sampler);
     }
 
     /// Whether tables are being built.
