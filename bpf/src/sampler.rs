@@ -193,6 +193,9 @@ impl CpuSampler {
     /// Waits up to `timeout` for events and returns those that arrived. Samples do not wake the
     /// reader until their buffer is a quarter full, so this always drains after waiting.
     pub fn poll(&mut self, timeout: Duration) -> Result<Vec<Event>, BpfError> {
+        // epoll takes whole milliseconds: a wait under one, cut to zero, returned at once, and
+        // the event loop spun until its deadline (700 wakeups a second in an idle agent).
+        let timeout = Duration::from_millis(u64::try_from(timeout.as_micros().div_ceil(1000)).unwrap_or(u64::MAX));
         match self.ring.poll(timeout) {
             Ok(()) => {}
             // A signal (Ctrl-C) interrupts the wait; that is not an error.
