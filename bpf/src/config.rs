@@ -53,7 +53,8 @@ impl SamplerConfig {
     pub fn samples_ring_bytes(frequency_hz: u64, cpus: u64) -> u32 {
         let per_second = frequency_hz.saturating_mul(cpus).saturating_mul(crate::events::record::RECORD_BYTES as u64);
         let wanted = per_second.saturating_mul(4).clamp(u64::from(Self::MIN_RING_BYTES), u64::from(Self::MAX_RING_BYTES));
-        u32::try_from(wanted.next_power_of_two()).unwrap_or(Self::MAX_RING_BYTES).min(Self::MAX_RING_BYTES)
+        // A power of two (the kernel's rule for a ring) no larger than the largest, itself one.
+        u32::try_from(wanted.next_power_of_two()).unwrap_or(Self::MAX_RING_BYTES)
     }
 }
 

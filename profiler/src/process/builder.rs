@@ -180,7 +180,7 @@ impl Lane {
         // busy programs takes hundreds of ms just to be scheduled.
         if let Some(tid) = q.tid {
             if normal {
-                set_nice_of(tid, DEMANDED_NICE);
+                set_nice_of(tid, demanded_nice(&job));
             } else if q.building.as_ref() == Some(&job.key) {
                 q.urgent_since.get_or_insert_with(Instant::now);
             }
@@ -276,6 +276,16 @@ const LOW_NICE: i32 = 19;
 /// table took 2.9 s at niceness 0, and every worker's stack stopped at it meanwhile. A table is
 /// built once for every process that maps it.
 const DEMANDED_NICE: i32 = -5;
+
+/// The niceness of a job asked for ahead of the others: [`DEMANDED_NICE`] when a sample waits for
+/// it, normal for the targets' tables at a session's (or a command's) start.
+fn demanded_nice(job: &BuildJob) -> i32 {
+    if job.startup {
+        0
+    } else {
+        DEMANDED_NICE
+    }
+}
 /// Tables samples ask for with at most this much CFI are built at normal priority even for a
 /// command started with the recording.
 const SMALL_CFI_BYTES: u64 = 1 << 20;
@@ -317,7 +327,7 @@ fn build_loop(shared: &(Mutex<Queue>, Condvar), results: &Sender<Built>, rules: 
             }
         };
         // Set for every job: the event loop may have raised the last one.
-        set_nice_of(tid, if low { LOW_NICE } else if job.urgent && !job.startup { DEMANDED_NICE } else { 0 });
+        set_nice_of(tid, if low { LOW_NICE } else if job.urgent { demanded_nice(&job) } else { 0 });
         let started = Instant::now();
         let table = parse(&job);
         // Compacted and sent under the rules' lock: each result carries the rules its table
@@ -326,17 +336,8 @@ fn build_loop(shared: &(Mutex<Queue>, Condvar), results: &Sender<Built>, rules: 
         let before = rules.len();
         let table = table.and_then(|t| CompactTable::new(&t, &mut rules).map_err(|e| e.to_string()));
         let built = Built { key: job.key, table, rules: (rules.len() != before).then(|| rules.clone()), elapsed: started.elapsed() };
-        drop(rules);
-        let big = job.cfi_bytes > SMALL_CFI_BYTES;
         if results.send(built).is_err() {
             return;
-        }
-        // A big file's rows (libtorch_cpu.so: 180 MiB while its table is made) are freed now, but
-        // malloc keeps the pages of this thread's arena: give them back, or the agent keeps
-        // its largest build's memory for good.
-        if big {
-            // SAFETY: malloc_trim has no preconditions.
-            unsafe { libc::malloc_trim(0) };
         }
     }
 }

@@ -306,16 +306,21 @@ impl ProcessTracker {
 
     /// Forgets a file that no process maps, and takes its table out of BPF.
     fn drop_table(&mut self, sampler: &mut CpuSampler, key: &ExecutableKey) {
-        let Some(state) = self.executables.get(key).map(|e| e.state) else { return };
-        if let TableState::Loaded(id) = state {
-            self.unpublish(sampler, key);
-            if let Err(e) = sampler.remove_table(id) {
-                tracing::warn!(error = %e, "cannot evict an unwind table");
-            }
+        if self.unload(sampler, key) {
             self.stats.tables_evicted += 1;
         }
         self.executables.remove(key);
         self.keys_by_inode.retain(|_, k| k != key);
+    }
+
+    /// Takes the file's table out of BPF, published copy first, if it is loaded.
+    fn unload(&mut self, sampler: &mut CpuSampler, key: &ExecutableKey) -> bool {
+        let Some(TableState::Loaded(id)) = self.executables.get(key).map(|e| e.state) else { return false };
+        self.unpublish(sampler, key);
+        if let Err(e) = sampler.remove_table(id) {
+            tracing::warn!(error = %e, "cannot evict an unwind table");
+        }
+        true
     }
 
     /// Loads every process that runs now (whole-machine recordings).

@@ -35,10 +35,16 @@ impl ProcessTracker {
         if vdso {
             return self.vdso(pid, entry).map(|key| (key, None));
         }
+        self.file_at(path, &entry.path).map(|(key, inode)| (key, Some(inode)))
+    }
+
+    /// The executable file at `path` (`name` in messages): known, or probed now and queued for its
+    /// table; with what stat said of it.
+    pub(super) fn file_at(&mut self, path: PathBuf, name: &str) -> Option<(ExecutableKey, FileId)> {
         let inode_key = match std::fs::metadata(&path) {
             Ok(m) => FileId::from(&m),
             Err(e) => {
-                tracing::debug!(path = %entry.path, error = %e, "cannot stat the mapped file");
+                tracing::debug!(path = %name, error = %e, "cannot stat the mapped file");
                 return None;
             }
         };
@@ -48,13 +54,13 @@ impl ProcessTracker {
                     exe.paths.insert(0, path);
                     exe.paths.truncate(PATHS_PER_FILE);
                 }
-                return Some((key, Some(inode_key)));
+                return Some((key, inode_key));
             }
         }
         let probe = match ElfProbe::of_file(&path) {
             Ok(p) => p,
             Err(e) => {
-                tracing::debug!(path = %entry.path, error = %e, "cannot read the mapped file");
+                tracing::debug!(path = %name, error = %e, "cannot read the mapped file");
                 return None;
             }
         };
@@ -67,7 +73,7 @@ impl ProcessTracker {
                 exe.paths.insert(0, path);
                 exe.paths.truncate(PATHS_PER_FILE);
             }
-            return Some((key, Some(inode_key)));
+            return Some((key, inode_key));
         }
         let state = if probe.cfi_bytes == 0 {
             self.stats.files_without_cfi += 1;
@@ -84,11 +90,11 @@ impl ProcessTracker {
             cfi_bytes: probe.cfi_bytes,
             users: HashSet::new(),
             paths: vec![path],
-            name: entry.path.clone(),
+            name: name.to_string(),
             retry_after: None,
         };
         self.executables.insert(key.clone(), exe);
-        Some((key, Some(inode_key)))
+        Some((key, inode_key))
     }
 
     /// The vDSO exists only in memory: its table is built from the process's copy, once.

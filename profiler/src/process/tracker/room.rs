@@ -107,13 +107,7 @@ impl ProcessTracker {
     }
 
     fn evict_for_room(&mut self, sampler: &mut CpuSampler, key: &ExecutableKey) {
-        let Some(state) = self.executables.get(key).map(|e| e.state) else { return };
-        if let TableState::Loaded(id) = state {
-            self.unpublish(sampler, key);
-            if let Err(e) = sampler.remove_table(id) {
-                tracing::warn!(error = %e, "cannot evict an unwind table");
-            }
-        }
+        self.unload(sampler, key);
         let Some(exe) = self.executables.get_mut(key) else { return };
         exe.state = TableState::Unbuilt;
         tracing::debug!(file = %exe.name, "unwind table evicted for room");

@@ -34,7 +34,7 @@ impl ProcessTracker {
             return;
         }
         match exe.state {
-            TableState::Unbuilt | TableState::Queued { urgent: false } => self.build_now(key),
+            TableState::Unbuilt | TableState::Queued { urgent: false } => self.build_now(key, false),
             TableState::Queued { urgent: true } => {}
             // BPF's copy of the process is older than the table: tell it again.
             TableState::Loaded { .. } | TableState::NoTable => self.push_process(sampler, pid),
@@ -56,17 +56,22 @@ impl ProcessTracker {
         let keys = self.processes.get(&pid).cloned().unwrap_or_default();
         for key in keys {
             if self.executables.get(&key).is_some_and(|exe| exe.state == (TableState::Queued { urgent: false })) {
-                self.build_now(key);
+                self.build_now(key, false);
             }
         }
     }
 
-    /// Queues the file's table ahead of the background builds, at normal priority.
-    fn build_now(&mut self, key: ExecutableKey) {
+    /// Queues the file's table ahead of the background builds, at normal priority. `startup`: a
+    /// command waits for it to start (`preload`), not a sample.
+    pub(super) fn build_now(&mut self, key: ExecutableKey, startup: bool) {
         let Some(exe) = self.executables.get_mut(&key) else { return };
         exe.state = TableState::Queued { urgent: true };
-        tracing::debug!(file = %exe.name, cfi_bytes = exe.cfi_bytes, "unwind table asked for by a sample");
-        self.builder.urgent(BuildJob { key, paths: exe.paths.clone(), cfi_bytes: exe.cfi_bytes, image: None, urgent: true, startup: false });
+        if startup {
+            tracing::debug!(file = %exe.name, cfi_bytes = exe.cfi_bytes, "unwind table asked for by a command before it runs");
+        } else {
+            tracing::debug!(file = %exe.name, cfi_bytes = exe.cfi_bytes, "unwind table asked for by a sample");
+        }
+        self.builder.urgent(BuildJob { key, paths: exe.paths.clone(), cfi_bytes: exe.cfi_bytes, image: None, urgent: true, startup });
     }
 
     /// Whether no table of the process's files waits to be built. Files big enough to be built
