@@ -152,11 +152,11 @@ impl PythonSymbolizer {
 
     /// Whether the object at `addr` is a code object: its type's tp_name is "code".
     fn is_code(&mut self, pid: u32, addr: u64) -> Option<bool> {
-        let ty = Self::read_ptr(&self.read(pid, addr + OB_TYPE, 8)?, 0)?;
+        let ty = Self::read_ptr(&self.read(pid, addr.checked_add(OB_TYPE)?, 8)?, 0)?;
         if self.code_types.get(&pid) == Some(&ty) {
             return Some(true);
         }
-        let name = Self::read_ptr(&self.read(pid, ty + TP_NAME, 8)?, 0)?;
+        let name = Self::read_ptr(&self.read(pid, ty.checked_add(TP_NAME)?, 8)?, 0)?;
         let is_code = self.read(pid, name, 5)? == b"code\0";
         if is_code {
             self.code_types.insert(pid, ty);
@@ -173,7 +173,7 @@ impl PythonSymbolizer {
         let bytes = self.read(pid, code, size)?;
         let name_ptr = Self::read_ptr(&bytes, o.code_qualname.unwrap_or(o.code_name))?;
         // Freed and reused for another code object since the sample: not the code sampled.
-        let header = self.read(pid, name_ptr + 16, 16)?;
+        let header = self.read(pid, name_ptr.checked_add(16)?, 16)?;
         let length_xor_hash = Self::read_ptr(&header, 0)? ^ Self::read_ptr(&header, 8)?;
         if (name.of)(length_xor_hash) != name.tag {
             return None;
@@ -193,5 +193,21 @@ impl PythonSymbolizer {
             Vec::new()
         };
         Some(Code { function: Arc::from(function), file: Arc::from(file), line_table })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A code pointer whose memory is no longer a code object may hold anything as its type: a
+    /// type pointer at the top of the address space wrapped around and panicked in a debug build
+    /// (a CI run's `record` of four Python ranks).
+    #[test]
+    fn a_type_pointer_near_the_top_of_memory_is_no_code_object() {
+        let object: [u64; 2] = [1, u64::MAX - 8];
+        let mut python = PythonSymbolizer::new();
+        assert_eq!(python.is_code(std::process::id(), object.as_ptr() as u64), None);
+        assert_eq!(python.is_code(std::process::id(), u64::MAX - 4), None);
     }
 }
