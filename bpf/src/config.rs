@@ -71,21 +71,40 @@ mod tests {
     }
 }
 
-/// Which switch-outs of target threads are unwound; the others' time is still counted.
+/// Which switch-outs of target threads are drawn for unwinding; each drawn wait's time counts
+/// divided by the chance it was drawn with, so the others' is estimated, not lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OffCpuSampling {
-    /// A thread has `thread_burst` unwinds, and gets one back each `thread_interval`: a thread
-    /// that switches out less often than that has every wait unwound.
-    pub thread_interval: Duration,
-    pub thread_burst: u64,
-    /// Unwinds per second and CPU at most, over all threads.
+    /// A wait asks for a chance of its expected length (its thread's recent waits) over this,
+    /// at most 1: about one stack per period of waiting, as CPU time is sampled. Under 2^32 ns.
+    pub period: Duration,
+    /// Unwinds per second a CPU aims at: every 250 ms it scales the chances by what its waits
+    /// of the last 250 ms asked for (up, to every wait drawn, where they asked little).
+    pub cpu_target: u64,
+    /// Unwinds per second and CPU at most, whatever the scale (bursts within 250 ms).
     pub cpu_rate: u64,
     /// Unwinds a CPU may do at once after an idle spell.
     pub cpu_burst: u64,
 }
 
+impl OffCpuSampling {
+    /// The length of the epochs over which a CPU sets its scale (offcpu.h).
+    pub const EPOCH: Duration = Duration::from_millis(250);
+    /// The longest period: the BPF side shifts lengths under it by 32 bits.
+    pub const MAX_PERIOD: Duration = Duration::from_nanos(u32::MAX as u64);
+
+    /// Sampled as CPU time is at `frequency_hz`: a period of 1 / frequency_hz.
+    pub fn at(frequency_hz: u64) -> Self {
+        OffCpuSampling { period: Duration::from_nanos(1_000_000_000 / frequency_hz.max(1)), ..Self::default() }
+    }
+
+    pub(crate) fn period_ns(&self) -> u64 {
+        self.period.min(Self::MAX_PERIOD).as_nanos().max(1) as u64
+    }
+}
+
 impl Default for OffCpuSampling {
     fn default() -> Self {
-        OffCpuSampling { thread_interval: Duration::from_millis(10), thread_burst: 16, cpu_rate: 2000, cpu_burst: 64 }
+        OffCpuSampling { period: Duration::from_nanos(1_000_000_000 / 99), cpu_target: 200, cpu_rate: 2000, cpu_burst: 64 }
     }
 }

@@ -133,12 +133,14 @@ counters! {
     /// The off-CPU programs' counters.
     off_cpu: OffCpuCounters {
         switches = COUNTER_OFFCPU_SWITCHES, "Switch-outs of target threads.";
+        drawn = COUNTER_OFFCPU_DRAWN, "Switch-outs drawn for unwinding (each with its chance, which weighs its time).";
         unwound = COUNTER_OFFCPU_UNWOUND, "Switch-outs unwound and sent with their stack.";
-        over_budget = COUNTER_OFFCPU_BUDGET, "Switch-outs not unwound because their CPU's unwind budget was spent.";
+        over_budget = COUNTER_OFFCPU_BUDGET, "Switch-outs drawn but not unwound because their CPU's unwind budget was spent.";
         lost = COUNTER_OFFCPU_LOST, "Off-CPU records dropped because the ring buffer was full.";
         threads_full = COUNTER_OFFCPU_FULL, "Threads not followed: their off-CPU state could not be made (no memory).";
         followed = COUNTER_OFFCPU_FOLLOWED, "Target threads given off-CPU state.";
         released = COUNTER_OFFCPU_RELEASED, "Threads whose off-CPU state was released at their exit.";
+        waited_ns = COUNTER_OFFCPU_WAITED_NS, "Nanoseconds target threads spent off the CPU, every wait measured (what the off-CPU profile estimates).";
     }
 }
 

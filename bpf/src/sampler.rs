@@ -13,7 +13,7 @@ use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuild
 use gpuflame_unwind::{CompactTable, LoadSegment, RuleTable};
 
 use crate::calibrate;
-use crate::config::{RingUse, SamplerConfig, Targets};
+use crate::config::{OffCpuSampling, RingUse, SamplerConfig, Targets};
 use crate::counters::{self, Counters};
 use crate::cuda::CudaApi;
 use crate::error::{attach_error, BpfError};
@@ -73,9 +73,9 @@ impl CpuSampler {
         rodata.target_mode = mode;
         rodata.follow_forks = u8::from(follow);
         let sampling = config.off_cpu;
-        rodata.offcpu_interval_ns = sampling.thread_interval.as_nanos().min(u128::from(u64::MAX)) as u64;
         rodata.offcpu_cpu_burst = sampling.cpu_burst.max(1);
-        rodata.offcpu_thread_burst = sampling.thread_burst.max(1);
+        rodata.offcpu_period_ns = sampling.period_ns();
+        rodata.offcpu_epoch_unwinds = (sampling.cpu_target.saturating_mul(OffCpuSampling::EPOCH.as_millis() as u64) / 1000).clamp(1, 1 << 15);
         rodata.offcpu_cpu_refill_ns = 1_000_000_000 / sampling.cpu_rate.max(1);
         let rows = config.unwind_memory / SamplerConfig::BYTES_PER_ROW;
         let blocks = u32::try_from(rows.div_ceil(16).max(1)).unwrap_or(u32::MAX);

@@ -71,9 +71,12 @@ pub(crate) fn events() -> Vec<Event> {
     out.push(Event::Sample(sample(PID, "trainer", &[0x40_8888], UnwindStatus::NoRow)));
 
     out.push(Event::OffCpu(OffCpuStack { sample: sample(TID, "loader", &[0x50_0200, 0x50_0100], UnwindStatus::EndOfStack), wait: 1, state: OffCpuState::Sleeping }));
-    let end = |tid, comm: &str, wait, duration_ns, not_unwound_ns| Event::OffCpuEnd(OffCpuEnd { pid: PID, tid, comm: comm.into(), wait, duration_ns, not_unwound_ns });
-    out.push(end(TID, "loader", 1, 30_000_000, 10_000_000));
-    out.push(end(PID, "trainer", 0, 0, 7_000_000));
+    let end = |tid, comm: &str, wait, duration_ns, chance| Event::OffCpuEnd(OffCpuEnd { pid: PID, tid, comm: comm.into(), wait, duration_ns, chance });
+    out.push(end(TID, "loader", 1, 30_000_000, 1 << 32));
+    // Drawn with a chance of 1/4 and not unwound: 4 x 1.75 ms, a thread without unwound waits.
+    out.push(end(PID, "trainer", 0, 1_750_000, 1 << 30));
+    // Drawn with a chance of 1/2 and not unwound: 2 x 5 ms spread over the loader's unwound wait.
+    out.push(end(TID, "loader", 0, 5_000_000, 1 << 31));
 
     let alloc_site = [0x40_4040, 0x40_2020, 0x40_3030];
     out.push(call(CudaApi::CudaMalloc, &alloc_site, 1 << 20, 0x7000_0000, 0, 2_000));

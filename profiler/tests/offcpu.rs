@@ -117,6 +117,42 @@ fn python_threads_wait_under_their_python_chains_with_the_kernel_frames_of_the_w
 }
 
 #[test]
+fn many_short_waits_are_estimated_from_the_few_drawn_and_the_profile_says_so() {
+    require_bpf();
+    let python = "/usr/bin/python3.11";
+    assert!(Path::new(python).exists(), "Debian's python3.11 is needed (scripts/setup.sh installs python3)");
+    let dir = tempfile::tempdir().unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/short_waits.py");
+    // 4000 sleeps of 0.5 ms: ~2-3 s away, a wait every ~0.6 ms, far more than are unwound.
+    let out = dir.path().join("out.pb.gz").display().to_string();
+    let (status, stderr) = common::record_gated(
+        &Gate::new(dir.path(), "gate"),
+        &["-v", "record", "--profiles", "off-cpu", "-o", &out, "--", python, &script.display().to_string(), "4000", "0.0005"],
+        1,
+    );
+    assert!(status.success(), "{status:?}\n{stderr}");
+    let profile = gpuflame::output::pprof::read(&std::fs::read(&out).unwrap()).unwrap();
+    let ctx = format!("stderr:\n{stderr}");
+    let slept = said(&stderr, "slept_ns");
+    let line = stderr.lines().find(|l| l.contains("off-CPU") && l.contains("drawn=")).unwrap_or_else(|| panic!("no off-CPU report\n{ctx}"));
+    let count = |name: &str| -> u64 { line.split(&format!("{name}=")).nth(1).and_then(|r| r.split_whitespace().next()).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no {name} in {line:?}")) };
+    // Most waits were not unwound...
+    assert!(count("unwound") * 2 < count("switches"), "{line}");
+    // ...and yet the time under the sleeping function is the time the program was away: an
+    // estimate from a few hundred draws, within a quarter (its spread is under a tenth).
+    let estimated: i64 = profile
+        .samples
+        .iter()
+        .filter(|s| s.stack.iter().any(|&l| profile.locations[l].lines.iter().any(|f| f.function.starts_with("nap_briefly"))))
+        .map(|s| s.value())
+        .sum();
+    let ratio = estimated as f64 / slept;
+    assert!((0.75..=1.25).contains(&ratio), "{estimated} ns estimated under nap_briefly, the program was away {slept} ns\n{ctx}");
+    // The profile says it is an estimate, and how it was drawn.
+    assert!(profile.comments.iter().any(|c| c.contains("sampled") && c.contains("chance")), "{:?}", profile.comments);
+}
+
+#[test]
 fn a_cuda_sync_blocked_on_a_futex_shows_under_the_python_line_that_called_it() {
     require_bpf();
     let python = "/usr/bin/python3.11";

@@ -43,9 +43,9 @@ enum event_kind {
 	EVENT_CUPTI_KERNELS = 3,/* kernel activity records: cupti_kernels; the records (struct
 				 * cupti_kernel), in a record of their own size (cuda_hooks.h) */
 	EVENT_CUPTI_NAME = 4,   /* the injection library named a kernel name id: cupti_name; the name */
-	EVENT_OFFCPU_STACK = 5, /* a target thread switched out: offcpu_stack; its user frames, then
+	EVENT_OFFCPU_STACK = 5, /* a target thread switched out, drawn: offcpu_stack; its user frames, then
 				 * stack.kernel_stack_bytes of kernel frames right after them */
-	EVENT_OFFCPU_END = 6,   /* a wait ended: offcpu_end; nothing after the fixed part */
+	EVENT_OFFCPU_END = 6,   /* a drawn wait ended: offcpu_end; nothing after the fixed part */
 	EVENT_CUPTI_LAUNCH = 7, /* the injection library saw a launch: cupti_launch; its user stack */
 	EVENT_CUPTI_STATUS = 8, /* the injection library's state: cupti_status; nothing after */
 };
@@ -140,18 +140,18 @@ struct cupti_status_payload {
 	__u64 ready_word;  /* the address of the word it waits on */
 };
 
-/* EVENT_OFFCPU_STACK: where a target thread left the CPU. */
+/* EVENT_OFFCPU_STACK: where a target thread left the CPU, in a wait drawn for unwinding. */
 struct offcpu_stack_payload {
 	__u64 wait;  /* its number within the thread, which the wait's offcpu_end carries */
 	__u32 state; /* the thread's state at the switch (prev_state) */
 	__u32 _pad;
 };
 
-/* EVENT_OFFCPU_END: a wait ended. */
+/* EVENT_OFFCPU_END: a wait drawn for unwinding ended. */
 struct offcpu_end_payload {
-	__u64 wait;           /* the offcpu_stack it belongs to; 0: the wait was not unwound */
-	__u64 off_ns;         /* its time off the CPU */
-	__u64 not_unwound_ns; /* off time of the thread's waits not unwound since its last record */
+	__u64 wait;   /* the offcpu_stack it belongs to; 0: drawn but not unwound (budget spent) */
+	__u64 off_ns; /* its time off the CPU */
+	__u64 chance; /* the chance it was drawn with, of 1 << 32: it stands for off_ns << 32 / chance */
 };
 
 union event_payload {

@@ -146,12 +146,17 @@ struct {
 	__type(value, __u64);
 } table_requested SEC(".maps");
 
-static __always_inline void count(enum counter c)
+static __always_inline void count_add(enum counter c, __u64 n)
 {
 	__u32 key = c;
 	__u64 *v = bpf_map_lookup_elem(&counters, &key);
 	if (v)
-		*v += 1;
+		*v += n;
+}
+
+static __always_inline void count(enum counter c)
+{
+	count_add(c, 1);
 }
 
 /* Whether the event went out (false: the ring was full, and it is counted lost). */

@@ -1,15 +1,24 @@
 /* Off-CPU time: how long target threads spend switched out, and the stack at which they left the
  * CPU. At a switch-out the thread is still current, so its user memory and registers are readable
  * and the CPU sampler's unwinder (native + Python) works unchanged; at the switch-in of the same
- * thread the time off is known. Unwinding every switch-out would cost too much at 100k+ switches
- * a second, so a switch-out is unwound only while its thread has unwinds left (a burst, then one
- * back per offcpu_interval_ns) and its CPU too (a budget per second); the others only add their
- * time to the thread's "not unwound" total, which user space spreads over that thread's unwound
- * waits. A thread that waits long is not switching often: its burst is full when it blocks.
- * Preemptions take only from the CPU's budget: a thread busy on a crowded CPU is preempted every
- * few ms, and when they spent its own unwinds its next sleep went unwound and its time was spread
- * over the preemptions (a 300 ms sleep chain got 1.4 s of 1.8 beside a CPU hog). The scheduler,
- * not the thread, decides how often it is preempted; the CPU's budget bounds that cost. */
+ * thread the time off is known. (The length is known only after the stack is gone: a hook that
+ * runs in the woken thread, finish_task_switch by fentry or kprobe, is not available everywhere.)
+ *
+ * Unwinding costs tens of microseconds, a switch well under one, so each switch-out is drawn for
+ * unwinding with a chance, and a drawn wait's time counts divided by its chance (1 << 32 / chance
+ * times): an unbiased estimate of every stack's off-CPU time, at a bounded cost, as long as each
+ * chance is set before the draw from what came before. The chance is
+ *   - the wait's expected length over the sampling period (the CPU sampler's, 1 / frequency), at
+ *     most 1: the thread's recent waits predict it, an average kept apart for preemptions (the
+ *     scheduler's doing) and for its own waits, starting at a period. A thread that waits long, as
+ *     a training loop waiting for its GPU does, is unwound at every wait; a thread switching every
+ *     few microseconds at one wait in thousands. Time is sampled as the CPU sampler samples it:
+ *     about one stack per period of waiting;
+ *   - times the CPU's scale, set every 250 ms from what the last 250 ms asked for, so that the
+ *     CPU draws about offcpu_epoch_unwinds waits per epoch: up to 64 on a CPU whose target
+ *     threads wait little (every wait of 1/64 period or more is then drawn), down to 1/65536.
+ * A CPU's drawn waits are also held to a budget per second, for the bursts within an epoch; a wait
+ * drawn past it is sent without a stack, and its time goes to its thread's unwound waits. */
 #ifndef GPUFLAME_OFFCPU_H
 #define GPUFLAME_OFFCPU_H
 
@@ -23,19 +32,26 @@
 #define PF_EXITING_FLAG 0x00000004
 #define PF_KTHREAD_FLAG 0x00200000
 
-/* Set before load (SamplerConfig): the per-thread unwind interval and the per-CPU budget. */
-const volatile __u64 offcpu_interval_ns = 10000000;
-const volatile __u64 offcpu_thread_burst = 16;
+#define CHANCE_ONE (1ULL << 32)
+#define SCALE_ONE (1ULL << 16)
+#define SCALE_MAX (64 * SCALE_ONE)
+#define OFFCPU_EPOCH_NS 250000000ULL
+
+/* Set before load (SamplerConfig). */
+const volatile __u64 offcpu_period_ns = 10101010;   /* under 2^32 */
+const volatile __u64 offcpu_epoch_unwinds = 50;     /* 200 a second */
 const volatile __u64 offcpu_cpu_burst = 64;
 const volatile __u64 offcpu_cpu_refill_ns = 500000; /* one unwind back every 0.5 ms: 2000/s */
 
 struct offcpu_thread {
-	__u64 off_since;     /* when it switched out; 0 while it runs */
-	__u64 refilled;      /* when its unwinds were last given back */
-	__u64 tokens;        /* unwinds it has left */
-	__u64 seq;           /* the stack record of the current wait, or 0 when it was not unwound */
+	__u64 off_since;   /* when it switched out; 0 while it runs */
+	__u64 avg_wait_ns; /* its recent waits' length (a moving average) */
+	__u64 avg_preempted_ns;
+	__u64 chance;      /* the chance the current wait was drawn with; 0 when it was not drawn */
+	__u64 seq;         /* the stack record of the current wait, or 0 when it was not unwound */
 	__u64 next_seq;
-	__u64 unsent_ns;     /* off time of waits not unwound, not yet sent */
+	__u32 preempted;   /* the current wait is a preemption */
+	__u32 _pad;
 };
 
 /* Per-thread state in the task itself: a pointer away from the task_struct the tracepoint hands
@@ -49,26 +65,25 @@ struct {
 	__type(value, struct offcpu_thread);
 } offcpu_threads SEC(".maps");
 
-struct offcpu_budget {
-	__u64 since_ns;
+struct offcpu_cpu {
+	__u64 since_ns;    /* the budget: tokens given back since */
 	__u64 tokens;
+	__u64 epoch_start;
+	__u64 demand;      /* the chances asked for by this epoch's waits, before scaling */
+	__u64 scale;       /* this epoch's factor on chances, of SCALE_ONE */
 };
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, struct offcpu_budget);
-} offcpu_budgets SEC(".maps");
+	__type(value, struct offcpu_cpu);
+} offcpu_cpus SEC(".maps");
 
-static __always_inline bool take_unwind_token(__u64 now)
+static __always_inline bool take_unwind_token(struct offcpu_cpu *b, __u64 now)
 {
-	__u32 zero = 0;
-	struct offcpu_budget *b = bpf_map_lookup_elem(&offcpu_budgets, &zero);
 	__u64 back;
 
-	if (!b)
-		return false;
 	if (!b->since_ns) {
 		b->since_ns = now;
 		b->tokens = offcpu_cpu_burst;
@@ -84,8 +99,55 @@ static __always_inline bool take_unwind_token(__u64 now)
 	return true;
 }
 
-/* The end of a wait: the time goes to the stack record `seq` (0: none), with the time of waits not
- * unwound since the last record of the thread. A header-sized record, no stack. */
+/* The chance of a wait that asks for `wanted` (of CHANCE_ONE), on this CPU. */
+static __always_inline __u64 scaled_chance(struct offcpu_cpu *c, __u64 wanted, __u64 now)
+{
+	__u64 chance;
+
+	if (now - c->epoch_start >= OFFCPU_EPOCH_NS) {
+		__u64 target = offcpu_epoch_unwinds << 32;
+
+		/* target << 16 is under 2^64 (offcpu_epoch_unwinds < 2^15). */
+		__u64 fits = c->demand ? (target << 16) / c->demand : SCALE_MAX;
+
+		/* Down at once, up by 4 at most an epoch: a quiet spell does not leave a CPU drawing
+		 * every wait of the burst that ends it. */
+		if (c->scale && fits > c->scale * 4)
+			fits = c->scale * 4;
+		c->scale = fits > SCALE_MAX ? SCALE_MAX : fits ? fits : 1;
+		c->demand = 0;
+		c->epoch_start = now;
+	}
+	if (c->demand < (1ULL << 48))
+		c->demand += wanted;
+	if (!c->scale)
+		c->scale = SCALE_MAX;
+	/* Under 2^16 * 2^32: no overflow. */
+	chance = (wanted >> 16) * c->scale;
+	return chance > CHANCE_ONE ? CHANCE_ONE : chance;
+}
+
+/* What a wait asks for: its expected length over the period, from the thread's recent waits of
+ * the same kind. */
+static __always_inline __u64 wanted_chance(struct offcpu_thread *t, bool preempted)
+{
+	__u64 period = offcpu_period_ns ? offcpu_period_ns : 1;
+	__u64 expected = preempted ? t->avg_preempted_ns : t->avg_wait_ns;
+
+	return expected >= period ? CHANCE_ONE : (expected << 32) / period;
+}
+
+/* A moving average over about the last four waits; a new thread's waits are expected to be a
+ * period long. Lengths are capped at 2^32 ns: anything past a period asks for a whole chance. */
+static __always_inline void learn_wait(__u64 *avg, __u64 off)
+{
+	if (off > 0xffffffffULL)
+		off = 0xffffffffULL;
+	*avg = (*avg * 3 + off) / 4;
+}
+
+/* The end of a drawn wait: its time and chance go to the stack record `seq` (0: none). A
+ * header-sized record, no stack. */
 static __always_inline void send_offcpu_end(struct task_struct *task, struct offcpu_thread *t, __u64 off_ns)
 {
 	struct event_record *e;
@@ -103,23 +165,21 @@ static __always_inline void send_offcpu_end(struct task_struct *task, struct off
 	__builtin_memset(&e->stack, 0, sizeof(e->stack));
 	e->payload.offcpu_end.wait = t->seq;
 	e->payload.offcpu_end.off_ns = off_ns;
-	e->payload.offcpu_end.not_unwound_ns = t->unsent_ns;
+	e->payload.offcpu_end.chance = t->chance;
 	if (bpf_ringbuf_output(&samples, e, EVENT_FIXED_BYTES, BPF_RB_NO_WAKEUP))
 		count(COUNTER_OFFCPU_LOST);
-	else
-		t->unsent_ns = 0;
 }
 
-/* The switch-out of the current task `prev`: unwinds it (when its turn) and sends the stack, cut
- * after its used entries with the kernel frames right after the user ones. */
+/* The switch-out of the current task `prev`: drawn, and unwound when drawn, its stack cut after
+ * its used entries with the kernel frames right after the user ones. */
 static __always_inline void offcpu_switch_out(void *ctx, struct task_struct *prev, unsigned int prev_state, __u64 now)
 {
-	__u32 tid = prev->pid, slot = SCRATCH_OFFCPU, frames;
+	__u32 tid = prev->pid, slot = SCRATCH_OFFCPU, zero = 0, frames;
 	struct offcpu_thread *t;
+	struct offcpu_cpu *c;
 	struct event_record *e;
+	__u64 chance, size;
 	long kbytes;
-	__u64 size;
-	bool preempted;
 
 	if (prev->flags & (PF_KTHREAD_FLAG | PF_EXITING_FLAG) || prev_state & TASK_DEAD_STATE)
 		return; /* its last switches: its time ends with it */
@@ -133,31 +193,29 @@ static __always_inline void offcpu_switch_out(void *ctx, struct task_struct *pre
 			return;
 		}
 		count(COUNTER_OFFCPU_FOLLOWED);
+		t->avg_wait_ns = offcpu_period_ns;
+		t->avg_preempted_ns = offcpu_period_ns;
 	}
 	count(COUNTER_OFFCPU_SWITCHES);
 	t->off_since = now;
 	t->seq = 0;
-	if (!t->refilled) {
-		t->refilled = now;
-		t->tokens = offcpu_thread_burst;
-	} else if (now - t->refilled >= offcpu_interval_ns) {
-		__u64 back = (now - t->refilled) / (offcpu_interval_ns ? offcpu_interval_ns : 1);
-
-		t->tokens = t->tokens + back > offcpu_thread_burst ? offcpu_thread_burst : t->tokens + back;
-		t->refilled = now;
-	}
-	preempted = prev_state == TASK_RUNNING_STATE;
-	if (!t->tokens && !preempted)
+	t->chance = 0;
+	t->preempted = prev_state == TASK_RUNNING_STATE;
+	c = bpf_map_lookup_elem(&offcpu_cpus, &zero);
+	if (!c)
 		return;
-	if (!take_unwind_token(now)) {
+	chance = scaled_chance(c, wanted_chance(t, t->preempted), now);
+	if (chance < CHANCE_ONE && bpf_get_prandom_u32() >= chance)
+		return;
+	count(COUNTER_OFFCPU_DRAWN);
+	t->chance = chance;
+	if (!take_unwind_token(c, now)) {
 		count(COUNTER_OFFCPU_BUDGET);
 		return;
 	}
 	e = bpf_map_lookup_elem(&sample_scratch, &slot);
 	if (!e)
 		return;
-	if (!preempted)
-		t->tokens--;
 	t->seq = ++t->next_seq;
 	count(COUNTER_OFFCPU_UNWOUND);
 	e->header.kind = EVENT_OFFCPU_STACK;
@@ -200,12 +258,12 @@ static __always_inline void offcpu_switch_in(struct task_struct *next, __u64 now
 		return;
 	off = now - t->off_since;
 	t->off_since = 0;
-	if (t->seq) {
+	count_add(COUNTER_OFFCPU_WAITED_NS, off);
+	learn_wait(t->preempted ? &t->avg_preempted_ns : &t->avg_wait_ns, off);
+	if (t->chance)
 		send_offcpu_end(next, t, off);
-		t->seq = 0;
-	} else {
-		t->unsent_ns += off;
-	}
+	t->chance = 0;
+	t->seq = 0;
 }
 
 /* The run queue's clock, which __schedule updated right before this tracepoint, read from memory
@@ -235,19 +293,11 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 	return 0;
 }
 
-/* A thread's end: what it had not sent yet goes, and its state with it (which the task's end
- * would free anyway; deleting it here keeps the followed/released counts a live census). */
+/* A thread's end: its state goes with it (which the task's end would free anyway; deleting it
+ * here keeps the followed/released counts a live census). Its last wait, if drawn, never ends. */
 SEC("tp_btf/sched_process_exit")
 int BPF_PROG(on_thread_exit, struct task_struct *task)
 {
-	struct offcpu_thread *t = bpf_task_storage_get(&offcpu_threads, task, 0, 0);
-
-	if (!t)
-		return 0;
-	if (t->unsent_ns) {
-		t->seq = 0;
-		send_offcpu_end(task, t, 0);
-	}
 	if (!bpf_task_storage_delete(&offcpu_threads, task))
 		count(COUNTER_OFFCPU_RELEASED);
 	return 0;

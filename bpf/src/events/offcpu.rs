@@ -1,4 +1,5 @@
-//! Off-CPU records: where a target thread left the CPU, and, at its return, how long it was away.
+//! Off-CPU records: where a target thread left the CPU in a wait drawn for unwinding, and, at its
+//! return, how long it was away and what chance the wait was drawn with.
 
 use super::sample::{sample_of, Sample, StackRead};
 use super::record::{Record, USER_SLOTS};
@@ -48,18 +49,28 @@ pub struct OffCpuStack {
     pub state: OffCpuState,
 }
 
-/// A wait of a thread ended.
+/// A drawn wait of a thread ended.
 #[derive(Debug, Clone)]
 pub struct OffCpuEnd {
     pub pid: u32,
     pub tid: u32,
     pub comm: String,
-    /// The [`OffCpuStack`] it belongs to; 0 when this wait was not unwound.
+    /// The [`OffCpuStack`] it belongs to; 0 when this wait was drawn but not unwound (the CPU's
+    /// unwind budget was spent).
     pub wait: u64,
     /// Its time off the CPU.
     pub duration_ns: u64,
-    /// Time off the CPU of this thread's waits that were not unwound, since its last record.
-    pub not_unwound_ns: u64,
+    /// The chance it was drawn with, of 1 << 32.
+    pub chance: u64,
+}
+
+impl OffCpuEnd {
+    /// The off-CPU time it stands for: its own divided by its chance (every wait drawn with
+    /// chance c stands for 1/c such waits on average).
+    pub fn weighted_ns(&self) -> u64 {
+        let weighted = u128::from(self.duration_ns) * (1u128 << 32) / u128::from(self.chance.clamp(1, 1 << 32));
+        u64::try_from(weighted).unwrap_or(u64::MAX)
+    }
 }
 
 /// EVENT_OFFCPU_STACK: cut after its frames, the kernel ones right after the user ones (no room
@@ -76,8 +87,8 @@ pub(super) fn decode_stack(r: &Record) -> OffCpuStack {
 
 /// EVENT_OFFCPU_END: the fixed part alone.
 pub(super) fn decode_end(r: &Record) -> OffCpuEnd {
-    let types::offcpu_end_payload { wait, off_ns, not_unwound_ns } = r.payload();
-    OffCpuEnd { pid: r.header.pid, tid: r.header.tid, comm: r.comm(), wait, duration_ns: off_ns, not_unwound_ns }
+    let types::offcpu_end_payload { wait, off_ns, chance } = r.payload();
+    OffCpuEnd { pid: r.header.pid, tid: r.header.tid, comm: r.comm(), wait, duration_ns: off_ns, chance }
 }
 
 #[cfg(test)]
@@ -106,9 +117,13 @@ mod tests {
     #[test]
     fn decodes_the_end_of_a_wait() {
         let h = header(types::event_kind::EVENT_OFFCPU_END, 42, 44, "loader");
-        let payload = types::offcpu_end_payload { wait: 7, off_ns: 5_000_000, not_unwound_ns: 300 };
+        let payload = types::offcpu_end_payload { wait: 7, off_ns: 5_000_000, chance: 1 << 30 };
         let Some(end) = decoded(&record(h, Default::default(), &payload, &[]), |r| Some(decode_end(r))) else { panic!("not an off-CPU end") };
         assert_eq!((end.pid, end.tid, end.comm.as_str()), (42, 44, "loader"));
-        assert_eq!((end.wait, end.duration_ns, end.not_unwound_ns), (7, 5_000_000, 300));
+        assert_eq!((end.wait, end.duration_ns, end.chance), (7, 5_000_000, 1 << 30));
+        // Drawn with a chance of 1/4, it stands for four such waits.
+        assert_eq!(end.weighted_ns(), 20_000_000);
+        assert_eq!(OffCpuEnd { chance: 1 << 32, ..end.clone() }.weighted_ns(), 5_000_000);
+        assert_eq!(OffCpuEnd { chance: 0, duration_ns: u64::MAX, ..end }.weighted_ns(), u64::MAX);
     }
 }

@@ -77,7 +77,9 @@ impl End {
             let o = &counters.off_cpu;
             tracing::info!(
                 switches = o.switches,
+                drawn = o.drawn,
                 unwound = o.unwound,
+                waited_s = format!("{:.3}", o.waited_ns as f64 / 1e9),
                 over_cpu_budget = o.over_budget,
                 lost = o.lost,
                 threads_full = o.threads_full,

@@ -84,7 +84,7 @@ impl Session {
             frequency_hz,
             targets: config.targets,
             unwind_memory: config.unwind_memory,
-            off_cpu: OffCpuSampling::default(),
+            off_cpu: OffCpuSampling::at(frequency_hz),
             ring,
         };
         let mut sampler = CpuSampler::start(&sampler_config).map_err(user_facing)?;

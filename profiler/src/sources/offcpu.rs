@@ -1,11 +1,13 @@
 //! Off-CPU and wall time by stack: the stacks at which target threads left the CPU, joined with
-//! the time each wait lasted. Not every switch-out is unwound (see `OffCpuSampling`); the time of
-//! the others is counted per thread and spread over that thread's unwound waits in proportion.
-//! Wall time is that and the CPU samples, on one scale: each sample counts its period.
+//! the time each wait lasted. Not every switch-out is drawn for unwinding (see `OffCpuSampling`):
+//! a drawn wait's time counts divided by the chance it was drawn with, which estimates the time
+//! of the others without bias. A wait drawn but not unwound (the CPU's budget spent) has its time
+//! spread over its thread's unwound waits in proportion. Wall time is that and the CPU samples,
+//! on one scale: each sample counts its period.
 
 use std::collections::{HashMap, HashSet};
 
-use gpuflame_bpf::{OffCpuEnd, OffCpuStack};
+use gpuflame_bpf::{OffCpuEnd, OffCpuSampling, OffCpuStack};
 
 use super::cpu::SampleCounts;
 use super::source::{Closed, Input, Source, WindowInfo};
@@ -43,6 +45,7 @@ impl Source for OffCpu {
 
     fn close(&mut self, window: &WindowInfo, _: &mut Stacks) -> Vec<Closed> {
         let (off, totals) = self.waits.take_values();
+        let sampling = describe_sampling(window.frequency_hz);
         let mut out = Vec::new();
         if let Some(w) = self.wall.as_mut() {
             let mut values = w.take(window.frequency_hz);
@@ -50,14 +53,24 @@ impl Source for OffCpu {
             let comments = vec![
                 format!("wall: CPU samples at {} Hz (each one period of time) and off-CPU time", window.frequency_hz),
                 totals.describe(),
+                sampling.clone(),
             ];
             out.push(Closed { kind: ProfileKind::Wall, values, comments });
         }
         if self.off_cpu {
-            out.push(Closed { kind: ProfileKind::OffCpu, values: off, comments: vec![totals.describe()] });
+            out.push(Closed { kind: ProfileKind::OffCpu, values: off, comments: vec![totals.describe(), sampling] });
         }
         out
     }
+}
+
+/// How the waits were drawn, for the profile's reader (offcpu.h has the why).
+fn describe_sampling(frequency_hz: u64) -> String {
+    let period_ms = OffCpuSampling::at(frequency_hz).period.as_secs_f64() * 1e3;
+    format!(
+        "off-CPU time is sampled: each wait is drawn for unwinding with a chance of its expected length (its thread's recent waits) over {period_ms:.2} ms, scaled per CPU to about {} unwinds a second, and counts its time divided by that chance (an unbiased estimate); the waits of a thread that waits {period_ms:.2} ms or more at a time count exactly while their CPU is under that rate",
+        OffCpuSampling::default().cpu_target
+    )
 }
 
 /// The frame of a thread's off-CPU time that no unwound wait of the window can carry.
@@ -93,7 +106,7 @@ impl OffCpuTotals {
         let total = self.unwound_ns + self.not_unwound_ns;
         let share = if total > 0 { self.unwound_ns as f64 * 100.0 / total as f64 } else { 100.0 };
         format!(
-            "off-CPU time of {:.3} s, {share:.1}% of it in waits that were unwound; the time of the others is spread over the unwound waits of the same thread in proportion (scaled)",
+            "off-CPU time of {:.3} s, {share:.1}% of it in waits drawn and unwound; the rest (drawn past the CPU's unwind budget) is spread over the same thread's unwound waits in proportion",
             total as f64 / 1e9
         )
     }
@@ -112,18 +125,19 @@ impl Waits {
         if thread.comm.is_empty() {
             thread.comm = end.comm.clone();
         }
-        thread.not_unwound_ns += end.not_unwound_ns;
+        let ns = end.weighted_ns();
         if end.wait == 0 {
+            thread.not_unwound_ns += ns;
             return;
         }
         match self.pending.remove(&end.tid) {
             Some((wait, key)) if wait == end.wait => {
-                thread.unwound_ns += end.duration_ns;
-                *self.unwound.entry(key).or_default() += end.duration_ns;
+                thread.unwound_ns += ns;
+                *self.unwound.entry(key).or_default() += ns;
             }
             _ => {
                 // Its stack was dropped: the time still counts, as not unwound.
-                thread.not_unwound_ns += end.duration_ns;
+                thread.not_unwound_ns += ns;
             }
         }
     }
