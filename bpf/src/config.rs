@@ -71,8 +71,8 @@ mod tests {
     }
 }
 
-/// Which switch-outs of target threads are drawn for unwinding; each drawn wait's time counts
-/// divided by the chance it was drawn with, so the others' is estimated, not lost.
+/// Which switch-outs of target threads are drawn for unwinding. The time of every wait is
+/// measured; the unwound ones carry the others', each weighing its time over its chance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OffCpuSampling {
     /// A wait asks for a chance of its expected length (its thread's recent waits) over this,

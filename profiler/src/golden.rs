@@ -71,12 +71,15 @@ pub(crate) fn events() -> Vec<Event> {
     out.push(Event::Sample(sample(PID, "trainer", &[0x40_8888], UnwindStatus::NoRow)));
 
     out.push(Event::OffCpu(OffCpuStack { sample: sample(TID, "loader", &[0x50_0200, 0x50_0100], UnwindStatus::EndOfStack), wait: 1, state: OffCpuState::Sleeping }));
-    let end = |tid, comm: &str, wait, duration_ns, chance| Event::OffCpuEnd(OffCpuEnd { pid: PID, tid, comm: comm.into(), wait, duration_ns, chance });
-    out.push(end(TID, "loader", 1, 30_000_000, 1 << 32));
-    // Drawn with a chance of 1/4 and not unwound: 4 x 1.75 ms, a thread without unwound waits.
-    out.push(end(PID, "trainer", 0, 1_750_000, 1 << 30));
-    // Drawn with a chance of 1/2 and not unwound: 2 x 5 ms spread over the loader's unwound wait.
-    out.push(end(TID, "loader", 0, 5_000_000, 1 << 31));
+    let end = |pid, tid, comm: &str, wait, duration_ns, rest: [u64; 2]| {
+        Event::OffCpuEnd(OffCpuEnd { pid, tid, comm: comm.into(), wait, duration_ns, chance: 1 << 32, short_rest_ns: rest[0], long_rest_ns: rest[1] })
+    };
+    // The loader's unwound 30 ms wait carries its 10 ms of long waits not unwound.
+    out.push(end(PID, TID, "loader", 1, 30_000_000, [0, 10_000_000]));
+    // The trainer has no unwound wait: its process's (the loader's) carries its 3 ms.
+    out.push(end(PID, PID, "trainer", 0, 0, [3_000_000, 0]));
+    // Nothing of another process was unwound: its 4 ms stay under [off-cpu: waits not unwound].
+    out.push(end(PID + 10, PID + 10, "worker", 0, 0, [4_000_000, 0]));
 
     let alloc_site = [0x40_4040, 0x40_2020, 0x40_3030];
     out.push(call(CudaApi::CudaMalloc, &alloc_site, 1 << 20, 0x7000_0000, 0, 2_000));

@@ -117,7 +117,7 @@ fn python_threads_wait_under_their_python_chains_with_the_kernel_frames_of_the_w
 }
 
 #[test]
-fn many_short_waits_are_estimated_from_the_few_drawn_and_the_profile_says_so() {
+fn many_short_waits_are_measured_and_carried_by_the_few_unwound_and_the_profile_says_so() {
     require_bpf();
     let python = "/usr/bin/python3.11";
     assert!(Path::new(python).exists(), "Debian's python3.11 is needed (scripts/setup.sh installs python3)");
@@ -138,18 +138,19 @@ fn many_short_waits_are_estimated_from_the_few_drawn_and_the_profile_says_so() {
     let count = |name: &str| -> u64 { line.split(&format!("{name}=")).nth(1).and_then(|r| r.split_whitespace().next()).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no {name} in {line:?}")) };
     // Most waits were not unwound...
     assert!(count("unwound") * 2 < count("switches"), "{line}");
-    // ...and yet the time under the sleeping function is the time the program was away: an
-    // estimate from a few hundred draws, within a quarter (its spread is under a tenth).
-    let estimated: i64 = profile
+    // ...and yet the time under the sleeping function is the time the program was away (its
+    // own clock also counts the loop's few microseconds on the CPU per sleep): the waits not
+    // unwound are measured, and the unwound ones carry them.
+    let under: i64 = profile
         .samples
         .iter()
         .filter(|s| s.stack.iter().any(|&l| profile.locations[l].lines.iter().any(|f| f.function.starts_with("nap_briefly"))))
         .map(|s| s.value())
         .sum();
-    let ratio = estimated as f64 / slept;
-    assert!((0.75..=1.25).contains(&ratio), "{estimated} ns estimated under nap_briefly, the program was away {slept} ns\n{ctx}");
-    // The profile says it is an estimate, and how it was drawn.
-    assert!(profile.comments.iter().any(|c| c.contains("sampled") && c.contains("chance")), "{:?}", profile.comments);
+    let ratio = under as f64 / slept;
+    assert!((0.85..=1.02).contains(&ratio), "{under} ns under nap_briefly, the program was away {slept} ns\n{ctx}");
+    // The profile says how its stacks were drawn and its time counted.
+    assert!(profile.comments.iter().any(|c| c.contains("sampled") && c.contains("chance") && c.contains("measured")), "{:?}", profile.comments);
 }
 
 #[test]

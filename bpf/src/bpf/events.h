@@ -45,7 +45,7 @@ enum event_kind {
 	EVENT_CUPTI_NAME = 4,   /* the injection library named a kernel name id: cupti_name; the name */
 	EVENT_OFFCPU_STACK = 5, /* a target thread switched out, drawn: offcpu_stack; its user frames, then
 				 * stack.kernel_stack_bytes of kernel frames right after them */
-	EVENT_OFFCPU_END = 6,   /* a drawn wait ended: offcpu_end; nothing after the fixed part */
+	EVENT_OFFCPU_END = 6,   /* an unwound wait ended: offcpu_end; nothing after the fixed part */
 	EVENT_CUPTI_LAUNCH = 7, /* the injection library saw a launch: cupti_launch; its user stack */
 	EVENT_CUPTI_STATUS = 8, /* the injection library's state: cupti_status; nothing after */
 };
@@ -147,11 +147,14 @@ struct offcpu_stack_payload {
 	__u32 _pad;
 };
 
-/* EVENT_OFFCPU_END: a wait drawn for unwinding ended. */
+/* EVENT_OFFCPU_END: an unwound wait ended, or a thread sends the time of the waits it was not
+ * unwound at (at its exit, or once it is 100 ms). */
 struct offcpu_end_payload {
-	__u64 wait;   /* the offcpu_stack it belongs to; 0: drawn but not unwound (budget spent) */
-	__u64 off_ns; /* its time off the CPU */
-	__u64 chance; /* the chance it was drawn with, of 1 << 32: it stands for off_ns << 32 / chance */
+	__u64 wait;           /* the offcpu_stack it belongs to; 0: none (only the totals below) */
+	__u64 off_ns;         /* its time off the CPU */
+	__u64 chance;         /* the chance it was drawn with, of 1 << 32 */
+	__u64 short_rest_ns;  /* the thread's waits not unwound since its last record: those */
+	__u64 long_rest_ns;   /* shorter than the sampling period, and the others */
 };
 
 union event_payload {

@@ -5,20 +5,24 @@
  * runs in the woken thread, finish_task_switch by fentry or kprobe, is not available everywhere.)
  *
  * Unwinding costs tens of microseconds, a switch well under one, so each switch-out is drawn for
- * unwinding with a chance, and a drawn wait's time counts divided by its chance (1 << 32 / chance
- * times): an unbiased estimate of every stack's off-CPU time, at a bounded cost, as long as each
- * chance is set before the draw from what came before. The chance is
+ * unwinding with a chance (of 1 << 32), set before the draw from what came before. The chance is
  *   - the wait's expected length over the sampling period (the CPU sampler's, 1 / frequency), at
  *     most 1: the thread's recent waits predict it, an average kept apart for preemptions (the
  *     scheduler's doing) and for its own waits, starting at a period. A thread that waits long, as
  *     a training loop waiting for its GPU does, is unwound at every wait; a thread switching every
- *     few microseconds at one wait in thousands. Time is sampled as the CPU sampler samples it:
- *     about one stack per period of waiting;
+ *     few microseconds at one wait in thousands: about one stack per period of waiting, as the
+ *     CPU sampler takes one per period of running;
  *   - times the CPU's scale, set every 250 ms from what the last 250 ms asked for, so that the
  *     CPU draws about offcpu_epoch_unwinds waits per epoch: up to 64 on a CPU whose target
  *     threads wait little (every wait of 1/64 period or more is then drawn), down to 1/65536.
- * A CPU's drawn waits are also held to a budget per second, for the bursts within an epoch; a wait
- * drawn past it is sent without a stack, and its time goes to its thread's unwound waits. */
+ * A CPU's drawn waits are also held to a budget per second, for the bursts within an epoch.
+ *
+ * The time itself is not left to chance: each thread sends the time of the waits it was not
+ * unwound at, shorter than a period and longer apart, and user space shares each out over the
+ * unwound waits of the same kind, each weighing its time over its chance (sources/offcpu.rs).
+ * Weighing alone (each unwound wait counting time / chance) would be unbiased, but a wait drawn
+ * at a small chance that turned out long counted a thousand times its length: the service
+ * benchmark's total came out at up to twice the time measured. */
 #ifndef GPUFLAME_OFFCPU_H
 #define GPUFLAME_OFFCPU_H
 
@@ -50,6 +54,8 @@ struct offcpu_thread {
 	__u64 chance;      /* the chance the current wait was drawn with; 0 when it was not drawn */
 	__u64 seq;         /* the stack record of the current wait, or 0 when it was not unwound */
 	__u64 next_seq;
+	__u64 short_rest_ns; /* waits not unwound, not yet sent: shorter than a period */
+	__u64 long_rest_ns;  /* and the others */
 	__u32 preempted;   /* the current wait is a preemption */
 	__u32 _pad;
 };
@@ -146,9 +152,9 @@ static __always_inline void learn_wait(__u64 *avg, __u64 off)
 	*avg = (*avg * 3 + off) / 4;
 }
 
-/* The end of a drawn wait: its time and chance go to the stack record `seq` (0: none). A
- * header-sized record, no stack. */
-static __always_inline void send_offcpu_end(struct task_struct *task, struct offcpu_thread *t, __u64 off_ns)
+/* An unwound wait's end (`seq`, its time and chance), with the time of the thread's waits not
+ * unwound since its last record; or those alone (seq 0). A header-sized record, no stack. */
+static __always_inline void send_offcpu_end(struct task_struct *task, struct offcpu_thread *t, __u64 seq, __u64 off_ns)
 {
 	struct event_record *e;
 	__u32 slot = SCRATCH_OFFCPU;
@@ -163,11 +169,17 @@ static __always_inline void send_offcpu_end(struct task_struct *task, struct off
 	e->header.timestamp_ns = bpf_ktime_get_boot_ns();
 	__builtin_memcpy(e->header.comm, task->comm, sizeof(e->header.comm));
 	__builtin_memset(&e->stack, 0, sizeof(e->stack));
-	e->payload.offcpu_end.wait = t->seq;
+	e->payload.offcpu_end.wait = seq;
 	e->payload.offcpu_end.off_ns = off_ns;
 	e->payload.offcpu_end.chance = t->chance;
-	if (bpf_ringbuf_output(&samples, e, EVENT_FIXED_BYTES, BPF_RB_NO_WAKEUP))
+	e->payload.offcpu_end.short_rest_ns = t->short_rest_ns;
+	e->payload.offcpu_end.long_rest_ns = t->long_rest_ns;
+	if (bpf_ringbuf_output(&samples, e, EVENT_FIXED_BYTES, BPF_RB_NO_WAKEUP)) {
 		count(COUNTER_OFFCPU_LOST);
+		return;
+	}
+	t->short_rest_ns = 0;
+	t->long_rest_ns = 0;
 }
 
 /* The switch-out of the current task `prev`: drawn, and unwound when drawn, its stack cut after
@@ -260,8 +272,18 @@ static __always_inline void offcpu_switch_in(struct task_struct *next, __u64 now
 	t->off_since = 0;
 	count_add(COUNTER_OFFCPU_WAITED_NS, off);
 	learn_wait(t->preempted ? &t->avg_preempted_ns : &t->avg_wait_ns, off);
-	if (t->chance)
-		send_offcpu_end(next, t, off);
+	if (t->seq) {
+		send_offcpu_end(next, t, t->seq, off);
+	} else {
+		if (off < offcpu_period_ns)
+			t->short_rest_ns += off;
+		else
+			t->long_rest_ns += off;
+		/* A thread seldom unwound still sends its time, in time for its window (and for a
+		 * recording's end, which loses what is not sent: under 100 ms a thread). */
+		if (t->short_rest_ns + t->long_rest_ns >= 100000000ULL)
+			send_offcpu_end(next, t, 0, 0);
+	}
 	t->chance = 0;
 	t->seq = 0;
 }
@@ -293,11 +315,17 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 	return 0;
 }
 
-/* A thread's end: its state goes with it (which the task's end would free anyway; deleting it
- * here keeps the followed/released counts a live census). Its last wait, if drawn, never ends. */
+/* A thread's end: what it had not sent yet goes, and its state with it (which the task's end
+ * would free anyway; deleting it here keeps the followed/released counts a live census). */
 SEC("tp_btf/sched_process_exit")
 int BPF_PROG(on_thread_exit, struct task_struct *task)
 {
+	struct offcpu_thread *t = bpf_task_storage_get(&offcpu_threads, task, 0, 0);
+
+	if (!t)
+		return 0;
+	if (t->short_rest_ns || t->long_rest_ns)
+		send_offcpu_end(task, t, 0, 0);
 	if (!bpf_task_storage_delete(&offcpu_threads, task))
 		count(COUNTER_OFFCPU_RELEASED);
 	return 0;

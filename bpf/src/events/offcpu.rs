@@ -49,27 +49,30 @@ pub struct OffCpuStack {
     pub state: OffCpuState,
 }
 
-/// A drawn wait of a thread ended.
+/// An unwound wait of a thread ended (`wait` > 0), with the time of the thread's waits that were
+/// not unwound since its last record; or those alone (`wait` 0: at its exit, or once they are
+/// 100 ms).
 #[derive(Debug, Clone)]
 pub struct OffCpuEnd {
     pub pid: u32,
     pub tid: u32,
     pub comm: String,
-    /// The [`OffCpuStack`] it belongs to; 0 when this wait was drawn but not unwound (the CPU's
-    /// unwind budget was spent).
+    /// The [`OffCpuStack`] it belongs to; 0 for none.
     pub wait: u64,
     /// Its time off the CPU.
     pub duration_ns: u64,
     /// The chance it was drawn with, of 1 << 32.
     pub chance: u64,
+    /// The thread's waits not unwound: those shorter than the sampling period, and the others.
+    pub short_rest_ns: u64,
+    pub long_rest_ns: u64,
 }
 
 impl OffCpuEnd {
-    /// The off-CPU time it stands for: its own divided by its chance (every wait drawn with
-    /// chance c stands for 1/c such waits on average).
-    pub fn weighted_ns(&self) -> u64 {
-        let weighted = u128::from(self.duration_ns) * (1u128 << 32) / u128::from(self.chance.clamp(1, 1 << 32));
-        u64::try_from(weighted).unwrap_or(u64::MAX)
+    /// What it weighs among the unwound waits of its kind: its time divided by its chance (a
+    /// wait drawn with chance c stands for 1/c such waits).
+    pub fn weight(&self) -> f64 {
+        self.duration_ns as f64 * (1u64 << 32) as f64 / self.chance.clamp(1, 1 << 32) as f64
     }
 }
 
@@ -87,8 +90,8 @@ pub(super) fn decode_stack(r: &Record) -> OffCpuStack {
 
 /// EVENT_OFFCPU_END: the fixed part alone.
 pub(super) fn decode_end(r: &Record) -> OffCpuEnd {
-    let types::offcpu_end_payload { wait, off_ns, chance } = r.payload();
-    OffCpuEnd { pid: r.header.pid, tid: r.header.tid, comm: r.comm(), wait, duration_ns: off_ns, chance }
+    let types::offcpu_end_payload { wait, off_ns, chance, short_rest_ns, long_rest_ns } = r.payload();
+    OffCpuEnd { pid: r.header.pid, tid: r.header.tid, comm: r.comm(), wait, duration_ns: off_ns, chance, short_rest_ns, long_rest_ns }
 }
 
 #[cfg(test)]
@@ -117,13 +120,13 @@ mod tests {
     #[test]
     fn decodes_the_end_of_a_wait() {
         let h = header(types::event_kind::EVENT_OFFCPU_END, 42, 44, "loader");
-        let payload = types::offcpu_end_payload { wait: 7, off_ns: 5_000_000, chance: 1 << 30 };
+        let payload = types::offcpu_end_payload { wait: 7, off_ns: 5_000_000, chance: 1 << 30, short_rest_ns: 300, long_rest_ns: 400 };
         let Some(end) = decoded(&record(h, Default::default(), &payload, &[]), |r| Some(decode_end(r))) else { panic!("not an off-CPU end") };
         assert_eq!((end.pid, end.tid, end.comm.as_str()), (42, 44, "loader"));
-        assert_eq!((end.wait, end.duration_ns, end.chance), (7, 5_000_000, 1 << 30));
-        // Drawn with a chance of 1/4, it stands for four such waits.
-        assert_eq!(end.weighted_ns(), 20_000_000);
-        assert_eq!(OffCpuEnd { chance: 1 << 32, ..end.clone() }.weighted_ns(), 5_000_000);
-        assert_eq!(OffCpuEnd { chance: 0, duration_ns: u64::MAX, ..end }.weighted_ns(), u64::MAX);
+        assert_eq!((end.wait, end.duration_ns, end.chance, end.short_rest_ns, end.long_rest_ns), (7, 5_000_000, 1 << 30, 300, 400));
+        // Drawn with a chance of 1/4, it weighs as four such waits.
+        assert_eq!(end.weight(), 20_000_000.0);
+        assert_eq!(OffCpuEnd { chance: 1 << 32, ..end.clone() }.weight(), 5_000_000.0);
+        assert!(OffCpuEnd { chance: 0, ..end }.weight().is_finite());
     }
 }

@@ -1,9 +1,9 @@
 //! Off-CPU and wall time by stack: the stacks at which target threads left the CPU, joined with
-//! the time each wait lasted. Not every switch-out is drawn for unwinding (see `OffCpuSampling`):
-//! a drawn wait's time counts divided by the chance it was drawn with, which estimates the time
-//! of the others without bias. A wait drawn but not unwound (the CPU's budget spent) has its time
-//! spread over its thread's unwound waits in proportion. Wall time is that and the CPU samples,
-//! on one scale: each sample counts its period.
+//! the time each wait lasted. Not every switch-out is unwound (see `OffCpuSampling`), but every
+//! wait is measured: a thread's time in waits not unwound is shared out over its unwound waits of
+//! the same kind (shorter than the sampling period, or not), each weighing its time over the
+//! chance it was drawn with; a thread with none, over its process's. Wall time is that and the
+//! CPU samples, on one scale: each sample counts its period.
 
 use std::collections::{HashMap, HashSet};
 
@@ -44,7 +44,7 @@ impl Source for OffCpu {
     }
 
     fn close(&mut self, window: &WindowInfo, _: &mut Stacks) -> Vec<Closed> {
-        let (off, totals) = self.waits.take_values();
+        let (off, totals) = self.waits.take_values(OffCpuSampling::at(window.frequency_hz).period.as_nanos() as u64);
         let sampling = describe_sampling(window.frequency_hz);
         let mut out = Vec::new();
         if let Some(w) = self.wall.as_mut() {
@@ -68,27 +68,36 @@ impl Source for OffCpu {
 fn describe_sampling(frequency_hz: u64) -> String {
     let period_ms = OffCpuSampling::at(frequency_hz).period.as_secs_f64() * 1e3;
     format!(
-        "off-CPU time is sampled: each wait is drawn for unwinding with a chance of its expected length (its thread's recent waits) over {period_ms:.2} ms, scaled per CPU to about {} unwinds a second, and counts its time divided by that chance (an unbiased estimate); the waits of a thread that waits {period_ms:.2} ms or more at a time count exactly while their CPU is under that rate",
+        "off-CPU stacks are sampled: each wait is unwound with a chance of its expected length (its thread's recent waits) over {period_ms:.2} ms, scaled per CPU to about {} unwinds a second; the time is not sampled: each thread's waits shorter than {period_ms:.2} ms, and its longer ones, are measured and shared out over its unwound waits of the same kind, weighed by time over chance (or over its process's, when it has none)",
         OffCpuSampling::default().cpu_target
     )
 }
 
-/// The frame of a thread's off-CPU time that no unwound wait of the window can carry.
+/// The frame of off-CPU time that no unwound wait of the window can carry.
 const NOT_UNWOUND: &str = "[off-cpu: waits not unwound]";
+
+/// Waits shorter than the sampling period, and the others: each kind's time goes to unwound
+/// waits of the same kind, so that a short wait drawn at a small chance cannot carry a long one's.
+const KINDS: usize = 2;
+
+fn kind_of(duration_ns: u64, period_ns: u64) -> usize {
+    usize::from(duration_ns >= period_ns)
+}
 
 #[derive(Default)]
 struct ThreadTime {
     pid: u32,
     comm: String,
-    unwound_ns: u64,
-    not_unwound_ns: u64,
+    /// Measured time of its waits, unwound or not, by kind once known (`rest_ns`: not unwound).
+    rest_ns: [u64; KINDS],
+    /// Its unwound waits: stack (None: the stack was dropped), time, weight (time over chance).
+    unwound: Vec<(Option<StackKey>, u64, f64)>,
 }
 
 #[derive(Default)]
 struct Waits {
     /// tid → its current wait's number and stack, until the wait's end arrives.
     pending: HashMap<u32, (u64, StackKey)>,
-    unwound: HashMap<StackKey, u64>,
     threads: HashMap<u32, ThreadTime>,
     /// Processes that exited since the last window.
     gone: HashSet<u32>,
@@ -97,17 +106,24 @@ struct Waits {
 /// The totals of one window, for reports and the profile's comment.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct OffCpuTotals {
-    pub unwound_ns: u64,
+    /// Time shared out over a thread's own unwound waits.
+    pub own_ns: u64,
+    /// Time of threads without an unwound wait of the kind, shared out over their process's.
+    pub process_ns: u64,
+    /// Time no unwound wait of its process could carry.
     pub not_unwound_ns: u64,
 }
 
 impl OffCpuTotals {
     pub fn describe(&self) -> String {
-        let total = self.unwound_ns + self.not_unwound_ns;
-        let share = if total > 0 { self.unwound_ns as f64 * 100.0 / total as f64 } else { 100.0 };
+        let total = self.own_ns + self.process_ns + self.not_unwound_ns;
+        let pct = |ns: u64| if total > 0 { ns as f64 * 100.0 / total as f64 } else { 0.0 };
         format!(
-            "off-CPU time of {:.3} s, {share:.1}% of it in waits drawn and unwound; the rest (drawn past the CPU's unwind budget) is spread over the same thread's unwound waits in proportion",
-            total as f64 / 1e9
+            "off-CPU time of {:.3} s, measured: {:.1}% on the thread's own unwound waits, {:.1}% on its process's (the thread had none of its kind), {:.1}% under {NOT_UNWOUND}",
+            total as f64 / 1e9,
+            pct(self.own_ns),
+            pct(self.process_ns),
+            pct(self.not_unwound_ns)
         )
     }
 }
@@ -125,21 +141,17 @@ impl Waits {
         if thread.comm.is_empty() {
             thread.comm = end.comm.clone();
         }
-        let ns = end.weighted_ns();
+        thread.rest_ns[0] += end.short_rest_ns;
+        thread.rest_ns[1] += end.long_rest_ns;
         if end.wait == 0 {
-            thread.not_unwound_ns += ns;
             return;
         }
-        match self.pending.remove(&end.tid) {
-            Some((wait, key)) if wait == end.wait => {
-                thread.unwound_ns += ns;
-                *self.unwound.entry(key).or_default() += ns;
-            }
-            _ => {
-                // Its stack was dropped: the time still counts, as not unwound.
-                thread.not_unwound_ns += ns;
-            }
-        }
+        // Its stack may have been dropped: the time still counts, as not unwound.
+        let key = match self.pending.remove(&end.tid) {
+            Some((wait, key)) if wait == end.wait => Some(key),
+            _ => None,
+        };
+        thread.unwound.push((key, end.duration_ns, end.weight()));
     }
 
     /// The process exited: its waits still pending will never end, but only once the window is
@@ -149,37 +161,86 @@ impl Waits {
         self.gone.insert(pid);
     }
 
-    /// Off-CPU nanoseconds per stack since the last call, scaled per thread.
-    fn take_values(&mut self) -> (StackValues, OffCpuTotals) {
+    /// Off-CPU nanoseconds per stack since the last call: each thread's measured time of each
+    /// kind over its unwound waits of that kind, in proportion to their weights; a thread with
+    /// none over its process's; what is left under [`NOT_UNWOUND`].
+    fn take_values(&mut self, period_ns: u64) -> (StackValues, OffCpuTotals) {
         let gone = std::mem::take(&mut self.gone);
         if !gone.is_empty() {
             self.pending.retain(|_, (_, k)| !gone.contains(&k.pid));
         }
-        let unwound = std::mem::take(&mut self.unwound);
         let threads = std::mem::take(&mut self.threads);
         let mut totals = OffCpuTotals::default();
-        let mut values: StackValues = Vec::with_capacity(unwound.len() + 1);
-        for (key, ns) in unwound {
-            let scale = threads.get(&key.tid).map_or(1.0, |t| (t.unwound_ns + t.not_unwound_ns) as f64 / t.unwound_ns.max(1) as f64);
-            values.push((key, None, vec![(ns as f64 * scale).round() as i64]));
-        }
+        let mut values: HashMap<StackKey, f64> = HashMap::new();
+        // pid → per kind: the time of its threads without unwound waits of the kind, and the
+        // weights of all its unwound waits of the kind.
+        let mut processes: HashMap<u32, ProcessRest> = HashMap::new();
         for (tid, t) in threads {
-            totals.unwound_ns += t.unwound_ns;
-            totals.not_unwound_ns += t.not_unwound_ns;
-            if t.unwound_ns == 0 && t.not_unwound_ns > 0 {
-                let key = StackKey {
-                    pid: t.pid,
-                    tid,
-                    comm: t.comm,
-                    kernel: Vec::new(),
-                    user: Vec::new(),
-                    root: None,
-                    tail: vec![TailFrame::Marker(NOT_UNWOUND.into())],
-                    leaf: None,
-                };
-                values.push((key, None, vec![t.not_unwound_ns as i64]));
+            let mut by_kind: [Vec<(StackKey, f64)>; KINDS] = Default::default();
+            let mut measured = t.rest_ns;
+            for (key, ns, weight) in t.unwound {
+                let k = kind_of(ns, period_ns);
+                measured[k] += ns;
+                if let Some(key) = key {
+                    by_kind[k].push((key, weight));
+                }
+            }
+            let process = processes.entry(t.pid).or_insert_with(|| ProcessRest { tid, comm: t.comm.clone(), ..Default::default() });
+            for k in 0..KINDS {
+                let weights = &by_kind[k];
+                if weights.is_empty() {
+                    process.rest_ns[k] += measured[k];
+                } else {
+                    share_out(&mut values, weights, measured[k]);
+                    totals.own_ns += measured[k];
+                }
+                process.weights[k].extend(by_kind[k].iter().cloned());
             }
         }
-        (values, totals)
+        for (pid, p) in processes {
+            for k in 0..KINDS {
+                if p.rest_ns[k] == 0 {
+                    continue;
+                }
+                // Its own kind first, else the other: a process's waits all long or all short.
+                let weights = if p.weights[k].is_empty() { &p.weights[KINDS - 1 - k] } else { &p.weights[k] };
+                if weights.is_empty() {
+                    let key = StackKey {
+                        pid,
+                        tid: p.tid,
+                        comm: p.comm.clone(),
+                        kernel: Vec::new(),
+                        user: Vec::new(),
+                        root: None,
+                        tail: vec![TailFrame::Marker(NOT_UNWOUND.into())],
+                        leaf: None,
+                    };
+                    *values.entry(key).or_default() += p.rest_ns[k] as f64;
+                    totals.not_unwound_ns += p.rest_ns[k];
+                } else {
+                    share_out(&mut values, weights, p.rest_ns[k]);
+                    totals.process_ns += p.rest_ns[k];
+                }
+            }
+        }
+        (values.into_iter().map(|(key, ns)| (key, None, vec![ns.round() as i64])).collect(), totals)
+    }
+}
+
+#[derive(Default)]
+struct ProcessRest {
+    /// A thread of it and its name, for the stack of time no wait could carry.
+    tid: u32,
+    comm: String,
+    rest_ns: [u64; KINDS],
+    weights: [Vec<(StackKey, f64)>; KINDS],
+}
+
+/// Adds `ns` to the stacks of `weights`, in proportion.
+fn share_out(values: &mut HashMap<StackKey, f64>, weights: &[(StackKey, f64)], ns: u64) {
+    let total: f64 = weights.iter().map(|(_, w)| w).sum();
+    for (key, w) in weights {
+        let share = if total > 0.0 { w / total } else { 1.0 / weights.len() as f64 };
+        *values.entry(key.clone()).or_default() += ns as f64 * share;
     }
 }
