@@ -75,6 +75,7 @@ impl CpuSampler {
         let sampling = config.off_cpu;
         rodata.offcpu_cpu_burst = sampling.cpu_burst.max(1);
         rodata.offcpu_period_ns = sampling.period_ns();
+        rodata.offcpu_chance_per_ns = (1u64 << 32) / sampling.period_ns();
         rodata.offcpu_epoch_unwinds = (sampling.cpu_target.saturating_mul(OffCpuSampling::EPOCH.as_millis() as u64) / 1000).clamp(1, 1 << 15);
         rodata.offcpu_cpu_refill_ns = 1_000_000_000 / sampling.cpu_rate.max(1);
         let rows = config.unwind_memory / SamplerConfig::BYTES_PER_ROW;
