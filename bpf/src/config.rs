@@ -78,10 +78,10 @@ pub struct OffCpuSampling {
     /// A wait asks for a chance of its expected length (its thread's recent waits) over this,
     /// at most 1: about one stack per period of waiting, as CPU time is sampled. Under 2^32 ns.
     pub period: Duration,
-    /// Unwinds per second a CPU aims at: every 250 ms it scales the chances by what its waits
-    /// of the last 250 ms asked for (up, to every wait drawn, where they asked little).
+    /// Unwinds per second a CPU aims at: every 50 ms it scales the chances by what its waits
+    /// of the last 50 ms asked for (up, to every wait drawn, where they asked little).
     pub cpu_target: u64,
-    /// Unwinds per second and CPU at most, whatever the scale (bursts within 250 ms).
+    /// Unwinds per second and CPU at most, whatever the scale (bursts within 50 ms).
     pub cpu_rate: u64,
     /// Unwinds a CPU may do at once after an idle spell.
     pub cpu_burst: u64,
@@ -89,7 +89,7 @@ pub struct OffCpuSampling {
 
 impl OffCpuSampling {
     /// The length of the epochs over which a CPU sets its scale (offcpu.h).
-    pub const EPOCH: Duration = Duration::from_millis(250);
+    pub const EPOCH: Duration = Duration::from_millis(50);
     /// The longest period: the BPF side shifts lengths under it by 32 bits.
     pub const MAX_PERIOD: Duration = Duration::from_nanos(u32::MAX as u64);
 

@@ -76,8 +76,9 @@ pub(crate) fn events() -> Vec<Event> {
     };
     // The loader's unwound 30 ms wait carries its 10 ms of long waits not unwound.
     out.push(end(PID, TID, "loader", 1, 30_000_000, [0, 10_000_000]));
-    // The trainer has no unwound wait: its process's (the loader's) carries its 3 ms.
-    out.push(end(PID, PID, "trainer", 0, 0, [3_000_000, 0]));
+    // The trainer has no unwound wait: its process's (the loader's) carries its 3 ms of short
+    // waits; its 2 ms of long ones stay under [off-cpu: waits not unwound].
+    out.push(end(PID, PID, "trainer", 0, 0, [3_000_000, 2_000_000]));
     // Nothing of another process was unwound: its 4 ms stay under [off-cpu: waits not unwound].
     out.push(end(PID + 10, PID + 10, "worker", 0, 0, [4_000_000, 0]));
 

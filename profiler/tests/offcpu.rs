@@ -239,9 +239,12 @@ fn the_agent_pushes_off_cpu_and_wall_under_their_names() {
     // to the next window (never pushed with --once), and the one in progress when the agent
     // attached is not seen whole, so the window (3 s, or more when a loaded machine closes it
     // late: its own duration says) holds all of the napper's time but up to two of its waits,
-    // of 300 ms and what a loaded machine adds to them.
+    // of 300 ms and what a loaded machine adds to them. Above the window only by what CPU
+    // samples at the agent's 19 Hz can be off: beside CPU hogs the napper's spins come in many
+    // pieces, each a sample (52.6 ms) off either way (seen: 123 ms over in 2 of ~20 runs).
     let window = wall.profile.duration_nanos;
-    assert!((window - 1_000_000_000..=window + 100_000_000).contains(&wall_ns), "wall {wall_ns} ns for a window of {window} ns\n{stderr}");
+    let sample = 1_000_000_000 / 19;
+    assert!((window - 1_000_000_000..=window + 3 * sample).contains(&wall_ns), "wall {wall_ns} ns for a window of {window} ns\n{stderr}");
     assert!(off_ns >= 600_000_000, "asleep {off_ns} ns: not even two sleeps of 300 ms\n{stderr}");
     // About half asleep (300 ms of each 500 ms, less the waits at the edges).
     assert!((0.24..=0.79).contains(&share(off_ns as u64, wall_ns as u64)), "asleep {off_ns} of wall {wall_ns}\n{stderr}");

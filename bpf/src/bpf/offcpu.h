@@ -12,7 +12,7 @@
  *     a training loop waiting for its GPU does, is unwound at every wait; a thread switching every
  *     few microseconds at one wait in thousands: about one stack per period of waiting, as the
  *     CPU sampler takes one per period of running;
- *   - times the CPU's scale, set every 250 ms from what the last 250 ms asked for, so that the
+ *   - times the CPU's scale, set every 50 ms from what the last 50 ms asked for, so that the
  *     CPU draws about offcpu_epoch_unwinds waits per epoch: up to 64 on a CPU whose target
  *     threads wait little (every wait of 1/64 period or more is then drawn), down to 1/65536.
  * A CPU's drawn waits are also held to a budget per second, for the bursts within an epoch.
@@ -39,12 +39,12 @@
 #define CHANCE_ONE (1ULL << 32)
 #define SCALE_ONE (1ULL << 16)
 #define SCALE_MAX (64 * SCALE_ONE)
-#define OFFCPU_EPOCH_NS 250000000ULL
+#define OFFCPU_EPOCH_NS 50000000ULL
 
 /* Set before load (SamplerConfig). */
 const volatile __u64 offcpu_period_ns = 10101010;   /* under 2^32 */
 const volatile __u64 offcpu_chance_per_ns = 425;    /* (1 << 32) / offcpu_period_ns */
-const volatile __u64 offcpu_epoch_unwinds = 50;     /* 200 a second */
+const volatile __u64 offcpu_epoch_unwinds = 10;     /* 200 a second */
 const volatile __u64 offcpu_cpu_burst = 64;
 const volatile __u64 offcpu_cpu_refill_ns = 500000; /* one unwind back every 0.5 ms: 2000/s */
 
@@ -117,10 +117,12 @@ static __always_inline __u64 scaled_chance(struct offcpu_cpu *c, __u64 wanted, _
 		/* target << 16 is under 2^64 (offcpu_epoch_unwinds < 2^15). */
 		__u64 fits = c->demand ? (target << 16) / c->demand : SCALE_MAX;
 
-		/* Down at once, up by 4 at most an epoch: a quiet spell does not leave a CPU drawing
-		 * every wait of the burst that ends it. */
-		if (c->scale && fits > c->scale * 4)
-			fits = c->scale * 4;
+		/* Down at once, up by 2 at most an epoch: a quiet spell of a few hundred ms does not
+		 * leave a CPU drawing every wait of the burst that ends it (a thread-per-request
+		 * server's new threads, each expected to wait a period), and the epoch is short
+		 * because until it ends such a burst is drawn at the scale of the quiet. */
+		if (c->scale && fits > c->scale * 2)
+			fits = c->scale * 2;
 		c->scale = fits > SCALE_MAX ? SCALE_MAX : fits ? fits : 1;
 		c->demand = 0;
 		c->epoch_start = now;

@@ -2,8 +2,10 @@
 //! the time each wait lasted. Not every switch-out is unwound (see `OffCpuSampling`), but every
 //! wait is measured: a thread's time in waits not unwound is shared out over its unwound waits of
 //! the same kind (shorter than the sampling period, or not), each weighing its time over the
-//! chance it was drawn with; a thread with none, over its process's. Wall time is that and the
-//! CPU samples, on one scale: each sample counts its period.
+//! chance it was drawn with. A thread with none: its short waits over its process's (threads of
+//! a thread-per-request server wait alike, and few live to be unwound), its long ones under
+//! `[off-cpu: waits not unwound]`. Wall time is that and the CPU samples, on one scale: each
+//! sample counts its period.
 
 use std::collections::{HashMap, HashSet};
 
@@ -68,7 +70,7 @@ impl Source for OffCpu {
 fn describe_sampling(frequency_hz: u64) -> String {
     let period_ms = OffCpuSampling::at(frequency_hz).period.as_secs_f64() * 1e3;
     format!(
-        "off-CPU stacks are sampled: each wait is unwound with a chance of its expected length (its thread's recent waits) over {period_ms:.2} ms, scaled per CPU to about {} unwinds a second; the time is not sampled: each thread's waits shorter than {period_ms:.2} ms, and its longer ones, are measured and shared out over its unwound waits of the same kind, weighed by time over chance (or over its process's, when it has none)",
+        "off-CPU stacks are sampled: each wait is unwound with a chance of its expected length (its thread's recent waits) over {period_ms:.2} ms, scaled per CPU to about {} unwinds a second; the time is not sampled: each thread's waits shorter than {period_ms:.2} ms, and its longer ones, are measured and shared out over its unwound waits of the same kind, weighed by time over chance (a thread with none: its short waits over its process's, its long ones under {NOT_UNWOUND})",
         OffCpuSampling::default().cpu_target
     )
 }
@@ -79,6 +81,7 @@ const NOT_UNWOUND: &str = "[off-cpu: waits not unwound]";
 /// Waits shorter than the sampling period, and the others: each kind's time goes to unwound
 /// waits of the same kind, so that a short wait drawn at a small chance cannot carry a long one's.
 const KINDS: usize = 2;
+const SHORT: usize = 0;
 
 fn kind_of(duration_ns: u64, period_ns: u64) -> usize {
     usize::from(duration_ns >= period_ns)
@@ -108,7 +111,7 @@ struct Waits {
 pub struct OffCpuTotals {
     /// Time shared out over a thread's own unwound waits.
     pub own_ns: u64,
-    /// Time of threads without an unwound wait of the kind, shared out over their process's.
+    /// Short waits of threads without an unwound short wait, shared out over their process's.
     pub process_ns: u64,
     /// Time no unwound wait of its process could carry.
     pub not_unwound_ns: u64,
@@ -119,7 +122,7 @@ impl OffCpuTotals {
         let total = self.own_ns + self.process_ns + self.not_unwound_ns;
         let pct = |ns: u64| if total > 0 { ns as f64 * 100.0 / total as f64 } else { 0.0 };
         format!(
-            "off-CPU time of {:.3} s, measured: {:.1}% on the thread's own unwound waits, {:.1}% on its process's (the thread had none of its kind), {:.1}% under {NOT_UNWOUND}",
+            "off-CPU time of {:.3} s, measured: {:.1}% on the thread's own unwound waits, {:.1}% on its process's (short waits of a thread with none unwound), {:.1}% under {NOT_UNWOUND}",
             total as f64 / 1e9,
             pct(self.own_ns),
             pct(self.process_ns),
@@ -188,11 +191,19 @@ impl Waits {
             let process = processes.entry(t.pid).or_insert_with(|| ProcessRest { tid, comm: t.comm.clone(), ..Default::default() });
             for k in 0..KINDS {
                 let weights = &by_kind[k];
-                if weights.is_empty() {
-                    process.rest_ns[k] += measured[k];
-                } else {
+                if !weights.is_empty() {
                     share_out(&mut values, weights, measured[k]);
                     totals.own_ns += measured[k];
+                } else if k == SHORT {
+                    // Many short waits, alike across a process's threads (a thread-per-request
+                    // server's threads rarely live to an unwound wait of their own).
+                    process.rest_ns[k] += measured[k];
+                } else if measured[k] > 0 {
+                    // A long wait of a thread whose waits were short: another thread's long
+                    // wait is no guess at where it waited (a main thread's sleep was shared
+                    // out over three worker threads' waits in a test).
+                    *values.entry(not_unwound_key(t.pid, tid, &t.comm)).or_default() += measured[k] as f64;
+                    totals.not_unwound_ns += measured[k];
                 }
                 process.weights[k].extend(by_kind[k].iter().cloned());
             }
@@ -205,17 +216,7 @@ impl Waits {
                 // Its own kind first, else the other: a process's waits all long or all short.
                 let weights = if p.weights[k].is_empty() { &p.weights[KINDS - 1 - k] } else { &p.weights[k] };
                 if weights.is_empty() {
-                    let key = StackKey {
-                        pid,
-                        tid: p.tid,
-                        comm: p.comm.clone(),
-                        kernel: Vec::new(),
-                        user: Vec::new(),
-                        root: None,
-                        tail: vec![TailFrame::Marker(NOT_UNWOUND.into())],
-                        leaf: None,
-                    };
-                    *values.entry(key).or_default() += p.rest_ns[k] as f64;
+                    *values.entry(not_unwound_key(pid, p.tid, &p.comm)).or_default() += p.rest_ns[k] as f64;
                     totals.not_unwound_ns += p.rest_ns[k];
                 } else {
                     share_out(&mut values, weights, p.rest_ns[k]);
@@ -234,6 +235,19 @@ struct ProcessRest {
     comm: String,
     rest_ns: [u64; KINDS],
     weights: [Vec<(StackKey, f64)>; KINDS],
+}
+
+fn not_unwound_key(pid: u32, tid: u32, comm: &str) -> StackKey {
+    StackKey {
+        pid,
+        tid,
+        comm: comm.to_string(),
+        kernel: Vec::new(),
+        user: Vec::new(),
+        root: None,
+        tail: vec![TailFrame::Marker(NOT_UNWOUND.into())],
+        leaf: None,
+    }
 }
 
 /// Adds `ns` to the stacks of `weights`, in proportion.
