@@ -90,7 +90,8 @@ pub struct OffCpuSampling {
 impl OffCpuSampling {
     /// The length of the epochs over which a CPU sets its scale (offcpu.h).
     pub const EPOCH: Duration = Duration::from_millis(50);
-    /// The longest period: the BPF side shifts lengths under it by 32 bits.
+    /// The longest period: the BPF side's chance of a nanosecond, (1 << 32) / period, is at
+    /// least 1.
     pub const MAX_PERIOD: Duration = Duration::from_nanos(u32::MAX as u64);
 
     /// Sampled as CPU time is at `frequency_hz`: a period of 1 / frequency_hz.
@@ -98,8 +99,20 @@ impl OffCpuSampling {
         OffCpuSampling { period: Duration::from_nanos(1_000_000_000 / frequency_hz.max(1)), ..Self::default() }
     }
 
-    pub(crate) fn period_ns(&self) -> u64 {
+    /// The period as the BPF side uses it, also to tell short waits from long ones.
+    pub fn period_ns(&self) -> u64 {
         self.period.min(Self::MAX_PERIOD).as_nanos().max(1) as u64
+    }
+
+    /// The chance (of 1 << 32) a nanosecond of expected wait asks for: the BPF side multiplies
+    /// by it rather than divide by the period on every switch.
+    pub(crate) fn chance_per_ns(&self) -> u64 {
+        (1u64 << 32) / self.period_ns()
+    }
+
+    /// The unwinds a CPU aims at per epoch.
+    pub(crate) fn epoch_unwinds(&self) -> u64 {
+        (self.cpu_target.saturating_mul(Self::EPOCH.as_millis() as u64) / 1000).clamp(1, 1 << 15)
     }
 }
 

@@ -140,7 +140,7 @@ counters! {
         threads_full = COUNTER_OFFCPU_FULL, "Threads not followed: their off-CPU state could not be made (no memory).";
         followed = COUNTER_OFFCPU_FOLLOWED, "Target threads given off-CPU state.";
         released = COUNTER_OFFCPU_RELEASED, "Threads whose off-CPU state was released at their exit.";
-        waited_ns = COUNTER_OFFCPU_WAITED_NS, "Nanoseconds target threads spent off the CPU, every wait measured (what the off-CPU profile estimates).";
+        waited_ns = COUNTER_OFFCPU_WAITED_NS, "Nanoseconds target threads spent off the CPU, every wait measured (what the off-CPU profile adds up to).";
     }
 }
 

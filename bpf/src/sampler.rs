@@ -75,8 +75,9 @@ impl CpuSampler {
         let sampling = config.off_cpu;
         rodata.offcpu_cpu_burst = sampling.cpu_burst.max(1);
         rodata.offcpu_period_ns = sampling.period_ns();
-        rodata.offcpu_chance_per_ns = (1u64 << 32) / sampling.period_ns();
-        rodata.offcpu_epoch_unwinds = (sampling.cpu_target.saturating_mul(OffCpuSampling::EPOCH.as_millis() as u64) / 1000).clamp(1, 1 << 15);
+        rodata.offcpu_chance_per_ns = sampling.chance_per_ns();
+        rodata.offcpu_epoch_ns = OffCpuSampling::EPOCH.as_nanos() as u64;
+        rodata.offcpu_epoch_unwinds = sampling.epoch_unwinds();
         rodata.offcpu_cpu_refill_ns = 1_000_000_000 / sampling.cpu_rate.max(1);
         let rows = config.unwind_memory / SamplerConfig::BYTES_PER_ROW;
         let blocks = u32::try_from(rows.div_ceil(16).max(1)).unwrap_or(u32::MAX);

@@ -49,10 +49,23 @@ fn profile(dir: &Path, kind: &str) -> Vec<Stack> {
     read_folded(&dir.join(format!("out.{kind}.folded")))
 }
 
+/// A figure of record's off-CPU report (-v): `off-CPU switches=… threads_left=…`.
+fn reported(stderr: &str, name: &str) -> u64 {
+    let key = format!("{name}=");
+    let line = stderr.lines().find(|l| l.contains("off-CPU") && l.contains(&key)).unwrap_or_else(|| panic!("no off-CPU report with {name} in:\n{stderr}"));
+    let v = line.split(&key).nth(1).and_then(|r| r.split_whitespace().next()).unwrap_or_default();
+    v.parse().unwrap_or_else(|_| panic!("bad {name} in {line:?}"))
+}
+
 fn threads_left(stderr: &str) -> u64 {
-    let line = stderr.lines().find(|l| l.contains("off-CPU") && l.contains("threads_left=")).unwrap_or_else(|| panic!("no off-CPU report in:\n{stderr}"));
-    let v = line.split("threads_left=").nth(1).and_then(|r| r.split_whitespace().next()).unwrap_or_default();
-    v.parse().unwrap_or_else(|_| panic!("bad threads_left in {line:?}"))
+    reported(stderr, "threads_left")
+}
+
+/// Debian's own Python, without frame pointers, its interpreter in the executable.
+fn debian_python() -> &'static str {
+    let python = "/usr/bin/python3.11";
+    assert!(Path::new(python).exists(), "Debian's python3.11 is needed (scripts/setup.sh installs python3)");
+    python
 }
 
 fn share(part: u64, whole: u64) -> f64 {
@@ -93,8 +106,7 @@ fn sleep_chain_holds_sixty_percent_of_wall_time_and_cpu_and_wall_agree() {
 #[test]
 fn python_threads_wait_under_their_python_chains_with_the_kernel_frames_of_the_wait() {
     require_bpf();
-    let python = "/usr/bin/python3.11";
-    assert!(Path::new(python).exists(), "Debian's python3.11 is needed (scripts/setup.sh installs python3)");
+    let python = debian_python();
     let dir = tempfile::tempdir().unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/offcpu_threads.py");
     // Each waiting thread waits 2 s of the script's ~2 s.
@@ -119,8 +131,7 @@ fn python_threads_wait_under_their_python_chains_with_the_kernel_frames_of_the_w
 #[test]
 fn many_short_waits_are_measured_and_carried_by_the_few_unwound_and_the_profile_says_so() {
     require_bpf();
-    let python = "/usr/bin/python3.11";
-    assert!(Path::new(python).exists(), "Debian's python3.11 is needed (scripts/setup.sh installs python3)");
+    let python = debian_python();
     let dir = tempfile::tempdir().unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/short_waits.py");
     // 4000 sleeps of 0.5 ms: ~2-3 s away, a wait every ~0.6 ms, far more than are unwound.
@@ -134,10 +145,9 @@ fn many_short_waits_are_measured_and_carried_by_the_few_unwound_and_the_profile_
     let profile = gpuflame::output::pprof::read(&std::fs::read(&out).unwrap()).unwrap();
     let ctx = format!("stderr:\n{stderr}");
     let slept = said(&stderr, "slept_ns");
-    let line = stderr.lines().find(|l| l.contains("off-CPU") && l.contains("drawn=")).unwrap_or_else(|| panic!("no off-CPU report\n{ctx}"));
-    let count = |name: &str| -> u64 { line.split(&format!("{name}=")).nth(1).and_then(|r| r.split_whitespace().next()).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no {name} in {line:?}")) };
     // Most waits were not unwound...
-    assert!(count("unwound") * 2 < count("switches"), "{line}");
+    let (unwound, switches) = (reported(&stderr, "unwound"), reported(&stderr, "switches"));
+    assert!(unwound * 2 < switches, "{unwound} of {switches} switch-outs unwound\n{ctx}");
     // ...and yet the time under the sleeping function is the time the program was away (its
     // own clock also counts the loop's few microseconds on the CPU per sleep): the waits not
     // unwound are measured, and the unwound ones carry them.
@@ -156,8 +166,7 @@ fn many_short_waits_are_measured_and_carried_by_the_few_unwound_and_the_profile_
 #[test]
 fn a_cuda_sync_blocked_on_a_futex_shows_under_the_python_line_that_called_it() {
     require_bpf();
-    let python = "/usr/bin/python3.11";
-    assert!(Path::new(python).exists(), "Debian's python3.11 is needed (scripts/setup.sh installs python3)");
+    let python = debian_python();
     let dir = tempfile::tempdir().unwrap();
     common::cuda::build_stand_ins(dir.path());
     let cudart = dir.path().join("libcudart.so.13").display().to_string();

@@ -39,11 +39,11 @@
 #define CHANCE_ONE (1ULL << 32)
 #define SCALE_ONE (1ULL << 16)
 #define SCALE_MAX (64 * SCALE_ONE)
-#define OFFCPU_EPOCH_NS 50000000ULL
 
 /* Set before load (SamplerConfig). */
 const volatile __u64 offcpu_period_ns = 10101010;   /* under 2^32 */
 const volatile __u64 offcpu_chance_per_ns = 425;    /* (1 << 32) / offcpu_period_ns */
+const volatile __u64 offcpu_epoch_ns = 50000000;
 const volatile __u64 offcpu_epoch_unwinds = 10;     /* 200 a second */
 const volatile __u64 offcpu_cpu_burst = 64;
 const volatile __u64 offcpu_cpu_refill_ns = 500000; /* one unwind back every 0.5 ms: 2000/s */
@@ -111,7 +111,7 @@ static __always_inline __u64 scaled_chance(struct offcpu_cpu *c, __u64 wanted, _
 {
 	__u64 chance;
 
-	if (now - c->epoch_start >= OFFCPU_EPOCH_NS) {
+	if (now - c->epoch_start >= offcpu_epoch_ns) {
 		__u64 target = offcpu_epoch_unwinds << 32;
 
 		/* target << 16 is under 2^64 (offcpu_epoch_unwinds < 2^15). */
@@ -129,9 +129,7 @@ static __always_inline __u64 scaled_chance(struct offcpu_cpu *c, __u64 wanted, _
 	}
 	if (c->demand < (1ULL << 48))
 		c->demand += wanted;
-	if (!c->scale)
-		c->scale = SCALE_MAX;
-	/* Under 2^16 * 2^32: no overflow. */
+	/* Under 2^16 * 2^32: no overflow. (The first call starts an epoch: scale is set.) */
 	chance = (wanted >> 16) * c->scale;
 	return chance > CHANCE_ONE ? CHANCE_ONE : chance;
 }
@@ -142,8 +140,7 @@ static __always_inline __u64 wanted_chance(struct offcpu_thread *t, bool preempt
 {
 	__u64 expected = preempted ? t->avg_preempted_ns : t->avg_wait_ns;
 
-	/* A multiplication where a division cost ~10% of the whole switch path; under 2^64, as
-	 * expected < period < 2^32. */
+	/* A multiplication, not a division, on every switch; at most 2^32, as expected < period. */
 	return expected >= offcpu_period_ns ? CHANCE_ONE : expected * offcpu_chance_per_ns;
 }
 
@@ -288,8 +285,6 @@ static __always_inline void offcpu_switch_in(struct task_struct *next, __u64 now
 		if (t->short_rest_ns + t->long_rest_ns >= 100000000ULL)
 			send_offcpu_end(next, t, 0, 0);
 	}
-	t->chance = 0;
-	t->seq = 0;
 }
 
 /* The run queue's clock, which __schedule updated right before this tracepoint, read from memory

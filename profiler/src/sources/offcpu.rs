@@ -46,7 +46,7 @@ impl Source for OffCpu {
     }
 
     fn close(&mut self, window: &WindowInfo, _: &mut Stacks) -> Vec<Closed> {
-        let (off, totals) = self.waits.take_values(OffCpuSampling::at(window.frequency_hz).period.as_nanos() as u64);
+        let (off, totals) = self.waits.take_values(OffCpuSampling::at(window.frequency_hz).period_ns());
         let sampling = describe_sampling(window.frequency_hz);
         let mut out = Vec::new();
         if let Some(w) = self.wall.as_mut() {
@@ -175,8 +175,8 @@ impl Waits {
         let threads = std::mem::take(&mut self.threads);
         let mut totals = OffCpuTotals::default();
         let mut values: HashMap<StackKey, f64> = HashMap::new();
-        // pid → per kind: the time of its threads without unwound waits of the kind, and the
-        // weights of all its unwound waits of the kind.
+        // pid → the short waits of its threads without an unwound one, and the weights of all
+        // its unwound waits by kind.
         let mut processes: HashMap<u32, ProcessRest> = HashMap::new();
         for (tid, t) in threads {
             let mut by_kind: [Vec<(StackKey, f64)>; KINDS] = Default::default();
@@ -197,7 +197,7 @@ impl Waits {
                 } else if k == SHORT {
                     // Many short waits, alike across a process's threads (a thread-per-request
                     // server's threads rarely live to an unwound wait of their own).
-                    process.rest_ns[k] += measured[k];
+                    process.short_rest_ns += measured[k];
                 } else if measured[k] > 0 {
                     // A long wait of a thread whose waits were short: another thread's long
                     // wait is no guess at where it waited (a main thread's sleep was shared
@@ -205,23 +205,21 @@ impl Waits {
                     *values.entry(not_unwound_key(t.pid, tid, &t.comm)).or_default() += measured[k] as f64;
                     totals.not_unwound_ns += measured[k];
                 }
-                process.weights[k].extend(by_kind[k].iter().cloned());
+                process.weights[k].append(&mut by_kind[k]);
             }
         }
         for (pid, p) in processes {
-            for k in 0..KINDS {
-                if p.rest_ns[k] == 0 {
-                    continue;
-                }
-                // Its own kind first, else the other: a process's waits all long or all short.
-                let weights = if p.weights[k].is_empty() { &p.weights[KINDS - 1 - k] } else { &p.weights[k] };
-                if weights.is_empty() {
-                    *values.entry(not_unwound_key(pid, p.tid, &p.comm)).or_default() += p.rest_ns[k] as f64;
-                    totals.not_unwound_ns += p.rest_ns[k];
-                } else {
-                    share_out(&mut values, weights, p.rest_ns[k]);
-                    totals.process_ns += p.rest_ns[k];
-                }
+            if p.short_rest_ns == 0 {
+                continue;
+            }
+            // Its short waits first, else its long ones: a process's waits all long or all short.
+            let weights = if p.weights[SHORT].is_empty() { &p.weights[1 - SHORT] } else { &p.weights[SHORT] };
+            if weights.is_empty() {
+                *values.entry(not_unwound_key(pid, p.tid, &p.comm)).or_default() += p.short_rest_ns as f64;
+                totals.not_unwound_ns += p.short_rest_ns;
+            } else {
+                share_out(&mut values, weights, p.short_rest_ns);
+                totals.process_ns += p.short_rest_ns;
             }
         }
         (values.into_iter().map(|(key, ns)| (key, None, vec![ns.round() as i64])).collect(), totals)
@@ -233,7 +231,7 @@ struct ProcessRest {
     /// A thread of it and its name, for the stack of time no wait could carry.
     tid: u32,
     comm: String,
-    rest_ns: [u64; KINDS],
+    short_rest_ns: u64,
     weights: [Vec<(StackKey, f64)>; KINDS],
 }
 

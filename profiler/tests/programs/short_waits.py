@@ -1,5 +1,5 @@
 """One thread that sleeps COUNT times for SECONDS each (short waits: most are not unwound, and
-their time is estimated from those that are), then says how long it was away: slept_ns=N."""
+their measured time is carried by those that are), then says how long it was away: slept_ns=N."""
 import sys
 import time
 
