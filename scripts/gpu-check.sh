@@ -1,101 +1,118 @@
 #!/usr/bin/env bash
-# On a machine with an NVIDIA GPU and PyTorch: records a real PyTorch workload (allocations of
-# known sizes, bf16 matmuls, expandable segments, torch.compile) with the CUDA profiles, and prints
-# the profiles' totals beside torch.cuda.memory_reserved() and the launches the workload made; on
-# two GPUs or more, a torchrun all-reduce job's collectives per rank beside what torch measured.
+# On a machine with an NVIDIA GPU and PyTorch: records scripts/gpu_check.py (known CUDA work under
+# named functions) with the CUDA profiles and prints gpuflame's figures beside PyTorch's own,
+# function by function: HBM against memory_reserved() growth (both allocators), launches and GPU
+# time against torch.profiler, synchronisation time against the program's clock, an induced OOM,
+# the slowdown of a launch-bound loop at defaults and of a training step under --profiles all.
 #
-#   sudo scripts/gpu-check.sh [OUTDIR]          (GPUFLAME=path/to/gpuflame to skip the build)
-set -euo pipefail
+#   sudo scripts/gpu-check.sh [OUTDIR]     (GPUFLAME=path/to/gpuflame to skip the build)
+#
+# Every step has its own time limit, so that one that hangs leaves the others their figures.
+set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$(mktemp -d)}
 mkdir -p "$out"
 exe=${GPUFLAME:-}
 if [ -z "$exe" ]; then
-	cargo build --release --quiet --manifest-path "$root/Cargo.toml" -p gpuflame
+	cargo build --release --quiet --manifest-path "$root/Cargo.toml" -p gpuflame || exit 1
 	exe="$root/target/release/gpuflame"
 fi
-python=${PYTHON:-python3}
+py=${PYTHON:-python3}
+w="$root/scripts/gpu_check.py"
+export PYTHONUNBUFFERED=1
+
+echo "== machine: $(uname -r), $(nproc) CPUs; BTF $([ -e /sys/kernel/btf/vmlinux ] && echo yes || echo NO)"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-"$python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
-
-total() { awk '{ s += $NF } END { print s + 0 }' "$1"; }
-under() { grep -F -- "$2" "$1" | awk '{ s += $NF } END { print s + 0 }'; }
-
-for mode in default expandable compile; do
-	conf=""
-	[ "$mode" = expandable ] && conf="expandable_segments:True"
-	start=$(date +%s.%N)
-	"$exe" record -v --profiles hbm-alloc,hbm-inuse,gpu-launches,cuda-api --cuda-exact -o "$out/$mode.folded" -- \
-		env PYTORCH_CUDA_ALLOC_CONF="$conf" "$python" "$root/scripts/gpu_workload.py" "$mode" >"$out/$mode.out" 2>"$out/$mode.err"
-	end=$(date +%s.%N)
-	reserved=$(sed -n 's/^memory_reserved=//p' "$out/$mode.out")
-	echo "== $mode (PYTORCH_CUDA_ALLOC_CONF=$conf), $(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }') s"
-	echo "  torch.cuda.memory_reserved() at the end: $reserved bytes"
-	echo "  hbm-inuse total at exit:                 $(total "$out/$mode.hbm-inuse.folded") bytes"
-	echo "    of which cudaMalloc $(under "$out/$mode.hbm-inuse.folded" ';cudaMalloc ')," \
-		"cuMemCreate $(under "$out/$mode.hbm-inuse.folded" ';cuMemCreate ')," \
-		"cuMemAlloc_v2 $(under "$out/$mode.hbm-inuse.folded" ';cuMemAlloc_v2 ')"
-	echo "  hbm-alloc total:                         $(total "$out/$mode.hbm-alloc.folded") bytes"
-	echo "  allocate_tensors in hbm-alloc:           $(under "$out/$mode.hbm-alloc.folded" 'allocate_tensors (gpu_workload.py') bytes (asked: $((1366 << 20)))"
-	echo "  launches: cuLaunchKernelEx $(under "$out/$mode.gpu-launches.folded" ';cuLaunchKernelEx;')" \
-		"(50 matmuls asked), cuLaunchKernel $(under "$out/$mode.gpu-launches.folded" ';cuLaunchKernel;')," \
-		"cudaLaunchKernel $(under "$out/$mode.gpu-launches.folded" ';cudaLaunchKernel;'), total $(total "$out/$mode.gpu-launches.folded")"
-	echo "  matmuls (gpu_workload.py) launches:      $(under "$out/$mode.gpu-launches.folded" 'matmuls (gpu_workload.py')"
-	echo "  cuda-api total:                          $(total "$out/$mode.cuda-api.folded") ns"
-	grep -E "CUDA found and hooked|CUDA files_hooked" "$out/$mode.err" | sed 's/^/  /' || true
-done
-echo "== tensors (tensor-inuse) against torch's allocator: requested bytes, reserved, top holders"
-for mode in default expandable; do
-	conf=""
-	[ "$mode" = expandable ] && conf="expandable_segments:True"
-	# The workload holds its tensors for 60 s after printing torch's figures; the recording ends
-	# at 25 s with them live.
-	"$exe" record -v -d 25 --profiles tensor-inuse,hbm-inuse -o "$out/tensors-$mode.folded" --memory-timeline "$out/tensors-$mode.svg" -- \
-		env PYTORCH_CUDA_ALLOC_CONF="$conf" "$python" "$root/scripts/gpu_tensors.py" 60 >"$out/tensors-$mode.out" 2>"$out/tensors-$mode.err" || true
-	pkill -f gpu_tensors.py || true
-	echo "-- $mode (PYTORCH_CUDA_ALLOC_CONF=$conf)"
-	echo "  torch requested_bytes (live tensors):  $(sed -n 's/^requested_bytes=//p' "$out/tensors-$mode.out") bytes"
-	echo "  torch.cuda.memory_allocated():         $(sed -n 's/^memory_allocated=//p' "$out/tensors-$mode.out") bytes (block sizes, rounded)"
-	echo "  gpuflame tensor-inuse total:           $(total "$out/tensors-$mode.tensor-inuse.folded") bytes"
-	echo "  torch.cuda.memory_reserved():          $(sed -n 's/^memory_reserved=//p' "$out/tensors-$mode.out") bytes"
-	echo "  gpuflame hbm-inuse total (segments):   $(total "$out/tensors-$mode.hbm-inuse.folded") bytes"
-	for f in load_weights allocate_kv_cache activations small_tensors; do
-		echo "  $f: torch $(sed -n "s/^torch_holder=$f://p" "$out/tensors-$mode.out") bytes, gpuflame $(under "$out/tensors-$mode.tensor-inuse.folded" "$f (gpu_tensors.py") bytes"
-	done
-	grep -E "HBM at the end|tensors|allocator" "$out/tensors-$mode.err" | sed 's/^/  /' || true
-done
-echo "== gpu-time against torch.profiler (separate runs: both are CUPTI subscribers)"
-for mode in default compile; do
-	"$python" "$root/scripts/gpu_workload.py" "$mode" >"$out/$mode.bare.out"
-	"$python" "$root/scripts/gpu_workload.py" "$mode" --torch-profiler >"$out/$mode.torch.out"
-	"$exe" record -v --profiles gpu-time -o "$out/$mode.gt.folded" -- "$python" "$root/scripts/gpu_workload.py" "$mode" >"$out/$mode.gt.out" 2>"$out/$mode.gt.err"
-	torch_ns=$(sed -n 's/^torch_profiler_kernel_ns=//p' "$out/$mode.torch.out")
-	ours=$(total "$out/$mode.gt.gpu-time.folded")
-	bare=$(sed -n 's/^work_seconds=//p' "$out/$mode.bare.out")
-	with=$(sed -n 's/^work_seconds=//p' "$out/$mode.gt.out")
-	echo "-- $mode"
-	echo "  torch.profiler kernel time: $torch_ns ns; gpuflame gpu-time total: $ours ns ($(awk -v a="$ours" -v b="$torch_ns" 'BEGIN { if (b > 0) printf "%+.1f%%", (a - b) * 100 / b }'))"
-	echo "  work without / with gpuflame gpu-time: $bare s / $with s ($(awk -v a="$with" -v b="$bare" 'BEGIN { if (b > 0) printf "%+.1f%%", (a - b) * 100 / b }'))"
-	grep -h "gpu time of\|no GPU time" "$out/$mode.gt.err" | sed 's/^/  /' || true
-	echo "  top stacks:"
-	sort -t' ' -k2 -nr "$out/$mode.gt.gpu-time.folded" | head -5 | awk '{ n = $NF; $NF = ""; printf "    %14d ns  %s\n", n, substr($0, length($0) > 240 ? length($0) - 240 : 1) }'
-done
-gpus=$(nvidia-smi --list-gpus 2>/dev/null | wc -l)
-if [ "$gpus" -ge 2 ]; then
-	echo "== NCCL: torchrun, 2 ranks, all-reduce of 64 MiB x 30 (the last rank slow)"
-	"$exe" record -v --profiles cpu,collectives,collective-time --format pprof -o "$out/ddp.pb.gz" -- \
-		"$python" -m torch.distributed.run --nproc-per-node 2 "$root/scripts/gpu_allreduce.py" 30 >"$out/ddp.out" 2>"$out/ddp.err"
-	sed 's/^/  torch: /' "$out/ddp.out"
-	for f in collectives collective-time; do
-		"$exe" convert "$out/ddp.$f.pb.gz" -o "$out/ddp.$f.folded" 2>/dev/null
-		echo "  $f under sync_gradients: $(under "$out/ddp.$f.folded" 'sync_gradients (gpu_allreduce.py')"
-	done
-	for r in 0 1; do
-		"$exe" convert "$out/ddp.collective-time.pb.gz" --where "rank=$r" -o "$out/ddp.time.$r.folded" 2>/dev/null
-		echo "  rank $r collective time: $(total "$out/ddp.time.$r.folded") ns (torch's events: wait_s above)"
-	done
-	grep -h "NCCL kernel records\|CUDA found and hooked" "$out/ddp.err" | sed 's/^/  /' || true
-else
-	echo "== NCCL: skipped, $gpus GPU(s) (the torchrun check needs two)"
+"$py" -c 'import sys, torch; print("python", sys.version.split()[0], sys.executable, "torch", torch.__version__, "cuda", torch.version.cuda)'
+if ! timeout 60 "$exe" record -d 2 -o "$out/probe.folded" -- sleep 1 >"$out/probe.out" 2>&1; then
+	echo "gpuflame cannot record here:"
+	tail -5 "$out/probe.out"
+	exit 1
 fi
+
+total() { awk '{ s += $NF } END { print s + 0 }' "$1" 2>/dev/null || echo 0; }
+# under FILE PATTERN [PATTERN2]: the sum of the stacks that hold PATTERN (and PATTERN2)
+under() { grep -F -- "$2" "$1" 2>/dev/null | grep -F -- "${3:-}" | awk '{ s += $NF } END { print s + 0 }'; }
+val() { sed -n "s/^$2=//p" "$1" | head -1; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b + 0 > 0) printf "%.4f", a / b; else print "n/a" }'; }
+step() { # step NAME LIMIT CMD...: runs CMD with its stdout and stderr in $out/NAME.{out,err}
+	local name=$1 limit=$2
+	shift 2
+	local start=$(date +%s.%N)
+	timeout "$limit" "$@" >"$out/$name.out" 2>"$out/$name.err"
+	local rc=$?
+	echo "-- step $name: rc=$rc, $(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s"
+	[ $rc -eq 0 ] || tail -3 "$out/$name.err" | sed 's/^/   | /'
+}
+rec() { # rec NAME LIMIT PROFILES [OPTIONS...] -- CMD...
+	local name=$1 limit=$2 profiles=$3
+	shift 3
+	step "$name" "$limit" "$exe" record -v --profiles "$profiles" -o "$out/$name.folded" "$@"
+}
+
+echo "== torch's own figures (torch.profiler per function; no gpuflame)"
+step torch 120 "$py" "$w" hbm,launches,graph,sync --torch-profiler
+t="$out/torch.out"
+
+echo "== HBM, launches, synchronisation: gpuflame --cuda-exact"
+rec exact 150 hbm-alloc,hbm-inuse,gpu-launches,cuda-api --cuda-exact -- "$py" "$w" hbm,launches,graph,sync,oom
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True rec expandable 120 hbm-alloc,hbm-inuse -- "$py" "$w" hbm,oom
+for mode in exact expandable; do
+	o="$out/$mode.out"
+	echo "-- hbm-inuse per function against memory_reserved() growth ($mode)"
+	for f in weights kv_cache activations small; do
+		g=$(val "$o" "reserved_growth.$f")
+		h=$(under "$out/$mode.hbm-inuse.folded" "$f (gpu_check.py")
+		echo "   $f: torch $g, gpuflame $h (ratio $(ratio "$h" "$g"))"
+	done
+	echo "   whole: memory_reserved $(val "$o" memory_reserved), gpuflame hbm-inuse $(total "$out/$mode.hbm-inuse.folded"), hbm-alloc $(total "$out/$mode.hbm-alloc.folded"); $(grep -h '^snapshot_' "$o")"
+	echo "   OOM: $(val "$o" oom_raised) raised; gpuflame: $(grep -h 'out of memory' "$out/$mode.err" | head -2 | cut -c1-600)"
+	ls "$out"/"$mode".oom-*.svg 2>/dev/null | sed 's/^/   snapshot file: /'
+done
+echo "-- launches per function, --cuda-exact, against torch.profiler's kernels"
+for f in add_loop mm_loop graph_replay sync_point; do
+	echo "   $f: torch $(val "$t" "torch_kernels.$f") kernels, gpuflame $(under "$out/exact.gpu-launches.folded" "$f (gpu_check.py") launches"
+done
+echo "   leaves: $(sed 's/.*;//' "$out/exact.gpu-launches.folded" | awk '{ n = $NF; $NF = ""; s[$0] += n } END { for (k in s) printf "%s=%d; ", k, s[k] }' | cut -c1-800)"
+echo "-- synchronisation: cuda-api under sync_point's synchronize against the program's clock"
+echo "   program $(val "$out/exact.out" sync_ns) ns, gpuflame $(under "$out/exact.cuda-api.folded" "sync_point (gpu_check.py" Synchronize) ns"
+grep -h "CUDA found and hooked\|sampled\|unknown" "$out/exact.err" | head -8 | cut -c1-300 | sed 's/^/   /'
+
+echo "== GPU time: gpuflame gpu-time against torch.profiler's kernel time"
+rec gputime 150 gpu-time -- "$py" "$w" launches,graph,sync
+for f in add_loop mm_loop graph_replay sync_point; do
+	a=$(val "$t" "torch_kernel_ns.$f")
+	b=$(under "$out/gputime.gpu-time.folded" "$f (gpu_check.py")
+	echo "   $f: torch $a ns, gpuflame $b ns (ratio $(ratio "$b" "$a"))"
+done
+grep -h "gpu time\|CUPTI\|records" "$out/gputime.err" | head -6 | cut -c1-300 | sed 's/^/   /'
+
+echo "== cost: a launch-bound loop and a training step at defaults (3 rounds), the step under --profiles all (2)"
+for round in 1 2 3; do
+	step "bare$round" 120 "$py" "$w" launchbound,train
+	rec "defaults$round" 150 gpu-launches,cuda-api -- "$py" "$w" launchbound,train
+	b="$out/bare$round.out" d="$out/defaults$round.out"
+	for k in launchbound_us_per_launch train_step_ms_median; do
+		echo "   round $round $k: bare $(val "$b" $k), defaults $(val "$d" $k) ($(ratio "$(val "$d" $k)" "$(val "$b" $k)"))"
+	done
+	echo "   round $round launches under launch_bound at defaults: $(under "$out/defaults$round.gpu-launches.folded" "launch_bound (gpu_check.py") (made: $(val "$d" launchbound_launches))"
+done
+for round in 1 2; do
+	step "trainbare$round" 120 "$py" "$w" train
+	rec "all$round" 200 all -- "$py" "$w" train
+	k=train_step_ms_median
+	echo "   round $round $k: bare $(val "$out/trainbare$round.out" $k), all $(val "$out/all$round.out" $k) ($(ratio "$(val "$out/all$round.out" $k)" "$(val "$out/trainbare$round.out" $k)"))"
+	grep -h "gpu time of" "$out/all$round.err" | cut -c1-300 | sed 's/^/   /'
+done
+
+echo "== tensors (tensor-inuse) against torch's allocator, the recording ending with them live"
+rec tensors 45 tensor-inuse,hbm-inuse -d 20 -- "$py" "$root/scripts/gpu_tensors.py" 30
+pkill -f gpu_tensors.py || true
+o="$out/tensors.out"
+echo "   torch requested_bytes $(val "$o" requested_bytes), gpuflame tensor-inuse $(total "$out/tensors.tensor-inuse.folded");" \
+	"torch memory_reserved $(val "$o" memory_reserved), gpuflame hbm-inuse $(total "$out/tensors.hbm-inuse.folded")"
+for f in load_weights allocate_kv_cache activations small_tensors; do
+	echo "   $f: torch $(sed -n "s/^torch_holder=$f://p" "$o"), gpuflame $(under "$out/tensors.tensor-inuse.folded" "$f (gpu_tensors.py")"
+done
+grep -h "tensors\|allocator" "$out/tensors.err" | head -4 | cut -c1-300 | sed 's/^/   /'
 echo "profiles in $out"
