@@ -128,6 +128,7 @@ cuda_apis! {
     C10OutOfMemory = C10_OUT_OF_MEMORY, "_ZN3c1027reportOutOfMemoryToProfilerElmmNS_6DeviceE", TensorOom;
     // Not a symbol (no name has a space): the instructions after the calls of C10Malloc.
     C10MallocReturned = C10_MALLOC_RETURNED, "_ZN3c104cuda20CUDACachingAllocator (return of malloc)", TensorAlloc;
+    CuLibraryGetKernel = CU_LIBRARY_GET_KERNEL, "cuLibraryGetKernel", Meta;
 }
 
 impl CudaApi {
@@ -153,7 +154,8 @@ impl CudaApi {
         }
     }
 
-    /// The hook must see every call (memory, names); the others may be duty-cycled.
+    /// The hook must see every call (memory, names; the injection library samples its launch
+    /// callbacks itself); the others may be duty-cycled.
     pub fn always_on(self) -> bool {
         matches!(
             self.class(),
@@ -165,8 +167,8 @@ impl CudaApi {
                 | CudaClass::TensorAlloc
                 | CudaClass::TensorFree
                 | CudaClass::TensorOom
+                | CudaClass::Cupti
         )
-            || (self.class() == CudaClass::Cupti && self != CudaApi::CuptiLaunch)
     }
 }
 

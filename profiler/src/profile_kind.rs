@@ -162,7 +162,8 @@ pub const DESCRIPTORS: [Descriptor; 12] = [
         sample_types: &[("gpu", "nanoseconds")],
         sampled_time: false,
         window: WindowValue::Sum,
-        // Launch stacks come from the duty-cycled hook on the injection library's callback.
+        // Launch stacks come from the injection library's sampled callback; gpu-launches and
+        // cuda-api, which stand in where CUPTI cannot be had, need the duty-cycled hooks.
         needs: Needs { cuda: Some(CudaHooks::DutyCycled), cupti: true, ..NOTHING },
         adds_frames: &[FrameKind::GpuKernel],
     },

@@ -141,10 +141,27 @@ fn exact_launch_counts_match_what_the_program_did() {
     let ctx = format!("{}\n{stderr}", describe(&stacks));
     // The runtime launch calls the driver's cuLaunchKernel: counted once, named by its host stub.
     assert_eq!(under(&stacks, &["train_step", "cudaLaunchKernel", "[gpu] vector_add_kernel"]), kv["runtime_launches"].parse::<u64>().unwrap(), "{ctx}");
-    // A driver launch is named by the kernel handle that cuModuleGetFunction returned.
+    // A driver launch is named by the kernel handle that cuLibraryGetKernel returned (cuBLAS 13's
+    // way; the runtime's lookups use cuModuleGetFunction).
     assert_eq!(under(&stacks, &["gemm", "cuLaunchKernelEx", "[gpu] sm90_xmma_gemm_bf16"]), kv["ex_launches"].parse::<u64>().unwrap(), "{ctx}");
     assert_eq!(under(&stacks, &["replay_graph", "cudaGraphLaunch"]), kv["graph_launches"].parse::<u64>().unwrap(), "{ctx}");
     assert_eq!(total(&stacks), 2000 + 1000 + 200, "{ctx}");
+}
+
+#[test]
+fn kernels_of_a_stripped_library_are_named_by_the_driver_launch_the_runtime_made() {
+    let fx = Fixture::build();
+    let out = fx.path("s.folded");
+    let (kv, stderr) = fx.record(&["--profiles", "gpu-launches", "--cuda-exact", "-o", &out], &[], &["stripped", "300"]);
+    let stacks = read_folded(Path::new(&out));
+    let ctx = format!("{}\n{stderr}", describe(&stacks));
+    // The host stub has no symbol; the runtime launched it through cuLaunchKernel with the handle
+    // cuModuleGetFunction gave for its registered name, which is demangled. (The library was just
+    // dlopened: the first launches' stacks may stop at `[native: unknown code]` above it, as
+    // README says; the name is what this test is about.)
+    let named = under(&stacks, &["launch_softmax", "cudaLaunchKernel", "[gpu] softmax_kernel(float*)"]);
+    assert_eq!(named, kv["stripped_launches"].parse::<u64>().unwrap(), "{ctx}");
+    assert_eq!(total(&stacks), 300, "{ctx}");
 }
 
 #[test]
@@ -257,7 +274,21 @@ fn gpu_time_of_unsampled_launches_goes_to_their_call_sites() {
     let stacks = parse_folded(&String::from_utf8(folded).unwrap());
     check_gpu_time(&stacks, 60000, &format!("{comment}\n{}\n{stderr}", describe(&stacks)));
     assert_eq!(profile.sample_type().kind, "gpu");
-    assert!(comment.contains("by kernel and call site") && !comment.contains(", 0.0% by kernel"), "most launches were not sampled: {comment}");
+    let by_site = comment.split("% by kernel and call site").next().and_then(|s| s.rsplit(' ').next()).and_then(|p| p.parse::<f64>().ok());
+    assert!(by_site.is_some_and(|p| p > 50.0), "most launches were not sampled: {comment}");
+}
+
+#[test]
+fn gpu_time_of_a_short_burst_at_defaults_goes_to_its_launching_stacks() {
+    let fx = Fixture::build();
+    let out = fx.path("g.folded");
+    let cupti = fx.path("libcupti.so.13");
+    // 200 launches in about a millisecond, which no 10 ms window of the launch hooks would see
+    // (on an H200, a 5 s program's 2,611 kernels all went unattributed that way): the injection
+    // library passes each kernel's first launches on itself.
+    let (_, stderr) = fx.record(&["--profiles", "gpu-time", "-o", &out], &[("GPUFLAME_CUPTI_PATH", cupti)], &["launches", "200"]);
+    let stacks = read_folded(Path::new(&fx.path("g.gpu-time.folded")));
+    check_gpu_time(&stacks, 200, &format!("{}\n{stderr}", describe(&stacks)));
 }
 
 #[test]

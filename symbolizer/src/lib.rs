@@ -21,6 +21,7 @@ mod procmaps;
 mod python;
 
 pub use config::{configure, DebugConfig};
+pub use demangle::demangle;
 pub use files::{FileError, ModuleFile};
 pub use frames::{Symbol, SymbolLine};
 pub use modules::{Module, ModuleId};

@@ -87,7 +87,10 @@ enum cuda_api {
 	/* the instructions malloc's callers resume at: its return, without a return probe, which
 	 * would stop the C++ exception it throws at an out-of-memory (see call_sites.rs) */
 	C10_MALLOC_RETURNED = 63,
-	CUDA_API_MAX = 64,
+	/* (CUkernel *out, CUlibrary, const char *name): CUDA 12's context-independent loading, which
+	 * cuBLAS 13 uses; its launches pass the CUkernel as their CUfunction */
+	CU_LIBRARY_GET_KERNEL = 64,
+	CUDA_API_MAX = 65,
 };
 
 /* Hooked calls nest (cudaMalloc calls cuMemAlloc_v2): per thread and class, only the outermost

@@ -10,7 +10,7 @@
  * number has its entry: one left out would read as CUDA_CLASS_ALLOC, and fail that test. A power
  * of two long, so that a mask shows the verifier the index in bounds (a compare of one register
  * does not bound the copy of it that the compiler may index with). */
-#define CUDA_CLASS_TABLE 64
+#define CUDA_CLASS_TABLE 128
 _Static_assert(CUDA_API_MAX <= CUDA_CLASS_TABLE, "cuda_class_by_api has no room for every api");
 
 const volatile __u8 cuda_class_by_api[CUDA_CLASS_TABLE] = {
@@ -56,6 +56,7 @@ const volatile __u8 cuda_class_by_api[CUDA_CLASS_TABLE] = {
 	[CU_MEMCPY_HTOD_ASYNC] = CUDA_CLASS_API,
 	[CU_MEMCPY_DTOH_ASYNC] = CUDA_CLASS_API,
 	[CU_MODULE_GET_FUNCTION] = CUDA_CLASS_META,
+	[CU_LIBRARY_GET_KERNEL] = CUDA_CLASS_META,
 	[CUDA_SET_DEVICE] = CUDA_CLASS_META,
 	[CUPTI_LAUNCH] = CUDA_CLASS_CUPTI,
 	[CUPTI_KERNELS] = CUDA_CLASS_CUPTI,

@@ -13,7 +13,8 @@
 #include "targets.h"
 
 #define MAX_CUDA_CALLS 65536
-#define CUDA_NAME_MAX 256
+/* PyTorch's mangled kernel names run past 256 bytes, and a name cut short cannot be demangled. */
+#define CUDA_NAME_MAX 1024
 
 struct cuda_call_key {
 	__u32 tid;
@@ -28,6 +29,7 @@ struct cuda_call {
 	__u32 device;
 	__u32 flags; /* CUDA_CALL_IN_ALLOCATOR */
 	__u32 _pad;
+	__u64 inner; /* a runtime launch: the function handle of the driver launch it made */
 };
 
 struct {
@@ -171,6 +173,21 @@ static __always_inline void tensor_freed(struct pt_regs *ctx, __u64 id, __u32 ap
 		count(COUNTER_CUDA_LOST);
 }
 
+/* The CUfunction (or CUkernel) a driver launch runs; 0 for the others. */
+static __always_inline __u64 driver_launch_function(struct pt_regs *ctx, __u32 api)
+{
+	/* Both read first: a load at an offset chosen at run time is not allowed on ctx. */
+	__u64 arg0 = PT_REGS_PARM1(ctx), arg1 = PT_REGS_PARM2(ctx);
+
+	barrier_var(arg0);
+	barrier_var(arg1);
+	if (api == CU_LAUNCH_KERNEL || api == CU_LAUNCH_KERNEL_PTSZ)
+		return arg0;
+	if (api == CU_LAUNCH_KERNEL_EX || api == CU_LAUNCH_KERNEL_EX_PTSZ)
+		return arg1;
+	return 0;
+}
+
 /* At entry: 0 asks for the return half, 1 does not (the return trap is then saved). */
 static __always_inline int cuda_enter(struct pt_regs *ctx)
 {
@@ -196,8 +213,13 @@ static __always_inline int cuda_enter(struct pt_regs *ctx)
 	 * recorded call whose return was never seen (its hook went away) is higher up or gone. */
 	/* The allocator's malloc does not nest, and one that threw left its entry behind. */
 	outer = bpf_map_lookup_elem(&cuda_calls, &key);
-	if (outer && call.sp < outer->sp && key.cls != CUDA_CLASS_TENSOR_ALLOC)
+	if (outer && call.sp < outer->sp && key.cls != CUDA_CLASS_TENSOR_ALLOC) {
+		/* The driver launch a runtime launch makes: its function handle names the kernel where
+		 * the runtime's host stub has no symbol (PyTorch's libraries have no .symtab). */
+		if (key.cls == CUDA_CLASS_LAUNCH && !outer->inner)
+			outer->inner = driver_launch_function(ctx, api);
 		return 1;
+	}
 	call.t0 = bpf_ktime_get_ns();
 	call.api = api;
 	call.args[0] = PT_REGS_PARM1(ctx);
@@ -228,7 +250,7 @@ static __always_inline int cuda_enter(struct pt_regs *ctx)
 	return api == C10_MALLOC;
 }
 
-/* The kernel handle cuModuleGetFunction returned, with its name. */
+/* The kernel handle cuModuleGetFunction or cuLibraryGetKernel returned, with its name. */
 static __always_inline void send_kernel_name(struct event_record *e, __u64 id, struct cuda_call *call)
 {
 	__u64 handle = 0;
@@ -277,7 +299,7 @@ static __always_inline int cuda_return(struct pt_regs *ctx, __u32 api)
 	e = bpf_map_lookup_elem(&sample_scratch, &slot);
 	if (!e)
 		return 0;
-	if (api == CU_MODULE_GET_FUNCTION) {
+	if (api == CU_MODULE_GET_FUNCTION || api == CU_LIBRARY_GET_KERNEL) {
 		if (result == 0)
 			send_kernel_name(e, id, &call);
 		return 0;
@@ -332,6 +354,7 @@ static __always_inline int cuda_return(struct pt_regs *ctx, __u32 api)
 	case CUDA_CLASS_LAUNCH:
 		c->addr = (api == CUDA_LAUNCH_KERNEL_EXC || api == CUDA_LAUNCH_KERNEL_EXC_PTSZ ||
 			   api == CU_LAUNCH_KERNEL_EX || api == CU_LAUNCH_KERNEL_EX_PTSZ) ? call.args[1] : call.args[0];
+		c->handle = call.inner;
 		break;
 	case CUDA_CLASS_COLLECTIVE:
 		/* The element count and the datatype; user space knows the datatypes' sizes. */

@@ -39,7 +39,7 @@ enum unwind_status {
 enum event_kind {
 	EVENT_CPU_SAMPLE = 0,   /* a CPU-clock sample: no payload; both stacks */
 	EVENT_CUDA_CALL = 1,    /* a hooked CUDA call returned: cuda_call; the caller's user stack */
-	EVENT_CUDA_KERNEL = 2,  /* cuModuleGetFunction named a kernel: kernel_name; the name */
+	EVENT_CUDA_KERNEL = 2,  /* cuModuleGetFunction or cuLibraryGetKernel named a kernel: kernel_name; the name */
 	EVENT_CUPTI_KERNELS = 3,/* kernel activity records: cupti_kernels; the records (struct
 				 * cupti_kernel), in a record of their own size (cuda_hooks.h) */
 	EVENT_CUPTI_NAME = 4,   /* the injection library named a kernel name id: cupti_name; the name */
@@ -106,7 +106,7 @@ struct cuda_call_payload {
 	__u64 hook_ns;     /* time the return hook's program took (unwinding included) */
 };
 
-/* EVENT_CUDA_KERNEL: a kernel handle that cuModuleGetFunction returned. */
+/* EVENT_CUDA_KERNEL: a kernel handle that cuModuleGetFunction or cuLibraryGetKernel returned. */
 struct kernel_name_payload {
 	__u64 handle;   /* the CUfunction */
 	__u32 name_len; /* bytes of its name, which follows the fixed part */

@@ -1,11 +1,14 @@
 //! GPU time: kernel execution records from the CUPTI injection library, attributed to the stacks
 //! that launched them.
 //!
-//! A launch's stack is captured (for a sample of launches, by the duty-cycled hook on the
-//! library's launch callback) together with CUPTI's correlation id, which the kernel's record
-//! carries too. A record whose launch was sampled goes to that stack; the others go to the stacks
-//! seen launching the same kernel in the same process, in proportion to how often each was seen
-//! ("by kernel and call site"); a kernel never seen launched goes to `[launch stack not sampled]`.
+//! A launch's stack is captured (for a sample of launches, which the injection library picks)
+//! together with CUPTI's correlation id, which the kernel's record carries too. A record whose
+//! launch was sampled goes to that stack; the others go to the stacks seen launching the same
+//! kernel in the same process, in proportion to how often each was seen ("by kernel and call
+//! site"). A stack cut short (a library's unwind table not in yet) is used only for a kernel that
+//! has no whole one: on a 5 s PyTorch program on an H200, every sampled launch came before
+//! libtorch's tables, and all its GPU time would have gone to `[launch stack not sampled]`, where
+//! a kernel never seen launched goes.
 
 use std::collections::HashMap;
 
@@ -21,6 +24,8 @@ pub struct GpuTimeStats {
     pub records: u64,
     pub by_correlation_ns: i64,
     pub by_site_ns: i64,
+    /// Shared over launch stacks cut short, the kernel having no whole one.
+    pub by_partial_site_ns: i64,
     pub unattributed_ns: i64,
     /// Records the injection libraries dropped to their rate bound (sum over processes).
     pub dropped: u64,
@@ -33,6 +38,9 @@ pub struct GpuTime {
     stack_ids: HashMap<StackKey, u32>,
     launches: HashMap<(u32, u32), u32>,
     sites: HashMap<(u32, u32), HashMap<u32, u64>>,
+    /// The same for launch stacks cut short.
+    partial_launches: HashMap<(u32, u32), u32>,
+    partial_sites: HashMap<(u32, u32), HashMap<u32, u64>>,
     names: HashMap<(u32, u32), String>,
     by_stack: HashMap<(u32, u32), i64>,
     /// (pid, name id) → time of records whose launch was not sampled, and the process's name.
@@ -42,17 +50,19 @@ pub struct GpuTime {
 }
 
 impl GpuTime {
-    /// A sampled launch: its stack (the CUDA call's caller and up) and correlation id.
-    pub fn launch(&mut self, pid: u32, correlation: u32, stack: StackKey) {
-        if self.launches.len() >= LAUNCHES_LIMIT {
-            self.launches.clear();
+    /// A sampled launch: its stack (the CUDA call's caller and up), whether that stack is whole,
+    /// and the correlation id.
+    pub fn launch(&mut self, pid: u32, correlation: u32, stack: StackKey, whole: bool) {
+        let launches = if whole { &mut self.launches } else { &mut self.partial_launches };
+        if launches.len() >= LAUNCHES_LIMIT {
+            launches.clear();
         }
         let next = self.stacks.len() as u32;
         let id = *self.stack_ids.entry(stack).or_insert_with_key(|k| {
             self.stacks.push(k.clone());
             next
         });
-        self.launches.insert((pid, correlation), id);
+        launches.insert((pid, correlation), id);
     }
 
     pub fn named(&mut self, n: GpuKernelName) {
@@ -72,6 +82,9 @@ impl GpuTime {
                     self.stats.by_correlation_ns += ns;
                 }
                 None => {
+                    if let Some(&stack) = self.partial_launches.get(&(pid, k.correlation)) {
+                        *self.partial_sites.entry((pid, k.name_id)).or_default().entry(stack).or_default() += 1;
+                    }
                     let p = self.pending.entry((pid, k.name_id)).or_insert_with(|| (0, batch.comm.clone()));
                     p.0 += ns;
                 }
@@ -81,6 +94,7 @@ impl GpuTime {
 
     pub fn process_exited(&mut self, pid: u32) {
         self.launches.retain(|&(p, _), _| p != pid);
+        self.partial_launches.retain(|&(p, _), _| p != pid);
     }
 
     /// Stacks no launch or site refers to any more are dropped between windows.
@@ -90,6 +104,8 @@ impl GpuTime {
         }
         self.launches.clear();
         self.sites.clear();
+        self.partial_launches.clear();
+        self.partial_sites.clear();
         self.stacks.clear();
         self.stack_ids.clear();
     }
@@ -107,9 +123,15 @@ impl GpuTime {
         }
         for ((pid, id), (ns, comm)) in std::mem::take(&mut self.pending) {
             let kernel = TailFrame::Kernel(name(&self.names, pid, id));
-            match self.sites.get(&(pid, id)).filter(|s| !s.is_empty()) {
+            let whole = self.sites.get(&(pid, id)).filter(|s| !s.is_empty());
+            let sites = whole.or_else(|| self.partial_sites.get(&(pid, id)).filter(|s| !s.is_empty()));
+            match sites {
                 Some(sites) => {
-                    self.stats.by_site_ns += ns;
+                    if whole.is_some() {
+                        self.stats.by_site_ns += ns;
+                    } else {
+                        self.stats.by_partial_site_ns += ns;
+                    }
                     let seen: u64 = sites.values().sum();
                     let mut left = ns;
                     let mut sites: Vec<(&u32, &u64)> = sites.iter().collect();
@@ -149,14 +171,57 @@ impl GpuTime {
 impl GpuTimeStats {
     /// How the time was attributed, for the profile's comment.
     pub fn describe(&self) -> String {
-        let total = (self.by_correlation_ns + self.by_site_ns + self.unattributed_ns).max(1) as f64;
+        let total = (self.by_correlation_ns + self.by_site_ns + self.by_partial_site_ns + self.unattributed_ns).max(1) as f64;
         format!(
-            "gpu time of {} kernel records: {:.1}% attributed by correlation with a sampled launch stack, {:.1}% by kernel and call site, {:.1}% unattributed; {} records dropped by the rate bound",
+            "gpu time of {} kernel records: {:.1}% attributed by correlation with a sampled launch stack, {:.1}% by kernel and call site, {:.1}% by kernel and a call site whose stack was cut short (its tables not in yet), {:.1}% unattributed; {} records dropped by the rate bound",
             self.records,
             100.0 * self.by_correlation_ns as f64 / total,
             100.0 * self.by_site_ns as f64 / total,
+            100.0 * self.by_partial_site_ns as f64 / total,
             100.0 * self.unattributed_ns as f64 / total,
             self.dropped
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gpuflame_bpf::GpuKernel;
+
+    use super::*;
+
+    fn site(name: &str) -> StackKey {
+        StackKey::marker(7, "python3".into(), vec![TailFrame::Marker(name.into())])
+    }
+
+    fn batch(correlations: &[u32]) -> GpuKernelBatch {
+        let kernel = |correlation| GpuKernel { start: 0, end: 100, correlation, device: 0, stream: 0, name_id: 1, graph: 0, graph_node: 0 };
+        GpuKernelBatch { pid: 7, comm: "python3".into(), kernels: correlations.iter().map(|&c| kernel(c)).collect(), dropped_total: 0 }
+    }
+
+    fn at(values: &StackValues, name: &str) -> i64 {
+        values.iter().filter(|(k, _, _)| k.tail.first() == Some(&TailFrame::Marker(name.into()))).map(|(_, _, v)| v[0]).sum()
+    }
+
+    #[test]
+    fn a_kernel_with_only_stacks_cut_short_goes_to_them_and_says_so() {
+        let mut g = GpuTime::default();
+        g.launch(7, 1, site("cut short"), false);
+        g.kernels(&batch(&[1, 2, 3]));
+        let (values, stats) = g.take();
+        assert_eq!(at(&values, "cut short"), 300);
+        assert_eq!((stats.by_partial_site_ns, stats.unattributed_ns), (300, 0));
+        assert!(stats.describe().contains("100.0% by kernel and a call site whose stack was cut short"), "{}", stats.describe());
+    }
+
+    #[test]
+    fn a_whole_stack_of_the_kernel_takes_the_time_from_those_cut_short() {
+        let mut g = GpuTime::default();
+        g.launch(7, 1, site("cut short"), false);
+        g.launch(7, 2, site("whole"), true);
+        g.kernels(&batch(&[1, 2, 3]));
+        let (values, stats) = g.take();
+        assert_eq!((at(&values, "whole"), at(&values, "cut short")), (300, 0));
+        assert_eq!((stats.by_correlation_ns, stats.by_site_ns, stats.by_partial_site_ns), (100, 200, 0));
     }
 }

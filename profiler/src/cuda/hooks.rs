@@ -38,6 +38,8 @@ pub struct Coverage {
     pub exact: bool,
     /// What the two traps of one hooked call cost on this machine.
     pub trap_cost: Duration,
+    /// How long each window of the cycled hooks lasts (zero when exact).
+    pub window: Duration,
 }
 
 impl Coverage {
@@ -55,21 +57,34 @@ impl Coverage {
 /// A thread's calls through the cycled hooks, to correct its count for the hooks' own cost.
 ///
 /// Hooks slow a launch-bound thread down: each hooked call costs two traps and the programs'
-/// time, during which the thread would have made more calls. Of the time the hooks were attached,
-/// only what the hooks did not take was the thread's own, and the calls seen stand for that.
-#[derive(Debug, Clone, Copy, Default)]
+/// time, during which the thread would have made more calls. Of a window, only what the hooks
+/// did not take was the thread's own, and the calls seen in it stand for that: each window's
+/// calls are corrected by its own slowdown, since a thread launches in some phases of a run and
+/// not in others.
+#[derive(Debug, Clone, Default)]
 pub struct ThreadRate {
     burst_first_ns: u64,
     burst_last_ns: u64,
     burst_calls: u64,
     burst_overhead_ns: u64,
-    /// Closed bursts: the time from their first to their last call, and the hooks' cost inside.
-    span_ns: u64,
-    overhead_ns: u64,
-    bursts: u64,
+    /// Closed bursts (about one per window).
+    bursts: Vec<Burst>,
     /// All calls seen.
     pub calls: u64,
 }
+
+#[derive(Debug, Clone, Copy)]
+struct Burst {
+    calls: u64,
+    /// From its first call to its last.
+    span_ns: u64,
+    /// The hooks' cost inside it.
+    overhead_ns: u64,
+}
+
+/// Bursts kept per thread and window; more are merged into the last (a window of the agent
+/// has 15 at the default duty cycle).
+const MAX_BURSTS: usize = 1024;
 
 /// Calls further apart than this belong to different windows.
 const BURST_GAP_NS: u64 = 50_000_000;
@@ -92,9 +107,19 @@ impl ThreadRate {
     }
 
     fn close_burst(&mut self) {
-        self.bursts += u64::from(self.burst_calls > 0);
-        self.span_ns += self.burst_last_ns.saturating_sub(self.burst_first_ns);
-        self.overhead_ns += self.burst_overhead_ns;
+        if self.burst_calls == 0 {
+            return;
+        }
+        let burst = Burst { calls: self.burst_calls, span_ns: self.burst_last_ns.saturating_sub(self.burst_first_ns), overhead_ns: self.burst_overhead_ns };
+        let full = self.bursts.len() >= MAX_BURSTS;
+        match self.bursts.last_mut() {
+            Some(last) if full => {
+                last.calls += burst.calls;
+                last.span_ns += burst.span_ns;
+                last.overhead_ns += burst.overhead_ns;
+            }
+            _ => self.bursts.push(burst),
+        }
         self.burst_calls = 0;
         self.burst_overhead_ns = 0;
     }
@@ -107,17 +132,25 @@ impl Coverage {
         if self.exact || rate.calls == 0 || self.attached.is_zero() {
             return self.scale();
         }
-        // A thread that called all through the windows was seen for the span of its bursts
-        // (attaching takes milliseconds that the windows' own times include); one that called
-        // now and then, for the windows.
-        let dense = rate.bursts > 0 && rate.calls / rate.bursts >= 10;
-        let seen = if dense { rate.span_ns as f64 } else { (self.attached.as_nanos() as f64).max(rate.span_ns as f64) };
-        tracing::debug!(attached_ms = self.attached.as_secs_f64() * 1e3, span_ms = rate.span_ns as f64 * 1e-6, overhead_ms = rate.overhead_ns as f64 * 1e-6, calls = rate.calls, dense, "calls through cycled hooks");
-        let own = (seen - rate.overhead_ns as f64).max(seen * 0.02);
-        // The correction is a small difference of large numbers when a call costs much less than
-        // its hooks; it is kept within what a fourfold slowdown by the hooks would explain.
-        let window = self.elapsed.as_nanos() as f64 / seen;
-        (self.elapsed.as_nanos() as f64 / own).clamp(window, 4.0 * window)
+        // Each window stands for its share of the run, those in which the thread made no call
+        // too. Taking the thread's bursts for all it was watched took one that launched for 4 s
+        // of a 14 s recording for one that launched all through it: 3.4M launches for 600,000
+        // (an H200). A burst longer than a window (hooks detach in the background) was watched
+        // for its length.
+        let window = self.window.as_nanos() as f64;
+        let corrected: f64 = rate
+            .bursts
+            .iter()
+            .map(|b| {
+                let watched = window.max(b.span_ns as f64);
+                // A small difference of large numbers when a call costs much less than its
+                // hooks: kept within what a fourfold slowdown would explain.
+                let own = (watched - b.overhead_ns as f64).max(watched / 4.0);
+                b.calls as f64 * watched / own
+            })
+            .sum();
+        tracing::debug!(attached_ms = self.attached.as_secs_f64() * 1e3, bursts = rate.bursts.len(), calls = rate.calls, corrected, "calls through cycled hooks");
+        self.scale() * corrected / rate.calls as f64
     }
 }
 
@@ -359,7 +392,7 @@ impl CudaHookManager {
         }
         let elapsed = now - self.window_start;
         self.window_start = now;
-        Coverage { attached, elapsed, exact: self.duty.is_none(), trap_cost: self.trap_cost }
+        Coverage { attached, elapsed, exact: self.duty.is_none(), trap_cost: self.trap_cost, window: self.duty.as_ref().map_or(Duration::ZERO, |d| d.on) }
     }
 
     pub fn trap_cost(&self) -> Duration {
@@ -394,4 +427,25 @@ fn attach_cycled(sampler: &CpuSampler, file: &mut HookedFile, stats: &mut HookSt
 fn likely_cuda(path: &str) -> bool {
     let name = path.rsplit('/').next().unwrap_or(path);
     path.contains("/nvidia/") || ["cuda", "libcu", "nccl", "nvshmem"].iter().any(|k| name.contains(k))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 14 windows of 10 ms in 14 s; the thread launches (a call every 20 µs, 10 µs of it the
+    /// hooks') only during 4 of them, as a program launches in one phase and not the others.
+    #[test]
+    fn a_thread_that_launches_in_some_windows_stands_for_that_part_of_the_run() {
+        let coverage = Coverage { attached: Duration::from_millis(140), elapsed: Duration::from_secs(14), exact: false, trap_cost: Duration::from_micros(4), window: Duration::from_millis(10) };
+        let mut rate = ThreadRate::default();
+        for window in 0..4u64 {
+            for i in 0..500u64 {
+                rate.add(window * 1_000_000_000 + i * 20_000, 6_000, coverage.trap_cost);
+            }
+        }
+        // Its natural pace is a call every 10 µs, for the 4 s in which it launched: 400,000 calls.
+        let estimate = rate.calls as f64 * coverage.thread_scale(&mut rate);
+        assert!((350_000.0..=450_000.0).contains(&estimate), "{estimate}");
+    }
 }

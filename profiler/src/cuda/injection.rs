@@ -21,6 +21,9 @@ pub const LIBRARY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libgpuflame
 
 /// The environment variable through which the CUDA driver loads an injection library.
 pub const INJECTION_VAR: &str = "CUDA_INJECTION64_PATH";
+/// Launch stacks the library passes on per second per process, past each kernel's first few;
+/// 0 passes every launch.
+pub const LAUNCH_RATE_VAR: &str = "GPUFLAME_CUPTI_LAUNCH_RATE";
 
 #[derive(Debug, thiserror::Error)]
 pub enum InstallError {

@@ -265,6 +265,10 @@ fn start_command(opts: &RecordOptions, session: &mut Session) -> anyhow::Result<
             if std::env::var_os(ready::WAIT_VAR).is_none() {
                 env.push((ready::WAIT_VAR.to_string(), ready::WAIT_MS.to_string()));
             }
+            // Exact asks for every launch's stack; the library passes a sample of them otherwise.
+            if opts.cuda_exact && std::env::var_os(injection::LAUNCH_RATE_VAR).is_none() {
+                env.push((injection::LAUNCH_RATE_VAR.to_string(), "0".to_string()));
+            }
         }
     }
     let gated = GatedChild::spawn(&opts.command, &env)?;

@@ -81,7 +81,7 @@ impl Collector {
     /// The window's profiles, symbolized, in the order of [`ProfileKind`], and its samples; a
     /// new window starts. `coverage`: of the duty-cycled CUDA hooks, when CUDA is hooked.
     pub fn close(&mut self, coverage: Option<Coverage>, start: SystemTime, duration: Duration) -> (Vec<(ProfileKind, Profile)>, WindowStats) {
-        let exact = Coverage { attached: duration, elapsed: duration, exact: true, trap_cost: Duration::ZERO };
+        let exact = Coverage { attached: duration, elapsed: duration, exact: true, trap_cost: Duration::ZERO, window: Duration::ZERO };
         let info = WindowInfo { frequency_hz: self.frequency_hz, coverage: coverage.unwrap_or(exact), length: duration };
         let mut profiles = Vec::new();
         for source in self.sources.iter_mut() {

@@ -40,11 +40,9 @@ impl Source for GpuTimeSource {
                 let mut stack = (*stack).clone();
                 stacks.trim_leaf_files(&mut stack, |f| f.starts_with("libgpuflame_cupti") || f.starts_with("libcupti"));
                 // A stack cut short (its libraries just loaded, their tables not in yet) would
-                // take its kernel's time away from the real call site: such a launch counts as
-                // unsampled.
-                if call.sample.unwind.is_complete() {
-                    self.gpu_time.launch(call.sample.pid, call.addr as u32, stack);
-                }
+                // take its kernel's time away from the real call site: it is used only for a
+                // kernel that has no whole one.
+                self.gpu_time.launch(call.sample.pid, call.addr as u32, stack, call.sample.unwind.is_complete());
             }
             Input::GpuKernels(batch) => self.gpu_time.kernels(batch),
             Input::GpuKernelName(n) => self.gpu_time.named((*n).clone()),

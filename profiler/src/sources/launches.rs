@@ -1,5 +1,6 @@
 //! Kernel launches per stack, the kernel under its launching call: by the symbol of its host
-//! stub (runtime launches), by the name cuModuleGetFunction gave its handle (driver launches);
+//! stub (runtime launches; where it has none, by the driver launch the runtime made), by the name
+//! cuModuleGetFunction or cuLibraryGetKernel gave its handle (driver launches);
 //! graph launches count as themselves. Fed by the duty-cycled hooks' source (`cycled.rs`).
 
 use std::collections::HashMap;
@@ -23,7 +24,8 @@ impl Launches {
         let pid = call.sample.pid;
         let kernel = match call.api {
             CudaApi::CudaLaunchKernel | CudaApi::CudaLaunchKernelPtsz | CudaApi::CudaLaunchKernelExC | CudaApi::CudaLaunchKernelExCPtsz => {
-                Some(TailFrame::KernelStub(stacks.code_address(pid, call.addr, files)))
+                let driver_name = (call.handle != 0).then(|| self.kernel_names.get(&(pid, call.handle)).cloned()).flatten();
+                Some(TailFrame::KernelStub(stacks.code_address(pid, call.addr, files), driver_name))
             }
             CudaApi::CudaGraphLaunch | CudaApi::CudaGraphLaunchPtsz | CudaApi::CuGraphLaunch | CudaApi::CuGraphLaunchPtsz => None,
             _ => Some(TailFrame::Kernel(self.kernel_names.get(&(pid, call.addr)).cloned().unwrap_or_else(|| format!("kernel {:#x}", call.addr)))),

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use gpuflame_symbolizer::{Symbol, UserAddr};
+use gpuflame_symbolizer::{demangle, Symbol, UserAddr};
 
 use super::{StackKey, StackValues, Stacks, TailFrame, UserKey};
 use crate::frame::FrameKind;
@@ -18,7 +18,7 @@ impl Stacks {
         profile.duration_nanos = duration.as_nanos() as i64;
 
         let stub = |t: &TailFrame| match t {
-            TailFrame::KernelStub(a) => Some(*a),
+            TailFrame::KernelStub(a, _) => Some(*a),
             _ => None,
         };
         let mut user_addrs: Vec<UserAddr> = values
@@ -75,10 +75,12 @@ impl Stacks {
                 let (name, kind) = match frame {
                     TailFrame::Call(name) => (name.clone(), FrameKind::CudaApi),
                     TailFrame::Marker(name) => (name.clone(), FrameKind::Marker),
-                    TailFrame::Kernel(name) => (format!("[gpu] {name}"), FrameKind::GpuKernel),
-                    TailFrame::KernelStub(addr) => match user_syms[addr].lines.last() {
-                        Some(line) => (format!("[gpu] {}", line.function), FrameKind::GpuKernel),
-                        None => ("[gpu] [unknown kernel]".to_string(), FrameKind::GpuKernel),
+                    // The driver and CUPTI give kernels their mangled names.
+                    TailFrame::Kernel(name) => (format!("[gpu] {}", demangle(name)), FrameKind::GpuKernel),
+                    TailFrame::KernelStub(addr, driver_name) => match (user_syms[addr].lines.last(), driver_name) {
+                        (Some(line), _) => (format!("[gpu] {}", line.function), FrameKind::GpuKernel),
+                        (None, Some(name)) => (format!("[gpu] {}", demangle(name)), FrameKind::GpuKernel),
+                        (None, None) => ("[gpu] [unknown kernel]".to_string(), FrameKind::GpuKernel),
                     },
                 };
                 stack.push(b.location(profile, Location::named(name, kind)));

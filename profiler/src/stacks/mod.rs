@@ -92,8 +92,9 @@ pub enum TailFrame {
     Marker(String),
     /// A GPU kernel by name: `[gpu] name`.
     Kernel(String),
-    /// A GPU kernel by the address of its host stub, named by the stub's symbol.
-    KernelStub(UserAddr),
+    /// A GPU kernel by the address of its host stub, named by the stub's symbol, else by the name
+    /// the driver gave the function the launch ran.
+    KernelStub(UserAddr, Option<String>),
 }
 
 /// Stacks with their device label and one value per sample type, ready to be symbolized.

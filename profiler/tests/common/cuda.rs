@@ -29,6 +29,10 @@ pub fn build_stand_ins(dir: &Path) -> PathBuf {
         "-Wl,-rpath,$ORIGIN", "-ldl", "-lpthread",
     ]);
     cc_in(dir, &["-O2", "-g", "-shared", "-fPIC", "-Wl,-soname,libcupti.so.13", "-o", "libcupti.so.13", &source("fake_cupti.c"), "-lpthread"]);
+    cc_in(dir, &[
+        "-O2", "-s", "-shared", "-fPIC", "-Wl,-soname,libtorch_kernels.so", "-o", "libtorch_kernels.so", &source("torch_kernels.c"), "-L.", "-l:libcudart.so.13",
+        "-Wl,-rpath,$ORIGIN",
+    ]);
     cc_in(dir, &["-O2", "-g", "-rdynamic", "-o", "cuda_app", &source("cuda_app.c"), "-L.", "-l:libcudart.so.13", "-l:libcuda.so.1", &rpath]);
     dir.join("cuda_app")
 }

@@ -5,7 +5,10 @@
  *                            gemm, N/10 graph launches from replay_graph
  *   cuda_app sync N          N synchronisations from wait_for_gpu (FAKE_CUDA_SYNC_US each)
  *   cuda_app bench N         N cuLaunchKernel calls; prints ns per call
+ *   cuda_app stripped N      N runtime launches from attention, through libtorch_kernels.so, whose
+ *                            host stub has no symbol (a stripped library, as PyTorch's are)
  * Each mode prints what it did as `key=value` lines. With GATE=path it waits for the file first. */
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +48,9 @@ CUresult cuMemMap(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, uns
 CUresult cuMemUnmap(CUdeviceptr, size_t);
 CUresult cuMemRelease(CUmemGenericAllocationHandle);
 CUresult cuModuleGetFunction(CUfunction *, void *, const char *);
+CUresult cuLibraryGetKernel(CUfunction *, void *, const char *);
+/* From libtorch_kernels.so, loaded as Python loads PyTorch's libraries: with dlopen. */
+static void (*launch_softmax)(void);
 CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **, void **);
 CUresult cuLaunchKernelEx(const void *, CUfunction, void **, void **);
 
@@ -166,7 +172,8 @@ NOINLINE void replay_graph(void)
 static void run_launches(long n)
 {
 	CUfunction gemm_kernel;
-	check(cuModuleGetFunction(&gemm_kernel, NULL, "sm90_xmma_gemm_bf16"), "cuModuleGetFunction");
+	/* As cuBLAS 13 does: a CUkernel from its library, launched as a CUfunction. */
+	check(cuLibraryGetKernel(&gemm_kernel, NULL, "sm90_xmma_gemm_bf16"), "cuLibraryGetKernel");
 	for (long i = 0; i < n; i++) {
 		train_step();
 		if (i % 2 == 0)
@@ -175,6 +182,26 @@ static void run_launches(long n)
 			replay_graph();
 	}
 	printf("runtime_launches=%ld\nex_launches=%ld\ngraph_launches=%ld\nfailures=%d\n", n, (n + 1) / 2, (n + 9) / 10, failures);
+}
+
+NOINLINE void attention(void)
+{
+	launch_softmax();
+	__asm__ volatile(""); /* not a tail call: attention stays in the stack */
+}
+
+static void run_stripped(long n)
+{
+	void *lib = dlopen("libtorch_kernels.so", RTLD_NOW);
+	launch_softmax = lib ? (void (*)(void))dlsym(lib, "launch_softmax") : NULL;
+	if (!launch_softmax) {
+		fprintf(stderr, "libtorch_kernels.so: %s\n", dlerror());
+		failures++;
+		n = 0;
+	}
+	for (long i = 0; i < n; i++)
+		attention();
+	printf("stripped_launches=%ld\nfailures=%d\n", n, failures);
 }
 
 NOINLINE void wait_for_gpu(void)
@@ -221,6 +248,8 @@ int main(int argc, char **argv)
 		run_sync(n);
 	else if (!strcmp(argv[1], "bench"))
 		run_bench(n);
+	else if (!strcmp(argv[1], "stripped"))
+		run_stripped(n);
 	else
 		return 2;
 	fflush(stdout);

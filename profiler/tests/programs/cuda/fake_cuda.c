@@ -247,6 +247,13 @@ CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
 	return CUDA_SUCCESS;
 }
 
+/* CUDA 12's context-independent loading, which cuBLAS 13 uses: a CUkernel, which launches take
+ * in place of a CUfunction. The same handles here. */
+CUresult cuLibraryGetKernel(CUfunction *kernel, void *library, const char *name)
+{
+	return cuModuleGetFunction(kernel, library, name);
+}
+
 static void report_kernel(const char *function, CUfunction f)
 {
 	unsigned i = (unsigned)(((uintptr_t)f - 0xf0000000ULL) / 0x100);

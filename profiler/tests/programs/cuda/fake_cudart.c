@@ -79,7 +79,31 @@ cudaError_t cudaMallocManaged(void **p, size_t size, unsigned int flags)
 cudaError_t cudaFree(void *p) { return p ? from_driver(cuMemFree_v2((CUdeviceptr)p)) : cudaSuccess; }
 cudaError_t cudaFreeAsync(void *p, cudaStream_t s) { return from_driver(cuMemFreeAsync((CUdeviceptr)p, s)); }
 
-/* The kernel of a host stub, by the stub's symbol name, looked up once. */
+/* What nvcc's generated constructors register: each host stub with its kernel's name. The real
+ * runtime launches by these, so a stub needs no symbol (PyTorch's libraries have none). */
+static struct { const void *stub; const char *name; } registered[256];
+static int registered_count;
+
+void __cudaRegisterFunction(void **fatbin, const char *host_fun, char *device_fun, const char *device_name, int thread_limit,
+			    void *tid, void *bid, void *block, void *grid, int *warp_size)
+{
+	(void)fatbin; (void)device_fun; (void)thread_limit; (void)tid; (void)bid; (void)block; (void)grid; (void)warp_size;
+	if (registered_count < 256) {
+		registered[registered_count].stub = host_fun;
+		registered[registered_count].name = device_name;
+		registered_count++;
+	}
+}
+
+static const char *registered_name(const void *func)
+{
+	for (int i = 0; i < registered_count; i++)
+		if (registered[i].stub == func)
+			return registered[i].name;
+	return NULL;
+}
+
+/* The kernel of a host stub, by its registered name or else the stub's symbol, looked up once. */
 static CUfunction kernel_of(const void *func)
 {
 	static struct { const void *stub; CUfunction f; } cache[256];
@@ -95,7 +119,9 @@ static CUfunction kernel_of(const void *func)
 			break;
 		}
 	if (!f && i < 256) {
-		const char *name = dladdr(func, &info) && info.dli_sname ? info.dli_sname : "unknown_kernel";
+		const char *name = registered_name(func);
+		if (!name)
+			name = dladdr(func, &info) && info.dli_sname ? info.dli_sname : "unknown_kernel";
 		if (cuModuleGetFunction(&f, NULL, name) == 0) {
 			cache[i].stub = func;
 			cache[i].f = f;
