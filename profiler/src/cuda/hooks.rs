@@ -135,8 +135,9 @@ impl Coverage {
         // Each window stands for its share of the run, those in which the thread made no call
         // too. Taking the thread's bursts for all it was watched took one that launched for 4 s
         // of a 14 s recording for one that launched all through it: 3.4M launches for 600,000
-        // (an H200). A burst longer than a window (hooks detach in the background) was watched
-        // for its length.
+        // (an H200). A window's calls stand for the thread's own time in it, which is its burst
+        // less the hooks' cost: a burst outlasts its window while the hooks detach in the
+        // background (16 ms for 10 there; counted as 10, 1.6 times the truth).
         let window = self.window.as_nanos() as f64;
         let corrected: f64 = rate
             .bursts
@@ -146,7 +147,7 @@ impl Coverage {
                 // A small difference of large numbers when a call costs much less than its
                 // hooks: kept within what a fourfold slowdown would explain.
                 let own = (watched - b.overhead_ns as f64).max(watched / 4.0);
-                b.calls as f64 * watched / own
+                b.calls as f64 * window / own
             })
             .sum();
         tracing::debug!(attached_ms = self.attached.as_secs_f64() * 1e3, bursts = rate.bursts.len(), calls = rate.calls, corrected, "calls through cycled hooks");
@@ -445,6 +446,21 @@ mod tests {
             }
         }
         // Its natural pace is a call every 10 µs, for the 4 s in which it launched: 400,000 calls.
+        let estimate = rate.calls as f64 * coverage.thread_scale(&mut rate);
+        assert!((350_000.0..=450_000.0).contains(&estimate), "{estimate}");
+    }
+
+    /// The same thread where each window's hooks fire for 16 ms (detached in the background):
+    /// 800 calls a burst, of which the hooks took 8 ms.
+    #[test]
+    fn calls_after_a_window_ends_do_not_count_twice() {
+        let coverage = Coverage { attached: Duration::from_millis(140), elapsed: Duration::from_secs(14), exact: false, trap_cost: Duration::from_micros(4), window: Duration::from_millis(10) };
+        let mut rate = ThreadRate::default();
+        for window in 0..4u64 {
+            for i in 0..800u64 {
+                rate.add(window * 1_000_000_000 + i * 20_000, 6_000, coverage.trap_cost);
+            }
+        }
         let estimate = rate.calls as f64 * coverage.thread_scale(&mut rate);
         assert!((350_000.0..=450_000.0).contains(&estimate), "{estimate}");
     }
