@@ -82,8 +82,13 @@ done
 ticks=$(getconf CLK_TCK)
 cpu=$(awk -v t="$ticks" '{printf "%.2f", ($14 + $15) / t}' "/proc/$agent/stat")
 hwm=$(awk '/VmHWM/ {print $2}' "/proc/$agent/status")
+# Where its RSS is at the end, by mapping: anonymous memory (the heap), the symbol copies'
+# memfds, its own binary, the ring buffers, libraries.
+rss_by=$(awk '/^[0-9a-f]+-[0-9a-f]+ / { name = ($6 == "") ? "[anonymous]" : $6; if (name ~ /^\/memfd:/) name = "memfd:" substr($6, 8); if (name ~ /gpuflame$/) name = "gpuflame (binary)"; next }
+  /^Rss:/ { rss[name] += $2 } END { for (n in rss) if (rss[n] >= 512) printf "%.1f MiB %s\n", rss[n] / 1024, n }' "/proc/$agent/smaps" | sort -rn | head -6 | paste -sd';' | sed 's/;/; /g')
 kill -TERM "$agent"; wait "$agent" || true
 echo "agent: peak RSS $((hwm / 1024)) MiB; BPF maps $((maps / 1048576)) MiB (memlock of its map descriptors); CPU ${cpu} s in ${secs} s"
+echo "agent RSS at the end, by mapping: $rss_by"
 # The pushes of one window arrive together: grouped by the second they came in, 3 s apart.
 start=$(head -1 "$tmp/pushed/pushes.txt" | awk '{print $2}')
 for window in $(awk -v s="$start" '{print int(($2 - s + 1.5) / 3)}' "$tmp/pushed/pushes.txt" | sort -un); do

@@ -27,6 +27,11 @@ impl Symbol {
     pub fn is_unknown(&self) -> bool {
         self.lines.is_empty()
     }
+
+    /// A function known by its name alone (a symbol table's).
+    pub(crate) fn function(name: String) -> Self {
+        Symbol { lines: Arc::from(vec![SymbolLine { function: name, file: None, line: None }]) }
+    }
 }
 
 fn file_of(info: &Option<CodeInfo<'_>>) -> (Option<String>, Option<u32>) {

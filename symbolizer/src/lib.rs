@@ -19,6 +19,7 @@ mod frames;
 mod modules;
 mod procmaps;
 mod python;
+mod symtab;
 
 pub use config::{configure, DebugConfig};
 pub use demangle::demangle;
@@ -39,6 +40,7 @@ use blazesym::Pid;
 use gpuflame_elfread::{max_open_files, FileId};
 
 use copy::PrivateCopy;
+use symtab::SymbolIndex;
 use debuginfo::Extras;
 use modules::ModuleTable;
 
@@ -81,6 +83,9 @@ pub struct Symbolizer {
     kernel_cache: HashMap<u64, Symbol>,
     /// Private copies of module files, per file; None when the copy failed (not retried).
     copies: HashMap<FileId, Option<PrivateCopy>>,
+    /// Function indexes of module files without DWARF, per file; None for a file blazesym reads
+    /// from a private copy instead (it has DWARF, or could not be indexed).
+    indexes: HashMap<FileId, Option<SymbolIndex>>,
     copied_bytes: u64,
     /// Per module file, what it lacks and where that is (None: nothing to add).
     extras: HashMap<FileId, Option<Extras>>,
@@ -106,6 +111,7 @@ impl Symbolizer {
             user_cache: HashMap::new(),
             kernel_cache: HashMap::new(),
             copies: HashMap::new(),
+            indexes: HashMap::new(),
             copied_bytes: 0,
             extras: HashMap::new(),
             minis: HashMap::new(),
@@ -256,11 +262,32 @@ impl Symbolizer {
     fn drop_copies(&mut self) {
         self.blaze = Self::new_blazesym();
         self.copies.clear();
+        self.indexes.clear();
         self.minis.clear();
         self.copied_bytes = 0;
     }
 
     /// The private copy of a module file, made on first use.
+    /// The function index of a module file, built on first use; None when blazesym is to read it.
+    fn index_of(&mut self, file: &ModuleFile) -> Option<&SymbolIndex> {
+        if !self.indexes.contains_key(&file.id()) {
+            if self.copied_bytes > COPIES_BUDGET || self.copies.len() + self.indexes.len() >= max_open_files() {
+                tracing::debug!(bytes = self.copied_bytes, "dropping the private copies and indexes");
+                self.drop_copies();
+            }
+            let index = match SymbolIndex::build(file) {
+                Ok(index) => index,
+                Err(e) => {
+                    tracing::debug!(file = ?file.id(), error = %e, "cannot index a module's symbols");
+                    None
+                }
+            };
+            self.copied_bytes += index.as_ref().map_or(0, SymbolIndex::bytes);
+            self.indexes.insert(file.id(), index);
+        }
+        self.indexes.get(&file.id()).and_then(Option::as_ref)
+    }
+
     fn copy_of(&mut self, file: &ModuleFile) -> Option<&PrivateCopy> {
         if !self.copies.contains_key(&file.id()) {
             if self.copied_bytes > COPIES_BUDGET || self.copies.len() >= max_open_files() {
@@ -340,7 +367,13 @@ impl Symbolizer {
                 }
                 let pending: Vec<usize> = (0..offsets.len()).filter(|&i| symbols[i].is_unknown()).collect();
                 let wanted: Vec<u64> = pending.iter().map(|&i| offsets[i]).collect();
-                if let Some(copy) = self.copy_of(&file) {
+                if let Some(index) = self.index_of(&file) {
+                    for (&i, &offset) in pending.iter().zip(&wanted) {
+                        if let Some(name) = index.name_at(&file, offset) {
+                            symbols[i] = Symbol::function(name);
+                        }
+                    }
+                } else if let Some(copy) = self.copy_of(&file) {
                     let mut elf = src::Elf::new(copy.path());
                     elf.debug_syms = copy.dwarf;
                     match self.blaze.symbolize(&Source::Elf(elf), Input::FileOffset(&wanted)) {

@@ -61,6 +61,57 @@ fn the_private_copy_names_addresses_as_the_original_does() {
     }
 }
 
+/// Files without DWARF are named from gpuflame's own index of their symbols (symtab.rs), which
+/// must name what blazesym names: a library with `.symtab` (C++ names, size-0 assembly symbols,
+/// aliases), and the same stripped to `.dynsym`.
+#[test]
+fn the_symbol_index_names_addresses_as_blazesym_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("lib.cc");
+    let mut code = String::from("namespace torch { namespace nn {\n");
+    for i in 0..400 {
+        code.push_str(&format!("__attribute__((noinline)) int layer{i}(int x) {{ return x * {i} + (x >> 3) - {i}; }}\n"));
+        if i % 50 == 0 {
+            code.push_str(&format!("static __attribute__((noinline, used)) int hidden{i}(int x) {{ return layer{i}(x) + 1; }}\n"));
+        }
+    }
+    code.push_str("} }\nextern \"C\" int alias_of_layer0(int) __attribute__((alias(\"_ZN5torch2nn6layer0Ei\")));\n");
+    code.push_str("asm(\".text\\n.globl sizeless_asm\\nsizeless_asm:\\n nop\\n nop\\n ret\\n\");\n");
+    std::fs::write(&src, code).unwrap();
+    for (name, strip) in [("libsymtab.so", false), ("libdynsym.so", true)] {
+        let path = dir.path().join(name);
+        let mut cc = std::process::Command::new("c++");
+        cc.args(["-O2", "-shared", "-fPIC", "-o"]).arg(&path).arg(&src);
+        if strip {
+            cc.arg("-s");
+        }
+        let out = cc.output().expect("a C++ compiler (c++) is needed");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let data = std::fs::read(&path).unwrap();
+        let elf = ElfFile::parse(&data[..]).unwrap();
+        assert!(elf.sections().iter().all(|s| !s.name.starts_with(".debug_")));
+        assert_eq!(elf.sections().iter().any(|s| s.kind == consts::SHT_SYMTAB), !strip);
+        let text = elf.load_segments().find(|s| s.flags & 1 != 0).unwrap();
+        let offsets: Vec<u64> = (0..2000).map(|i| text.offset + text.file_size * i / 2000).collect();
+        let blaze = Symbolizer::new_blazesym();
+        let direct: Vec<Symbol> =
+            blaze.symbolize(&Source::Elf(src::Elf::new(&path)), Input::FileOffset(&offsets)).unwrap().into_iter().map(frames::symbol_from).collect();
+        let mut s = Symbolizer::new();
+        let file = ModuleFile::open(&path).unwrap();
+        let mapped = [MappedFile { start: 0, end: u64::MAX, offset: 0, path: path.clone(), build_id: None, file: Some(file.clone()) }];
+        let placed = s.normalize_in(1, &offsets, &mapped);
+        let indexed = s.symbolize_user(&placed);
+        assert!(s.index_of(&file).is_some(), "{name} is named from the index");
+        let named = direct.iter().filter(|d| !d.is_unknown()).count();
+        assert!(named > 1000, "{name}: only {named} of 2000 named by blazesym");
+        // Of two aliases of one size, either may be given: blazesym's order of them is its sort's.
+        let alias = |s: &Symbol| s.lines.first().is_some_and(|l| l.function == "alias_of_layer0" || l.function == "torch::nn::layer0(int)");
+        let differ: Vec<String> = indexed.iter().zip(&direct).zip(&offsets).filter(|((a, b), _)| a != b && !(alias(a) && alias(b))).take(5).map(|((a, b), o)| format!("{o:#x}: index {:?}, blazesym {:?}", a.lines.first(), b.lines.first())).collect();
+        assert!(differ.is_empty(), "{name}: {differ:#?}");
+        assert!(indexed.iter().any(|d| d.lines.first().is_some_and(|l| l.function == "torch::nn::layer7(int)")), "{name}: C++ names demangled");
+    }
+}
+
 #[test]
 fn own_process_is_placed_through_map_files() {
     let exe = std::env::current_exe().unwrap();
