@@ -9,7 +9,7 @@ use gpuflame_unwind::{CompactTable, RuleTable, UnwindTable};
 fn build(path: &Path) -> usize {
     let table = UnwindTable::from_path(path).expect("building the table");
     let mut rules = RuleTable::default();
-    CompactTable::new(&table, &mut rules).expect("compacting").len()
+    CompactTable::from_table(table, &mut rules).expect("compacting").len()
 }
 
 fn bench(c: &mut Criterion) {

@@ -153,8 +153,22 @@ impl UnwindMaps {
     }
 
     /// Writes a table's blocks into its pages (a page never spans shards).
-    fn write_pages(&self, pages: &[u32], blocks: &[types::unwind_block]) -> Result<(), BpfError> {
-        for (&page, chunk) in pages.iter().zip(blocks.chunks(BLOCKS_PER_PAGE as usize)) {
+    /// Writes the table's rows into `pages`, a page's blocks at a time: the blocks of a whole
+    /// table were a copy of all its rows (16 MiB for libtorch_cpu.so) beside the table itself.
+    fn write_pages(&self, pages: &[u32], table: &CompactTable) -> Result<(), BpfError> {
+        let rows_per_page = ROWS_PER_BLOCK * BLOCKS_PER_PAGE as usize;
+        for (&page, (pcs, rules)) in pages.iter().zip(table.pcs.chunks(rows_per_page).zip(table.rules.chunks(rows_per_page))) {
+            let chunk: Vec<types::unwind_block> = pcs
+                .chunks(ROWS_PER_BLOCK)
+                .zip(rules.chunks(ROWS_PER_BLOCK))
+                .map(|(pcs, rules)| {
+                    let mut block = types::unwind_block { pc: [u32::MAX; ROWS_PER_BLOCK], rule: [0; ROWS_PER_BLOCK] };
+                    block.pc[..pcs.len()].copy_from_slice(pcs);
+                    block.rule[..rules.len()].copy_from_slice(rules);
+                    block
+                })
+                .collect();
+            let chunk = &chunk[..];
             let first = page * BLOCKS_PER_PAGE;
             let shard = &self.shards[(first / BLOCKS_PER_SHARD) as usize];
             let mut keys = Vec::with_capacity(chunk.len() * 4);
@@ -200,19 +214,8 @@ impl UnwindMaps {
             return Err(BpfError::UnwindFull("the page index is full".into()));
         };
         let pages: Vec<u32> = (0..page_count).filter_map(|_| self.free_pages.pop()).collect();
-        let blocks: Vec<types::unwind_block> = table
-            .pcs
-            .chunks(ROWS_PER_BLOCK)
-            .zip(table.rules.chunks(ROWS_PER_BLOCK))
-            .map(|(pcs, rules)| {
-                let mut block = types::unwind_block { pc: [u32::MAX; ROWS_PER_BLOCK], rule: [0; ROWS_PER_BLOCK] };
-                block.pc[..pcs.len()].copy_from_slice(pcs);
-                block.rule[..rules.len()].copy_from_slice(rules);
-                block
-            })
-            .collect();
         let last_block = pages.iter().max().map_or(0, |&p| p * BLOCKS_PER_PAGE + BLOCKS_PER_PAGE - 1);
-        let mut written = self.ensure_shards(shards_map, last_block).and_then(|()| self.write_pages(&pages, &blocks));
+        let mut written = self.ensure_shards(shards_map, last_block).and_then(|()| self.write_pages(&pages, table));
         if written.is_ok() && page_count > 0 {
             let keys: Vec<u8> = (0..page_count).flat_map(|i| (first_slot + i).to_ne_bytes()).collect();
             let values: Vec<u8> = pages.iter().flat_map(|p| p.to_ne_bytes()).collect();

@@ -11,7 +11,7 @@ use gpuflame_elfread::{consts, open_regular, ElfError, ElfFile, ReadAt};
 use crate::entry::mark_entry_code;
 use crate::error::UnwindError;
 use crate::rule::{classify, CfaRule, UnwindRule};
-use crate::table::{LoadSegment, TableStats, UnwindRow, UnwindTable};
+use crate::table::{LoadSegment, PackedRows, TableStats, UnwindRow, UnwindTable};
 
 type Slice<'a> = gimli::EndianSlice<'a, LittleEndian>;
 
@@ -22,10 +22,26 @@ type Slice<'a> = gimli::EndianSlice<'a, LittleEndian>;
 #[derive(Debug, Clone, Copy)]
 struct FdeSpan {
     start: u64,
-    end: u64,
-    offset: usize,
-    /// In `.debug_frame`, not `.eh_frame`.
-    debug_frame: bool,
+    len: u32,
+    /// Its offset in its section (under MAX_CFI_SECTION), the top bit set for `.debug_frame`:
+    /// 16 bytes a span (libtorch_cpu.so has 346k FDEs).
+    at: u32,
+}
+
+const IN_DEBUG_FRAME: u32 = 1 << 31;
+
+impl FdeSpan {
+    fn end(&self) -> u64 {
+        self.start + u64::from(self.len)
+    }
+
+    fn offset(&self) -> usize {
+        (self.at & !IN_DEBUG_FRAME) as usize
+    }
+
+    fn debug_frame(&self) -> bool {
+        self.at & IN_DEBUG_FRAME != 0
+    }
 }
 
 /// What is left of the limits for one file: FDEs and rows are counted across `.eh_frame` and
@@ -100,7 +116,7 @@ fn from_elf_within<R: ReadAt>(elf: &ElfFile<R>, mut budget: Budget) -> Result<Un
         find_fdes(&debug_frame(data), &df_bases, true, &mut extra, &mut budget)?;
         // .eh_frame wins where both describe the same code; sorted ranges keep this n log n
         // for files with millions of FDEs.
-        let mut covered: Vec<(u64, u64)> = spans.iter().map(|f: &FdeSpan| (f.start, f.end)).collect();
+        let mut covered: Vec<(u64, u64)> = spans.iter().map(|f: &FdeSpan| (f.start, f.end())).collect();
         covered.sort_unstable();
         let mut max_end = Vec::with_capacity(covered.len());
         let mut running = 0;
@@ -111,7 +127,7 @@ fn from_elf_within<R: ReadAt>(elf: &ElfFile<R>, mut budget: Budget) -> Result<Un
         let overlaps = |f: &FdeSpan| {
             // Ranges that start before f ends; one of them overlaps if the largest end among
             // them lies past f's start.
-            let n = covered.partition_point(|&(s, _)| s < f.end);
+            let n = covered.partition_point(|&(s, _)| s < f.end());
             n > 0 && max_end[n - 1] > f.start
         };
         let before = spans.len();
@@ -119,24 +135,31 @@ fn from_elf_within<R: ReadAt>(elf: &ElfFile<R>, mut budget: Budget) -> Result<Un
         stats.from_debug_frame = spans.len() > before;
     }
     spans.sort_by_key(|f| f.start);
-    let mut merged = Merged::default();
+    // Rows are packed relative to the lowest address the table will have: its first FDE's, or
+    // the entry point's where entry code comes before it.
+    let base = spans.first().map(|s| s.start).into_iter().chain((elf.entry() != 0).then(|| elf.entry())).min().unwrap_or(0);
+    let mut merged = Merged { rows: PackedRows::new(base), pending_gap: None, error: None };
     let mut ctx = Box::new(UnwindContext::new());
     for span in &spans {
-        let evaluated = match (span.debug_frame, &eh_data, &df_data) {
+        let evaluated = match (span.debug_frame(), &eh_data, &df_data) {
             (false, Some((_, data)), _) => rows_of(&EhFrame::new(data, LittleEndian), &eh_bases, span, &mut ctx, &mut merged, &mut stats, &mut budget),
             (true, _, Some(data)) => rows_of(&debug_frame(data), &df_bases, span, &mut ctx, &mut merged, &mut stats, &mut budget),
             _ => Ok(false),
         };
         if evaluated? {
-            merged.pending_gap = Some(span.end);
+            merged.pending_gap = Some(span.end());
         }
+    }
+    if let Some(error) = merged.error.take() {
+        return Err(error);
     }
     let segments = elf
         .load_segments()
         .map(|seg| LoadSegment { file_offset: seg.offset, vaddr: seg.vaddr, file_size: seg.file_size })
         .collect();
-    let mut rows = merged.finish();
-    mark_entry_code(&mut rows, elf.entry());
+    let mut rows = merged.finish()?;
+    mark_entry_code(&mut rows, elf.entry())?;
+    rows.shrink_to_fit();
     Ok(UnwindTable { rows, segments, stats })
 }
 
@@ -169,7 +192,12 @@ where
             continue;
         }
         budget.fdes = budget.fdes.checked_sub(1).ok_or(UnwindError::Limit { what: "FDEs", limit: MAX_FDES })?;
-        out.push(FdeSpan { start: fde.initial_address(), end: fde.end_address(), offset: fde.offset(), debug_frame });
+        // A function over 4 GiB, or an offset past the section limit, is no real FDE.
+        let (Ok(len), Ok(at)) = (u32::try_from(fde.len()), u32::try_from(fde.offset())) else { continue };
+        if at & IN_DEBUG_FRAME != 0 {
+            continue;
+        }
+        out.push(FdeSpan { start: fde.initial_address(), len, at: at | if debug_frame { IN_DEBUG_FRAME } else { 0 } });
     }
     Ok(())
 }
@@ -185,7 +213,7 @@ fn rows_of<'a, S: UnwindSection<Slice<'a>>>(
     stats: &mut TableStats,
     budget: &mut Budget,
 ) -> Result<bool, UnwindError> {
-    let Ok(fde) = section.fde_from_offset(bases, S::Offset::from(span.offset), |section, bases, offset| section.cie_from_offset(bases, offset)) else {
+    let Ok(fde) = section.fde_from_offset(bases, S::Offset::from(span.offset()), |section, bases, offset| section.cie_from_offset(bases, offset)) else {
         return Ok(false);
     };
     let Ok(mut table) = fde.rows(section, bases, ctx) else { return Ok(false) };
@@ -213,28 +241,45 @@ fn rows_of<'a, S: UnwindSection<Slice<'a>>>(
 /// The table as FDEs are added in address order: consecutive rows with the same rule merged, a
 /// row at the same address as the one before replacing it, and the gaps between FDEs marked as
 /// having no information.
-#[derive(Default)]
 struct Merged {
-    rows: Vec<UnwindRow>,
+    rows: PackedRows,
     /// The end of the last FDE added: a gap if the next one starts after it.
     pending_gap: Option<u64>,
+    /// A row that could not be packed (code over 4 GiB, too many rules): the file is refused.
+    error: Option<UnwindError>,
 }
 
 impl Merged {
     fn push(&mut self, row: UnwindRow) {
-        match self.rows.last_mut() {
-            Some(last) if last.pc == row.pc => *last = row,
-            Some(last) if last.rule == row.rule => {}
-            _ => self.rows.push(row),
+        if self.error.is_some() {
+            return;
+        }
+        let (pc, id) = match self.rows.pack(row) {
+            Ok(packed) => packed,
+            Err(e) => {
+                self.error = Some(e);
+                return;
+            }
+        };
+        let rows = &mut self.rows;
+        match (rows.pcs.last_mut(), rows.ids.last_mut()) {
+            (Some(last_pc), Some(last_id)) if *last_pc == pc => *last_id = id,
+            (Some(_), Some(last_id)) if *last_id == id => {}
+            _ => {
+                rows.pcs.push(pc);
+                rows.ids.push(id);
+            }
         }
     }
 
-    fn finish(mut self) -> Vec<UnwindRow> {
+    fn finish(mut self) -> Result<PackedRows, UnwindError> {
         if let Some(end) = self.pending_gap.take() {
             self.push(UnwindRow { pc: end, rule: UnwindRule::NO_INFO });
         }
-        self.rows.shrink_to_fit();
-        self.rows
+        match self.error {
+            Some(e) => Err(e),
+            None => Ok(self.rows),
+        }
     }
 }
 
@@ -249,7 +294,7 @@ mod tests {
 
     #[test]
     fn merge_marks_gaps_and_drops_repeats() {
-        let mut merged = Merged::default();
+        let mut merged = Merged { rows: PackedRows::new(0x100), pending_gap: None, error: None };
         for (pc, off) in [(0x100, 8), (0x101, 16), (0x1f0, 8)] {
             merged.push(UnwindRow { pc, rule: rule(off) });
         }
@@ -257,10 +302,10 @@ mod tests {
         // The next FDE starts where the last ended: no gap; its first row repeats the rule.
         merged.push(UnwindRow { pc: 0x200, rule: rule(8) });
         merged.pending_gap = Some(0x210);
-        let rows = merged.finish();
-        let pcs: Vec<u64> = rows.iter().map(|r| r.pc).collect();
+        let rows = merged.finish().unwrap();
+        let pcs: Vec<u64> = (0..rows.len()).filter_map(|i| rows.get(i)).map(|r| r.pc).collect();
         assert_eq!(pcs, [0x100, 0x101, 0x1f0, 0x210]);
-        assert_eq!(rows[3].rule, UnwindRule::NO_INFO);
+        assert_eq!(rows.get(3).unwrap().rule, UnwindRule::NO_INFO);
     }
 
     const LIBC: &str = "/lib/x86_64-linux-gnu/libc.so.6";

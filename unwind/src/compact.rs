@@ -51,8 +51,6 @@ impl RuleTable {
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum CompactError {
-    #[error("the code spans more than 4 GiB")]
-    TooLarge,
     #[error("the shared rule table is full ({} rules)", RuleTable::CAPACITY)]
     RulesFull,
 }
@@ -66,15 +64,16 @@ pub struct CompactTable {
 }
 
 impl CompactTable {
-    pub fn new(table: &UnwindTable, shared: &mut RuleTable) -> Result<Self, CompactError> {
-        let base = table.rows.first().map_or(0, |r| r.pc);
-        let mut pcs = Vec::with_capacity(table.rows.len());
-        let mut rules = Vec::with_capacity(table.rows.len());
-        for row in &table.rows {
-            pcs.push(u32::try_from(row.pc - base).map_err(|_| CompactError::TooLarge)?);
-            rules.push(shared.intern(row.rule).ok_or(CompactError::RulesFull)?);
+    /// The table's rows with their rules in `shared`: the table's own packed rows, moved, their
+    /// rule indices renumbered in place (no copy of a file's rows is made).
+    pub fn from_table(table: UnwindTable, shared: &mut RuleTable) -> Result<Self, CompactError> {
+        let rows = table.rows;
+        let renumber = rows.rules.since(0).map(|(_, rule)| shared.intern(rule).ok_or(CompactError::RulesFull)).collect::<Result<Vec<u16>, _>>()?;
+        let mut rules = rows.ids;
+        for id in &mut rules {
+            *id = renumber[usize::from(*id)];
         }
-        Ok(CompactTable { base, pcs, rules })
+        Ok(CompactTable { base: rows.base, pcs: rows.pcs, rules })
     }
 
     pub fn len(&self) -> usize {
@@ -102,18 +101,20 @@ impl CompactTable {
 mod tests {
     use super::*;
     use crate::rule::{CfaRule, RbpRule};
-    use crate::table::UnwindRow;
+    use crate::table::{PackedRows, UnwindRow};
 
     #[test]
     fn compact_lookup_agrees_with_the_table() {
         let r = |off| UnwindRule { cfa: CfaRule::RspOffset(off), rbp: RbpRule::Unchanged };
-        let table = UnwindTable {
-            rows: vec![UnwindRow { pc: 0x1000, rule: r(8) }, UnwindRow { pc: 0x1004, rule: r(16) }, UnwindRow { pc: 0x1100, rule: UnwindRule::NO_INFO }],
-            segments: Vec::new(),
-            stats: Default::default(),
-        };
+        let mut rows = PackedRows::new(0x1000);
+        for row in [UnwindRow { pc: 0x1000, rule: r(8) }, UnwindRow { pc: 0x1004, rule: r(16) }, UnwindRow { pc: 0x1100, rule: UnwindRule::NO_INFO }] {
+            rows.push(row).unwrap();
+        }
+        let table = UnwindTable { rows, segments: Vec::new(), stats: Default::default() };
         let mut shared = RuleTable::default();
-        let c = CompactTable::new(&table, &mut shared).unwrap();
+        // Rules the shared table already has keep their numbers there.
+        shared.intern(UnwindRule::NO_INFO);
+        let c = CompactTable::from_table(table.clone(), &mut shared).unwrap();
         assert_eq!(c.size_bytes(), 18);
         for pc in [0xfff, 0x1000, 0x1003, 0x1004, 0x10ff, 0x1100, 0x2000] {
             assert_eq!(c.lookup(pc).and_then(|i| shared.get(i)), table.lookup(pc), "pc {pc:#x}");

@@ -8,8 +8,9 @@
 //! program before `main` (most of a short command's life) ended `[native: no unwind info]` just
 //! where it was whole.
 
+use crate::error::UnwindError;
 use crate::rule::{CfaRule, RbpRule, UnwindRule};
-use crate::table::UnwindRow;
+use crate::table::{PackedRows, UnwindRow};
 
 /// How far past the entry point code without CFI counts as entry code: `RTLD_START` is 61 bytes
 /// on x86-64 (glibc 2.36), and a gap that goes on much further holds other code without CFI,
@@ -21,14 +22,15 @@ const OUTERMOST: UnwindRule = UnwindRule { cfa: CfaRule::EndOfStack, rbp: RbpRul
 /// Marks the code at `entry` (`e_entry`) outermost when no CFI describes it, up to the next row
 /// or [`ENTRY_CODE_MAX`] bytes. `rows` are sorted by `pc` as `merge` leaves them; a file without
 /// rows, or without an entry point (a shared library), is left alone. Returns whether it marked.
-pub(crate) fn mark_entry_code(rows: &mut Vec<UnwindRow>, entry: u64) -> bool {
-    if entry == 0 || rows.is_empty() {
-        return false;
+pub(crate) fn mark_entry_code(rows: &mut PackedRows, entry: u64) -> Result<bool, UnwindError> {
+    if entry == 0 || rows.len() == 0 {
+        return Ok(false);
     }
-    let i = rows.partition_point(|r| r.pc <= entry);
+    let i = rows.after(entry);
+    let before = i.checked_sub(1).and_then(|b| rows.get(b));
     // CFI describes the entry: it knows better (crt1.o's `_start` says outermost itself).
-    if i > 0 && rows[i - 1].rule != UnwindRule::NO_INFO {
-        return false;
+    if before.is_some_and(|r| r.rule != UnwindRule::NO_INFO) {
+        return Ok(false);
     }
     let next = rows.get(i).map(|r| r.pc);
     let end = next.map_or(entry + ENTRY_CODE_MAX, |n| n.min(entry + ENTRY_CODE_MAX));
@@ -37,9 +39,9 @@ pub(crate) fn mark_entry_code(rows: &mut Vec<UnwindRow>, entry: u64) -> bool {
         marked.push(UnwindRow { pc: end, rule: UnwindRule::NO_INFO });
     }
     // A gap that starts at the entry itself: its row becomes the entry's.
-    let at = if i > 0 && rows[i - 1].pc == entry { i - 1 } else { i };
-    rows.splice(at..i, marked);
-    true
+    let at = if before.is_some_and(|r| r.pc == entry) { i - 1 } else { i };
+    rows.splice(at..i, &marked)?;
+    Ok(true)
 }
 
 #[cfg(test)]
@@ -54,6 +56,21 @@ mod tests {
         UnwindRow { pc, rule }
     }
 
+    fn packed(rows: &[UnwindRow]) -> PackedRows {
+        let mut packed = PackedRows::new(0);
+        for r in rows {
+            packed.push(*r).unwrap();
+        }
+        packed
+    }
+
+    /// `mark_entry_code` on `rows`: whether it marked, and the rows after.
+    fn marked(rows: &[UnwindRow], entry: u64) -> (bool, Vec<UnwindRow>) {
+        let mut p = packed(rows);
+        let did = mark_entry_code(&mut p, entry).unwrap();
+        (did, (0..p.len()).filter_map(|i| p.get(i)).collect())
+    }
+
     /// ld.so's layout: a function, the gap holding `_start` and `_dl_start_user`, the next one.
     fn loader() -> Vec<UnwindRow> {
         vec![row(0x1a660, rsp(8)), row(0x1ab6f, UnwindRule::NO_INFO), row(0x1abb0, rsp(8)), row(0x1abf2, UnwindRule::NO_INFO)]
@@ -61,8 +78,8 @@ mod tests {
 
     #[test]
     fn entry_in_a_gap_is_outermost_up_to_the_next_function() {
-        let mut rows = loader();
-        assert!(mark_entry_code(&mut rows, 0x1ab70));
+        let (did, rows) = marked(&loader(), 0x1ab70);
+        assert!(did);
         let pcs: Vec<(u64, CfaRule)> = rows.iter().map(|r| (r.pc, r.rule.cfa)).collect();
         assert_eq!(
             pcs,
@@ -72,8 +89,8 @@ mod tests {
 
     #[test]
     fn entry_at_the_start_of_a_gap_takes_its_row() {
-        let mut rows = loader();
-        assert!(mark_entry_code(&mut rows, 0x1ab6f));
+        let (did, rows) = marked(&loader(), 0x1ab6f);
+        assert!(did);
         assert_eq!(rows[1], row(0x1ab6f, OUTERMOST));
         assert_eq!(rows[2], row(0x1abb0, rsp(8)));
         assert_eq!(rows.len(), 4);
@@ -81,27 +98,25 @@ mod tests {
 
     #[test]
     fn a_long_gap_is_outermost_only_near_the_entry() {
-        let mut rows = vec![row(0x1000, rsp(8)), row(0x1010, UnwindRule::NO_INFO), row(0x9000, rsp(8))];
-        assert!(mark_entry_code(&mut rows, 0x2000));
+        let (did, rows) = marked(&[row(0x1000, rsp(8)), row(0x1010, UnwindRule::NO_INFO), row(0x9000, rsp(8))], 0x2000);
+        assert!(did);
         assert_eq!(rows[2], row(0x2000, OUTERMOST));
         assert_eq!(rows[3], row(0x2000 + ENTRY_CODE_MAX, UnwindRule::NO_INFO));
         assert_eq!(rows[4], row(0x9000, rsp(8)));
         // After the last row and before the first: the same bound.
-        let mut rows = vec![row(0x1000, rsp(8)), row(0x1010, UnwindRule::NO_INFO)];
-        assert!(mark_entry_code(&mut rows, 0x5000));
+        let (did, rows) = marked(&[row(0x1000, rsp(8)), row(0x1010, UnwindRule::NO_INFO)], 0x5000);
+        assert!(did);
         assert_eq!(&rows[2..], [row(0x5000, OUTERMOST), row(0x5000 + ENTRY_CODE_MAX, UnwindRule::NO_INFO)]);
-        let mut rows = vec![row(0x1000, rsp(8)), row(0x1010, UnwindRule::NO_INFO)];
-        assert!(mark_entry_code(&mut rows, 0xff8));
+        let (did, rows) = marked(&[row(0x1000, rsp(8)), row(0x1010, UnwindRule::NO_INFO)], 0xff8);
+        assert!(did);
         assert_eq!(&rows[..2], [row(0xff8, OUTERMOST), row(0x1000, rsp(8))]);
     }
 
     #[test]
     fn cfi_at_the_entry_and_files_without_entry_or_rows_are_left_alone() {
         let crt1 = vec![row(0x23d0, OUTERMOST), row(0x23f2, UnwindRule::NO_INFO)];
-        for (mut rows, entry) in [(loader(), 0x1a700), (crt1.clone(), 0x23d0), (loader(), 0), (Vec::new(), 0x1000)] {
-            let before = rows.clone();
-            assert!(!mark_entry_code(&mut rows, entry));
-            assert_eq!(rows, before);
+        for (rows, entry) in [(loader(), 0x1a700), (crt1.clone(), 0x23d0), (loader(), 0), (Vec::new(), 0x1000)] {
+            assert_eq!(marked(&rows, entry), (false, rows));
         }
     }
 

@@ -16,6 +16,10 @@ pub enum UnwindError {
     Cfi(#[from] gimli::Error),
     #[error("more than {limit} {what}: refused")]
     Limit { what: &'static str, limit: usize },
+    #[error("the code spans more than 4 GiB")]
+    TooLarge,
+    #[error("more than {} distinct unwind rules", crate::compact::RuleTable::CAPACITY)]
+    RulesFull,
 }
 
 impl UnwindError {

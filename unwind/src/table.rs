@@ -1,6 +1,8 @@
 //! The unwind table of one executable file and the load segments that relate its addresses to a
 //! process's; built from the file's CFI in `build`.
 
+use crate::compact::RuleTable;
+use crate::error::UnwindError;
 use crate::rule::UnwindRule;
 
 /// One row: from `pc` up to the next row's `pc`, `rule` applies. `pc` is a virtual address of
@@ -12,12 +14,74 @@ pub struct UnwindRow {
 }
 
 /// The unwind rows of one executable file, sorted by `pc`, with consecutive duplicates merged.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct UnwindTable {
-    pub rows: Vec<UnwindRow>,
+    pub(crate) rows: PackedRows,
     /// The file's loadable segments, to turn runtime addresses into file addresses.
     pub segments: Vec<LoadSegment>,
     pub stats: TableStats,
+}
+
+/// Rows as they are built and kept: an address relative to `base` and the index of its rule
+/// among the file's own rules, 6 bytes a row. Held as [`UnwindRow`]s (24 bytes), libtorch_cpu.so's
+/// 2.66M rows took 64 MiB of the 99 MiB its build peaked at; the compact form that goes to BPF
+/// was then made from them, a copy more.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PackedRows {
+    pub(crate) base: u64,
+    pub(crate) pcs: Vec<u32>,
+    pub(crate) ids: Vec<u16>,
+    pub(crate) rules: RuleTable,
+}
+
+impl PackedRows {
+    /// Rows at `base` or after it.
+    pub(crate) fn new(base: u64) -> Self {
+        PackedRows { base, ..Default::default() }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.pcs.len()
+    }
+
+    pub(crate) fn get(&self, i: usize) -> Option<UnwindRow> {
+        let (&pc, &id) = (self.pcs.get(i)?, self.ids.get(i)?);
+        Some(UnwindRow { pc: self.base + u64::from(pc), rule: self.rules.get(id)? })
+    }
+
+    /// The index of the first row after `pc`.
+    pub(crate) fn after(&self, pc: u64) -> usize {
+        match pc.checked_sub(self.base) {
+            None => 0,
+            Some(rel) => self.pcs.partition_point(|&p| u64::from(p) <= rel),
+        }
+    }
+
+    pub(crate) fn pack(&mut self, row: UnwindRow) -> Result<(u32, u16), UnwindError> {
+        let pc = row.pc.checked_sub(self.base).and_then(|p| u32::try_from(p).ok()).ok_or(UnwindError::TooLarge)?;
+        Ok((pc, self.rules.intern(row.rule).ok_or(UnwindError::RulesFull)?))
+    }
+
+    #[cfg(test)]
+    pub(crate) fn push(&mut self, row: UnwindRow) -> Result<(), UnwindError> {
+        let (pc, id) = self.pack(row)?;
+        self.pcs.push(pc);
+        self.ids.push(id);
+        Ok(())
+    }
+
+    /// Replaces rows `range` with `rows`.
+    pub(crate) fn splice(&mut self, range: std::ops::Range<usize>, rows: &[UnwindRow]) -> Result<(), UnwindError> {
+        let packed = rows.iter().map(|r| self.pack(*r)).collect::<Result<Vec<_>, _>>()?;
+        self.pcs.splice(range.clone(), packed.iter().map(|p| p.0));
+        self.ids.splice(range, packed.iter().map(|p| p.1));
+        Ok(())
+    }
+
+    pub(crate) fn shrink_to_fit(&mut self) {
+        self.pcs.shrink_to_fit();
+        self.ids.shrink_to_fit();
+    }
 }
 
 /// A PT_LOAD segment: `file_size` bytes at `file_offset` are mapped at virtual address `vaddr`.
@@ -58,8 +122,20 @@ pub struct TableStats {
 impl UnwindTable {
     /// The rule for `pc`, if a row covers it.
     pub fn lookup(&self, pc: u64) -> Option<UnwindRule> {
-        let i = self.rows.partition_point(|r| r.pc <= pc);
-        i.checked_sub(1).map(|i| self.rows[i].rule)
+        self.rows.after(pc).checked_sub(1).and_then(|i| self.rows.get(i)).map(|r| r.rule)
+    }
+
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.len() == 0
+    }
+
+    /// The rows in address order.
+    pub fn rows(&self) -> impl Iterator<Item = UnwindRow> + '_ {
+        (0..self.rows.len()).filter_map(|i| self.rows.get(i))
     }
 }
 

@@ -334,7 +334,7 @@ fn build_loop(shared: &(Mutex<Queue>, Condvar), results: &Sender<Built>, rules: 
         // refers to, and the results arrive in the order the rules grew.
         let mut rules = rules.lock().unwrap_or_else(|e| e.into_inner());
         let before = rules.len();
-        let table = table.and_then(|t| CompactTable::new(&t, &mut rules).map_err(|e| e.to_string()));
+        let table = table.and_then(|t| CompactTable::from_table(t, &mut rules).map_err(|e| e.to_string()));
         let built = Built { key: job.key, table, rules: (rules.len() != before).then(|| rules.clone()), elapsed: started.elapsed() };
         if results.send(built).is_err() {
             return;
