@@ -6,7 +6,7 @@ mod procfs;
 mod tracker;
 
 pub use maps::{parse_maps, MapsEntry};
-pub use tracker::{read_delay, ProcessTracker, TrackerStats};
+pub use tracker::{ProcessTracker, TrackerStats};
 
 /// The most kernel memory for unwind tables, in MiB (1 TiB). Here rather than with either flag
 /// that takes it (`record --unwind-memory`, the agent's `unwind_memory`) so that the two share

@@ -34,7 +34,6 @@ mod room;
 mod stats;
 mod tables;
 
-pub use lazy::read_delay;
 pub use stats::TrackerStats;
 
 /// A table that found no room is not asked for again before this.

@@ -83,7 +83,7 @@ impl Session {
         // A whole machine at a low frequency reads a new program only once its samples may need
         // it; CUDA's hooks need a program's libraries as soon as they are mapped.
         let whole_machine = matches!(config.targets, Targets::All);
-        let read_delay = crate::process::read_delay(frequency_hz).filter(|_| whole_machine && needs.cuda.is_none());
+        let read_delay = ProcessTracker::read_delay(frequency_hz).filter(|_| whole_machine && needs.cuda.is_none());
         let sampler_config = SamplerConfig {
             frequency_hz,
             targets: config.targets,

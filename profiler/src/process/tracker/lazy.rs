@@ -2,7 +2,7 @@
 //! frequencies). A shell loop's `sleep 0.005` lives 6 ms and, at 19 Hz, almost never has a
 //! sample; reading its maps, stat'ing and opening its files and describing it to BPF at its
 //! exec and again when ld.so mapped libc was 0.21 ms of the agent's CPU per process, all of it
-//! for nothing. A new program is read once it has lived [`read_delay`] (within a pass every
+//! for nothing. A new program is read once it has lived [`ProcessTracker::read_delay`] (within a pass every
 //! delay), or at once when a sample of it meets code that no mapping describes (BPF asks with
 //! `Unknown`); one that exits first is never read. Its samples before the read are unwound with
 //! the tables published by file (`published.rs`, `file_vmas.h`), as a program's first
@@ -25,13 +25,14 @@ const SAMPLES_BEFORE_READ: f64 = 0.2;
 /// Delays shorter than this are not worth a pass: programs are read at exec.
 const MIN_DELAY: Duration = Duration::from_millis(5);
 
-/// How long a new program lives before its maps are read at `frequency_hz`, or None: at exec.
-pub fn read_delay(frequency_hz: u64) -> Option<Duration> {
-    let delay = Duration::from_secs_f64(SAMPLES_BEFORE_READ / frequency_hz.max(1) as f64);
-    (delay >= MIN_DELAY).then_some(delay)
-}
-
 impl ProcessTracker {
+    /// How long a new program lives before its maps are read at `frequency_hz`, or None: at
+    /// exec. The session needs it before there is a tracker: BPF's events are set up with it.
+    pub fn read_delay(frequency_hz: u64) -> Option<Duration> {
+        let delay = Duration::from_secs_f64(SAMPLES_BEFORE_READ / frequency_hz.max(1) as f64);
+        (delay >= MIN_DELAY).then_some(delay)
+    }
+
     /// Reads new programs `delay` after their exec, or when a sample asks (None: at exec).
     pub fn read_lazily(&mut self, delay: Option<Duration>) {
         self.read_delay = delay;
@@ -93,10 +94,10 @@ mod tests {
 
     #[test]
     fn programs_are_read_late_only_at_low_frequencies() {
-        assert_eq!(read_delay(19), Some(Duration::from_secs_f64(0.2 / 19.0)));
-        assert!(read_delay(40).is_some());
+        assert_eq!(ProcessTracker::read_delay(19), Some(Duration::from_secs_f64(0.2 / 19.0)));
+        assert!(ProcessTracker::read_delay(40).is_some());
         for hz in [49, 99, 199, 999, 5000] {
-            assert_eq!(read_delay(hz), None, "{hz} Hz");
+            assert_eq!(ProcessTracker::read_delay(hz), None, "{hz} Hz");
         }
     }
 }
