@@ -25,6 +25,10 @@ pub struct SamplerConfig {
     pub off_cpu: OffCpuSampling,
     /// What goes through the ring buffer of records, which is sized for it.
     pub ring: RingUse,
+    /// Process events (fork, exec, mapping, exit) wait for the reader's next wakeup instead of
+    /// waking it; only a sample's requests wake it. For a reader that reads a new program's maps
+    /// only once it lived a while or a sample needs them (`ProcessTracker::read_lazily`).
+    pub lazy_process_events: bool,
 }
 
 /// What the records' ring buffer carries: CPU samples alone come at a rate known ahead

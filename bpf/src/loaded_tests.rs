@@ -103,6 +103,7 @@ fn every_record_kind_goes_through_the_loaded_programs_and_decodes() {
         // Few waits: the CPU's scale lets every one be drawn, with a whole chance.
         off_cpu: OffCpuSampling::default(),
         ring: RingUse::Any,
+        lazy_process_events: false,
     };
     // A test that cannot run fails, saying why: a skip would pass for a result.
     // SAFETY: geteuid has no preconditions.

@@ -86,6 +86,7 @@ impl CpuSampler {
             RingUse::Any => SamplerConfig::MAX_RING_BYTES,
         };
         rodata.samples_wakeup_bytes = u64::from(ring / 4);
+        rodata.process_events_lazy = u8::from(config.lazy_process_events);
         open.maps.samples.set_max_entries(ring).map_err(BpfError::load)?;
         let skel = open.load().map_err(BpfError::load)?;
 

@@ -159,12 +159,35 @@ static __always_inline void count(enum counter c)
 	count_add(c, 1);
 }
 
+/* 1: user space reads a new program's maps only once it has lived a while or a sample asks
+ * (the tracker's lazy reads: the agent at low frequencies). Then only what a sample asks for
+ * wakes the reader; a fork, an exec, an exit and a mapping wait for its next wakeup, which comes
+ * within 100 ms. A shell loop's `sleep` was four wakeups, one per event, 17% of the agent's CPU
+ * under churn. */
+const volatile __u8 process_events_lazy = 0;
+
+/* Whether the event wakes the reader now. With the kernel's default, a record wakes the reader
+ * only when it is the first one unread: one behind a record that did not wake would not either,
+ * so the lazy mode forces what must wake. */
+static __always_inline __u64 process_event_wakeup(enum process_event_kind kind)
+{
+	if (!process_events_lazy)
+		return 0;
+	switch (kind) {
+	case PROCESS_UNKNOWN:
+	case PROCESS_NEED_TABLE:
+		return BPF_RB_FORCE_WAKEUP;
+	default:
+		return BPF_RB_NO_WAKEUP;
+	}
+}
+
 /* Whether the event went out (false: the ring was full, and it is counted lost). */
 static __always_inline bool send_process_event_at(__u32 pid, enum process_event_kind kind, __u64 addr)
 {
 	struct process_event ev = { .pid = pid, .kind = kind, .addr = addr };
 
-	if (bpf_ringbuf_output(&process_events, &ev, sizeof(ev), 0)) {
+	if (bpf_ringbuf_output(&process_events, &ev, sizeof(ev), process_event_wakeup(kind))) {
 		count(COUNTER_PROCESS_EVENTS_LOST);
 		return false;
 	}

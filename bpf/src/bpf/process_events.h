@@ -120,12 +120,18 @@ SEC("tp_btf/mmap_lock_released")
 int BPF_PROG(on_mmap, struct mm_struct *mm, bool write)
 {
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	struct task_struct *task = bpf_get_current_task_btf();
 	__u64 exec_vm, *seen;
 
 	if (!write || !mm || !is_target(tgid))
 		return 0;
 	/* exit_mmap() takes the lock too: an exiting process maps nothing new. */
-	if (bpf_get_current_task_btf()->flags & 0x00000004 /* PF_EXITING */)
+	if (task->flags & 0x00000004 /* PF_EXITING */)
+		return 0;
+	/* An exec maps the program and its loader before its own event, which reports them: a
+	 * report of these too had the tracker read a shell's child's maps once more for each
+	 * command it ran. */
+	if (BPF_CORE_READ_BITFIELD(task, in_execve))
 		return 0;
 	exec_vm = mm->exec_vm;
 	seen = bpf_map_lookup_elem(&exec_vm_seen, &tgid);

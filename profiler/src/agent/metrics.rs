@@ -16,6 +16,9 @@ pub struct AgentMetrics {
     pub capacity: UnwindCapacity,
     pub windows: u64,
     pub processes_tracked: usize,
+    /// Reads of processes' maps, and new programs that exited before one was needed.
+    pub maps_read: u64,
+    pub maps_reads_saved: u64,
     pub series: super::series::Stats,
     pub ranks: crate::workload::rank::RankStats,
     /// Reserved against allocated per device.
@@ -87,6 +90,13 @@ pub fn render(m: &AgentMetrics, q: &QueueStats) -> String {
         &[("{map=\"unwind_rows\",kind=\"used\"}", m.capacity.rows_used), ("{map=\"unwind_rows\",kind=\"capacity\"}", m.capacity.rows_total)],
     );
     metric("gpuflame_processes_tracked", "gauge", "Processes whose unwind tables are loaded.", &[("", m.processes_tracked as u64)]);
+    metric("gpuflame_process_maps_read_total", "counter", "Reads of a process's /proc/PID/maps.", &[("", m.maps_read)]);
+    metric(
+        "gpuflame_process_maps_reads_saved_total",
+        "counter",
+        "New programs that exited before their maps were needed, and were never read (at low frequencies).",
+        &[("", m.maps_reads_saved)],
+    );
     let per_device = |f: &dyn Fn(&crate::cuda::memory::DeviceUse) -> Option<u64>| -> Vec<(String, u64)> {
         m.devices.iter().filter_map(|d| f(d).map(|v| (format!("{{device=\"{}\"}}", d.device), v))).collect()
     };

@@ -193,6 +193,8 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
                 m.capacity = session.sampler.unwind_capacity();
                 m.windows = windows;
                 m.processes_tracked = session.tracker.processes();
+                m.maps_read = session.tracker.stats.maps_read;
+                m.maps_reads_saved = session.tracker.stats.reads_saved;
                 m.series = stats;
                 m.ranks = session.rank_stats();
                 let sources = session.source_stats();

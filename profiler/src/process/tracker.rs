@@ -25,6 +25,7 @@ use super::procfs::open_mapped_file;
 mod executables;
 mod fork;
 mod idle;
+mod lazy;
 mod preload;
 mod published;
 mod python;
@@ -98,6 +99,11 @@ pub struct ProcessTracker {
     /// Processes whose mappings were read since their tables were last all in ([`Self::take_ready`]).
     unready: HashSet<u32>,
     exited: Vec<(Instant, u32)>,
+    /// With lazy reads (`lazy.rs`): how long a new program lives before its maps are read.
+    read_delay: Option<Duration>,
+    /// Programs exec'd and not read yet, with when their exec was seen.
+    deferred: HashMap<u32, Instant>,
+    last_lazy_pass: Instant,
     started: Instant,
     pub stats: TrackerStats,
 }
@@ -131,6 +137,9 @@ impl ProcessTracker {
             python_warned: HashSet::new(),
             unready: HashSet::new(),
             exited: Vec::new(),
+            read_delay: None,
+            deferred: HashMap::new(),
+            last_lazy_pass: Instant::now(),
             started: Instant::now(),
             stats: TrackerStats::default(),
         }
@@ -142,8 +151,13 @@ impl ProcessTracker {
                 // A new program: whatever interpreter ran before is gone.
                 self.pythons.remove(&event.pid);
                 self.python_warned.remove(&event.pid);
-                self.refresh(sampler, event.pid)
+                match self.read_delay {
+                    Some(_) => self.defer(sampler, event.pid),
+                    None => self.refresh(sampler, event.pid),
+                }
             }
+            // A program not read yet is read whole when it is due: its libraries with it.
+            ProcessEventKind::MmapExec if self.deferred.contains_key(&event.pid) => {}
             ProcessEventKind::Unknown | ProcessEventKind::MmapExec => self.refresh(sampler, event.pid),
             ProcessEventKind::NeedTable { addr } => self.need_table(sampler, event.pid, addr),
             ProcessEventKind::Exit => self.exited(sampler, event.pid),
@@ -154,6 +168,8 @@ impl ProcessTracker {
     /// Reads the process's mappings again and describes them to BPF; files not seen before are
     /// queued for their tables. A process that is gone is forgotten.
     pub fn refresh(&mut self, sampler: &mut CpuSampler, pid: u32) {
+        self.deferred.remove(&pid);
+        self.stats.maps_read += 1;
         // An exiting process has no mappings left to read: what was read before stays, for its
         // last samples.
         let text = match fs::read_to_string(format!("/proc/{pid}/maps")) {
@@ -258,7 +274,12 @@ impl ProcessTracker {
 
     /// Forgets a process; evicts tables no other process uses.
     pub fn exited(&mut self, sampler: &mut CpuSampler, pid: u32) {
-        sampler.remove_process(pid);
+        // A program never read has no entry in BPF: its exec dropped the old one, and nothing
+        // described the new one.
+        match self.deferred.remove(&pid) {
+            Some(_) => self.stats.reads_saved += 1,
+            None => sampler.remove_process(pid),
+        }
         self.unready.remove(&pid);
         self.forked.remove(&pid);
         self.entries.remove(&pid);

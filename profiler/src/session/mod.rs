@@ -80,15 +80,21 @@ impl Session {
         let needs = needs_of(&config.profiles);
         // CPU samples alone come at a rate known now; switches and CUDA calls at any.
         let ring = if needs.switches || needs.cuda.is_some() { RingUse::Any } else { RingUse::CpuSamplesOnly };
+        // A whole machine at a low frequency reads a new program only once its samples may need
+        // it; CUDA's hooks need a program's libraries as soon as they are mapped.
+        let whole_machine = matches!(config.targets, Targets::All);
+        let read_delay = ProcessTracker::read_delay(frequency_hz).filter(|_| whole_machine && needs.cuda.is_none());
         let sampler_config = SamplerConfig {
             frequency_hz,
             targets: config.targets,
             unwind_memory: config.unwind_memory,
             off_cpu: OffCpuSampling::at(frequency_hz),
             ring,
+            lazy_process_events: read_delay.is_some(),
         };
         let mut sampler = CpuSampler::start(&sampler_config).map_err(user_facing)?;
         let mut tracker = ProcessTracker::new();
+        tracker.read_lazily(read_delay);
         tracker.demand_tables_at_low_priority(command);
         // On a whole machine a file's next process is often a moment away (a shell loop's
         // commands): its tables stay a while after its last process exits.
@@ -158,9 +164,16 @@ impl Session {
             let waiting = self.cuda.as_ref().is_some_and(|c| !c.waiting.is_empty());
             let tables = if self.tracker.building() || waiting { TABLE_POLL } else { Duration::MAX };
             let python = if self.tracker.has_python() { PYTHON_POLL } else { Duration::MAX };
-            let wait = deadline.saturating_duration_since(now).min(toggle.unwrap_or(Duration::MAX)).min(tables).min(python);
+            let lazy = self.tracker.next_lazy_pass(now).unwrap_or(Duration::MAX);
+            let wait = deadline.saturating_duration_since(now).min(toggle.unwrap_or(Duration::MAX)).min(tables).min(python).min(lazy);
             let events = self.sampler.poll(wait)?;
             self.handle(events);
+            // After the batch's exits: a program gone by now is not read.
+            for pid in self.tracker.read_due(&mut self.sampler) {
+                if let Some(labels) = self.ranks.exec(pid) {
+                    self.collector.label_process(pid, labels);
+                }
+            }
             self.tracker.poll_tables(&mut self.sampler);
             self.report_ready();
             if let Some(c) = self.cuda.as_mut() {
@@ -212,6 +225,9 @@ impl Session {
                             self.collector.process_exited(ev.pid);
                             self.ranks.forget(ev.pid);
                         }
+                        // Read late (lazy reads), a new program's environment is read with its maps,
+                        // or at its first record.
+                        ProcessEventKind::Exec if self.tracker.lazy() => self.ranks.forget(ev.pid),
                         ProcessEventKind::Exec => {
                             if let Some(labels) = self.ranks.exec(ev.pid) {
                                 self.collector.label_process(ev.pid, labels);
@@ -225,6 +241,8 @@ impl Session {
                         ProcessEventKind::Exit => refreshed.retain(|&p| p != ev.pid),
                         // A fork reads nothing: the child's first mapping of its own is news.
                         ProcessEventKind::Fork { .. } => {}
+                        // Not read yet (lazy reads): a sample's request in this batch still reads it.
+                        _ if self.tracker.deferred(ev.pid) => {}
                         _ => refreshed.push(ev.pid),
                     }
                     let Some(c) = self.cuda.as_mut() else { continue };

@@ -136,3 +136,22 @@ pub fn assert_clean(receiver: &Receiver) {
         assert!(seen.insert((r.labels.clone(), r.id.clone())), "stored twice: {:?} {}", r.labels, r.id);
     }
 }
+
+/// The agent's metrics page, from --metrics-addr 127.0.0.1:PORT.
+pub fn http_get(port: u16) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("the metrics endpoint");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+/// One metric's value in the metrics page.
+pub fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+}

@@ -16,6 +16,10 @@ pub struct TrackerStats {
     pub tables_evicted_for_room: usize,
     pub table_failures: usize,
     pub mappings_dropped: usize,
+    /// Reads of a process's maps.
+    pub maps_read: u64,
+    /// New programs that exited before their maps were read (lazy reads: `lazy.rs`).
+    pub reads_saved: u64,
     /// Files without unwind information.
     pub files_without_cfi: usize,
     /// Files whose tables did not fit in the budget, by name.
