@@ -18,7 +18,7 @@ pub enum UnwindError {
     Limit { what: &'static str, limit: usize },
     #[error("the code spans more than 4 GiB")]
     TooLarge,
-    #[error("more than {} distinct unwind rules", crate::compact::RuleTable::CAPACITY)]
+    #[error("more than {} distinct unwind rules", crate::rule_table::RuleTable::CAPACITY)]
     RulesFull,
 }
 

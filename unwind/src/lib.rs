@@ -13,6 +13,7 @@ mod entry;
 mod error;
 mod probe;
 mod rule;
+mod rule_table;
 mod table;
 
 pub use compact::{CompactTable, RuleTable};

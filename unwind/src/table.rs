@@ -1,7 +1,7 @@
 //! The unwind table of one executable file and the load segments that relate its addresses to a
 //! process's; built from the file's CFI in `build`.
 
-use crate::compact::RuleTable;
+use crate::rule_table::RuleTable;
 use crate::error::UnwindError;
 use crate::rule::UnwindRule;
 
