@@ -271,7 +271,8 @@ impl Symbolizer {
     /// The function index of a module file, built on first use; None when blazesym is to read it.
     fn index_of(&mut self, file: &ModuleFile) -> Option<&SymbolIndex> {
         if !self.indexes.contains_key(&file.id()) {
-            if self.copied_bytes > COPIES_BUDGET || self.copies.len() + self.indexes.len() >= max_open_files() {
+            // Indexes hold no descriptor: only the bytes count against them.
+            if self.copied_bytes > COPIES_BUDGET {
                 tracing::debug!(bytes = self.copied_bytes, "dropping the private copies and indexes");
                 self.drop_copies();
             }

@@ -7,6 +7,7 @@ mod call_sites;
 mod discover;
 pub mod gputime;
 pub mod hbm;
+mod coverage;
 pub mod hooks;
 pub mod injection;
 pub mod memory;
@@ -15,7 +16,8 @@ pub mod ready;
 pub mod timeline;
 
 pub use discover::{cuda_functions, CudaSearch, DiscoverError};
-pub use hooks::{Coverage, CudaHookManager, DutyCycle};
+pub use coverage::{Coverage, ThreadRate};
+pub use hooks::{CudaHookManager, DutyCycle};
 
 pub fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];

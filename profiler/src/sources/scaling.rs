@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use gpuflame_bpf::CudaCall;
 
-use crate::cuda::hooks::ThreadRate;
-use crate::cuda::Coverage;
+use crate::cuda::{Coverage, ThreadRate};
 
 pub(super) struct CycledCalls {
     threads: HashMap<u32, ThreadRate>,
