@@ -113,6 +113,7 @@ counters! {
         frame_pointer_steps = COUNTER_UNWIND_FP_FALLBACK, "Frames stepped with frame pointers for lack of unwind rows.";
         frame_pointer_rejected = COUNTER_UNWIND_FP_REJECTED, "Frame-pointer steps refused: rbp did not lead to a return address.";
         scanned_frames = COUNTER_UNWIND_SCANNED, "Callers of code without CFI found by scanning the stack.";
+        bp_recovered = COUNTER_UNWIND_BP_RECOVERED, "Callers of scanned frames given the rbp saved under the return address: the code without CFI had used rbp as a register.";
         by_file = COUNTER_UNWIND_BY_FILE, "Frames unwound with their file's table before the process's maps were read.";
     }
     /// The Python walker's counters.

@@ -105,6 +105,15 @@ fn programs(dir: &Path) -> Vec<Program> {
             chain: vec![F::Is("main"), F::Is("call_library"), F::Is("lib_entry"), F::Is("lib_inner"), F::Is("lib_spin")],
         });
     }
+    // Code without CFI that pushed rbp and uses it as a counter, under a caller whose CFA is
+    // rbp-based (MKL's tanh kernel under its threader, in libtorch_cpu.so).
+    v.push(Program {
+        name: "clobbered_rbp".into(),
+        exe: build(dir, "clobbered_rbp.c", "clobbered_rbp", &no_fp("-O2"), "cc"),
+        args: vec![],
+        entries: MAIN_ENTRY,
+        chain: vec![F::Is("main"), F::Is("rbp_framed_caller"), F::Is("clobbering_kernel")],
+    });
     v.push(Program { name: "static_O2".into(), exe: build(dir, "chain.c", "static_O2", &[no_fp("-O2"), vec!["-static"]].concat(), "cc"), args: vec![], entries: MAIN_ENTRY, chain: vec![F::Is("main"), F::Is("a"), F::Is("b"), F::Is("c")] });
     let stripped = build(dir, "chain.c", "stripped_O2", &no_fp("-O2"), "cc");
     let st = Command::new("strip").arg("--strip-all").arg(&stripped).status().expect("strip (binutils) is needed");

@@ -125,12 +125,14 @@ __noinline long unwind_one(struct native_unwind_state *st)
 		cfa = st->sp + rule->cfa_offset;
 		break;
 	case CFA_RBP_OFFSET:
+		bp_after_scan(st, true, rule->cfa_offset);
 		cfa = st->bp + rule->cfa_offset;
 		break;
 	case CFA_PLT:
 		cfa = st->sp + 8 + ((st->ip & 15) >= (__u64)rule->rbp_offset ? 8 : 0);
 		break;
 	case CFA_DEREF_RBP:
+		bp_after_scan(st, false, 0);
 		if (bpf_probe_read_user(&cfa, sizeof(cfa), (void *)(st->bp + rule->cfa_offset)))
 			return stop(st, UNWIND_READ_FAULT);
 		break;
@@ -152,6 +154,10 @@ __noinline long unwind_one(struct native_unwind_state *st)
 	/* A function being traced by a return probe (a CUDA hook) returns to the uprobe page. */
 	if (st->xol && ra >= st->xol && ra < st->xol + 4096)
 		ra = uretprobe_original(cfa - 8, ra);
+	if (rule->rbp_kind == RBP_AT_RBP && rule->cfa_kind != CFA_RBP_OFFSET && rule->cfa_kind != CFA_DEREF_RBP)
+		bp_after_scan(st, false, 0);
+	if (rule->rbp_kind != RBP_UNCHANGED)
+		st->bp_below_ra = 0; /* the caller's rbp comes from this frame's rule */
 	if (rule->rbp_kind == RBP_CFA_OFFSET) {
 		if (bpf_probe_read_user(&st->bp, sizeof(st->bp), (void *)(cfa + rule->rbp_offset)))
 			return stop(st, UNWIND_READ_FAULT);

@@ -112,8 +112,41 @@ __noinline long scan_from(struct native_unwind_state *st, __u64 base)
 	count(COUNTER_UNWIND_SCANNED);
 	st->ip = buf->words[scan.found & (SCAN_WORDS - 1)];
 	st->sp = base + 8 * (scan.found + 1);
-	/* rbp stays: code without CFI that used it saved it below and will restore it. */
+	/* rbp stays: code without CFI that kept it is right. Code that used it as a general register
+	 * saved the caller's first, most often right under the return address: kept aside for a
+	 * caller whose rule needs an rbp that the one left does not give (bp_after_scan). */
+	st->bp_below_ra = 0;
+	if (scan.found > 0)
+		st->bp_below_ra = buf->words[(scan.found - 1) & (SCAN_WORDS - 1)];
+	else
+		bpf_probe_read_user(&st->bp_below_ra, sizeof(st->bp_below_ra), (void *)(base - 8));
 	return 1;
+}
+
+/* An rbp that could be a frame's: above sp, within the stack's reach. */
+static __always_inline bool plausible_bp(struct native_unwind_state *st, __u64 bp)
+{
+	return bp > st->sp && bp - st->sp < (1 << 20) && !(bp & 7);
+}
+
+/* The rbp for a rule that reads it, after a stack scan: the one left in the register when it is
+ * plausible (and, for a CFA of rbp + cfa_offset, leads to a return address), else the word saved
+ * under the scanned return address. */
+static __always_inline void bp_after_scan(struct native_unwind_state *st, bool cfa_from_bp, __s32 cfa_offset)
+{
+	__u64 guess = st->bp_below_ra, ra = 0;
+
+	if (!guess)
+		return;
+	st->bp_below_ra = 0;
+	if (!plausible_bp(st, guess))
+		return;
+	if (plausible_bp(st, st->bp) &&
+	    (!cfa_from_bp ||
+	     (!bpf_probe_read_user(&ra, sizeof(ra), (void *)(st->bp + cfa_offset - 8)) && is_return_address(st->pid, ra))))
+		return;
+	count(COUNTER_UNWIND_BP_RECOVERED);
+	st->bp = guess;
 }
 
 enum { FP_NONE, FP_STEPPED, FP_OUTERMOST };

@@ -16,10 +16,14 @@ struct native_unwind_state {
 	__u32 tid;
 	__u32 frames;
 	__u32 status;
-	__u32 asked_refresh;
-	__u32 leaf_done;
 	__u32 slot; /* the sample_scratch entry being filled */
-	__u32 scans; /* stack scans done for code without CFI */
+	__u8 asked_refresh;
+	__u8 leaf_done;
+	__u8 scans; /* stack scans done for code without CFI */
+	/* After a stack scan: the word under the return address found, which is the caller's rbp
+	 * when the code without CFI pushed rbp first (as compilers do) and then used it as a
+	 * general register (MKL's kernels); 0 once the walk has a known rbp again. */
+	__u64 bp_below_ra;
 	__u64 xol;  /* the process's uprobe page (return trampoline), or 0 */
 	__u64 now;
 	struct py_walk py;
