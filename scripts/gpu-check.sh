@@ -5,7 +5,8 @@
 # time against torch.profiler, synchronisation time against the program's clock, an induced OOM,
 # the slowdown of a launch-bound loop at defaults and of a training step under --profiles all.
 #
-#   sudo scripts/gpu-check.sh [OUTDIR]     (GPUFLAME=path/to/gpuflame to skip the build)
+#   sudo scripts/gpu-check.sh [OUTDIR]     (GPUFLAME=path/to/gpuflame to skip the build;
+#                                           GPU_CHECK_ROUNDS=N rounds of the cost at defaults, 3)
 #
 # Every step has its own time limit, so that one that hangs leaves the others their figures.
 set -uo pipefail
@@ -87,8 +88,9 @@ for f in add_loop mm_loop graph_replay sync_point; do
 done
 grep -h "gpu time\|CUPTI\|records" "$out/gputime.err" | head -6 | cut -c1-300 | sed 's/^/   /'
 
-echo "== cost: a launch-bound loop and a training step at defaults (3 rounds), the step under --profiles all (2)"
-for round in 1 2 3; do
+rounds=${GPU_CHECK_ROUNDS:-3}
+echo "== cost: a launch-bound loop and a training step at defaults ($rounds rounds), the step under --profiles all (2)"
+for round in $(seq "$rounds"); do
 	step "bare$round" 120 "$py" "$w" launchbound,train
 	rec "defaults$round" 150 gpu-launches,cuda-api -- "$py" "$w" launchbound,train
 	b="$out/bare$round.out" d="$out/defaults$round.out"

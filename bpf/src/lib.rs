@@ -19,6 +19,7 @@ mod sampler;
 mod skel;
 mod unwind_maps;
 
+pub use calibrate::{HookTraps, TrapCost};
 pub use config::{OffCpuSampling, RingUse, SamplerConfig, Targets};
 pub use counters::{Counter, Counters, CudaCounters, OffCpuCounters, PythonCounters, UnwindCounters};
 pub use cuda::{CudaApi, CudaClass};

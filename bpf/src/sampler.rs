@@ -12,7 +12,7 @@ use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuild
 
 use gpuflame_unwind::{CompactTable, LoadSegment, RuleTable};
 
-use crate::calibrate;
+use crate::calibrate::{self, TrapCost};
 use crate::config::{OffCpuSampling, RingUse, SamplerConfig, Targets};
 use crate::counters::{self, Counters};
 use crate::cuda::CudaApi;
@@ -23,6 +23,7 @@ use crate::skel::{types, CpuSamplerSkel, CpuSamplerSkelBuilder};
 use crate::unwind_maps::{ExecMapping, PythonProcess, TableId, UnwindCapacity, UnwindMaps};
 
 const BTF_PATH: &str = "/sys/kernel/btf/vmlinux";
+const COOKIE_STEPPED: u64 = types::cuda_cookie::CUDA_COOKIE_STEPPED.0 as u64;
 
 /// Hooks on the CUDA functions of one file, in every process that maps it. Dropping it detaches
 /// them.
@@ -287,7 +288,14 @@ impl CpuSampler {
     /// process that maps it now or later; the programs keep to the targets.
     pub fn attach_cuda(&self, path: &Path, functions: &[(CudaApi, u64)]) -> Result<CudaHooks, BpfError> {
         let offsets: Vec<usize> = functions.iter().map(|&(_, off)| off as usize).collect();
-        let cookies: Vec<u64> = functions.iter().map(|&(api, _)| u64::from(api.raw())).collect();
+        // Each function's cookie says whether its first instruction is stepped out of line: a
+        // trap more per call, which the scaling of sampled counts subtracts (calibrate.rs).
+        let stepped = calibrate::stepped_at(path, &functions.iter().map(|&(_, off)| off).collect::<Vec<_>>());
+        let cookies: Vec<u64> = functions
+            .iter()
+            .zip(stepped)
+            .map(|(&(api, _), stepped)| u64::from(api.raw()) | if stepped { COOKIE_STEPPED } else { 0 })
+            .collect();
         let opts = UprobeMultiOpts { offsets, cookies, session: true, ..Default::default() };
         let link = self
             .skel
@@ -300,7 +308,7 @@ impl CpuSampler {
 
     /// What a hooked call costs on this machine beyond its programs: the entry and return traps,
     /// measured on a function of this process with programs that do nothing.
-    pub fn calibrate_trap_cost(&self) -> Result<Duration, BpfError> {
+    pub fn calibrate_trap_cost(&self) -> Result<TrapCost, BpfError> {
         calibrate::trap_cost(&self.skel.progs.on_calibrate)
     }
 

@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, UNIX_EPOCH};
 
-use gpuflame_bpf::{CudaApi, CudaCall, Event, GpuKernel, GpuKernelBatch, GpuKernelName, KernelName, OffCpuEnd, OffCpuStack, OffCpuState, Sample, StackRead, UnwindStatus, UserFrame};
+use gpuflame_bpf::{CudaApi, CudaCall, Event, GpuKernel, HookTraps, TrapCost, GpuKernelBatch, GpuKernelName, KernelName, OffCpuEnd, OffCpuStack, OffCpuState, Sample, StackRead, UnwindStatus, UserFrame};
 
 use crate::cuda::Coverage;
 use crate::frame::FrameKind;
@@ -50,6 +50,7 @@ fn call(api: CudaApi, user: &[u64], size: u64, addr: u64, result: i32, duration_
         addr,
         handle: 0,
         hook_ns: 500,
+        traps: HookTraps::default(),
         in_allocator: false,
     })
 }
@@ -163,7 +164,7 @@ fn recorded() -> Vec<(String, Profile)> {
     }
     let start = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
     let duration = Duration::from_secs(5);
-    let coverage = Coverage { attached: duration, elapsed: duration, exact: true, trap_cost: Duration::from_nanos(700), window: Duration::ZERO };
+    let coverage = Coverage { attached: duration, elapsed: duration, exact: true, trap_cost: TrapCost { emulated: Duration::from_nanos(700), stepped: Duration::from_nanos(2_000) }, window: Duration::ZERO };
     let mut out: Vec<(String, Profile)> = collector.take_ooms(start).into_iter().map(|oom| ("oom".to_string(), oom.snapshot)).collect();
     let (profiles, _) = collector.close(Some(coverage), start, duration);
     out.extend(profiles.into_iter().map(|(k, p)| (k.name().to_string(), p)));

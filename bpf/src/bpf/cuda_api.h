@@ -110,7 +110,24 @@ enum cuda_class {
 };
 
 /* cuda_call_payload.flags */
-#define CUDA_CALL_IN_ALLOCATOR 1 /* a segment call made inside a hooked tensor allocation */
+enum cuda_call_flags {
+	CUDA_CALL_IN_ALLOCATOR = 1, /* a segment call made inside a hooked tensor allocation */
+	CUDA_CALL_STEPPED = 2,      /* its function's first instruction is stepped out of line */
+	/* Bits 8-15: hooked calls nested in this one (a runtime launch's driver launch), each an
+	 * entry trap that hooking cost the caller besides this call's own; bits 16-23: those of
+	 * them whose first instruction was stepped out of line, a trap more. */
+	CUDA_CALL_NESTED_SHIFT = 8,
+	CUDA_CALL_NESTED_STEPPED_SHIFT = 16,
+	CUDA_CALL_NESTED_MAX = 255,
+};
+
+/* The cookie of a hooked function: its enum cuda_api, and whether the kernel steps its first
+ * instruction out of line (a trap more per call) rather than emulating it (push, nop, jumps):
+ * user space reads the instruction when it attaches. */
+enum cuda_cookie {
+	CUDA_COOKIE_API_MASK = 0xffff,
+	CUDA_COOKIE_STEPPED = 0x10000,
+};
 
 /* A kernel activity record as the injection library passes it (struct gpuflame_kernel). */
 struct cupti_kernel {

@@ -27,8 +27,8 @@ struct cuda_call {
 	__u64 args[4];
 	__u32 api;
 	__u32 device;
-	__u32 flags; /* CUDA_CALL_IN_ALLOCATOR */
-	__u32 _pad;
+	__u32 flags; /* enum cuda_call_flags */
+	__u32 enter_ns; /* what the entry programs took: this call's and those of the calls nested in it */
 	__u64 inner; /* a runtime launch: the function handle of the driver launch it made */
 };
 
@@ -191,13 +191,15 @@ static __always_inline __u64 driver_launch_function(struct pt_regs *ctx, __u32 a
 /* At entry: 0 asks for the return half, 1 does not (the return trap is then saved). */
 static __always_inline int cuda_enter(struct pt_regs *ctx)
 {
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = bpf_get_current_pid_tgid(), cookie = bpf_get_attach_cookie(ctx);
 	__u32 tgid = id >> 32, tid = (__u32)id, *device;
-	__u32 api = (__u32)bpf_get_attach_cookie(ctx);
+	__u32 api = cookie & CUDA_COOKIE_API_MASK;
 	struct cuda_call_key key = { .tid = tid, .cls = cuda_class_of(api) };
 	struct cuda_call call = {}, *outer;
 	__u32 location_id;
 
+	/* From the program's start: what it takes is part of what hooking cost (enter_ns). */
+	call.t0 = bpf_ktime_get_ns();
 	if (!is_target(tgid))
 		return 1;
 	if (key.cls == CUDA_CLASS_CUPTI) {
@@ -218,9 +220,14 @@ static __always_inline int cuda_enter(struct pt_regs *ctx)
 		 * the runtime's host stub has no symbol (PyTorch's libraries have no .symtab). */
 		if (key.cls == CUDA_CLASS_LAUNCH && !outer->inner)
 			outer->inner = driver_launch_function(ctx, api);
+		if (((outer->flags >> CUDA_CALL_NESTED_SHIFT) & 0xff) < CUDA_CALL_NESTED_MAX) {
+			outer->flags += 1 << CUDA_CALL_NESTED_SHIFT;
+			if (cookie & CUDA_COOKIE_STEPPED)
+				outer->flags += 1 << CUDA_CALL_NESTED_STEPPED_SHIFT;
+		}
+		outer->enter_ns += bpf_ktime_get_ns() - call.t0;
 		return 1;
 	}
-	call.t0 = bpf_ktime_get_ns();
 	call.api = api;
 	call.args[0] = PT_REGS_PARM1(ctx);
 	call.args[1] = PT_REGS_PARM2(ctx);
@@ -242,6 +249,9 @@ static __always_inline int cuda_enter(struct pt_regs *ctx)
 	if (api == CU_MEM_CREATE && call.args[2] &&
 	    !bpf_probe_read_user(&location_id, sizeof(location_id), (void *)(call.args[2] + 12)))
 		call.device = location_id;
+	if (cookie & CUDA_COOKIE_STEPPED)
+		call.flags |= CUDA_CALL_STEPPED;
+	call.enter_ns = bpf_ktime_get_ns() - call.t0;
 	if (bpf_map_update_elem(&cuda_calls, &key, &call, BPF_ANY)) {
 		count(COUNTER_CUDA_CALLS_FULL);
 		return 1;
@@ -270,60 +280,66 @@ static __always_inline void send_kernel_name(struct event_record *e, __u64 id, s
 }
 
 /* `api`: the call whose return this is. */
+static __always_inline int forget_call(struct cuda_call_key *key)
+{
+	bpf_map_delete_elem(&cuda_calls, key);
+	return 0;
+}
+
 static __always_inline int cuda_return(struct pt_regs *ctx, __u32 api)
 {
 	__u64 id = bpf_get_current_pid_tgid(), now = bpf_ktime_get_ns(), size, flags;
 	__u32 tid = (__u32)id;
 	__u32 slot = SCRATCH_CUDA, frames;
 	struct cuda_call_key key = { .tid = tid, .cls = cuda_class_of(api) };
-	struct cuda_call *found, call;
+	struct cuda_call *call;
 	struct cuda_call_payload *c;
 	struct event_record *e;
 	__s32 result;
 
-	found = bpf_map_lookup_elem(&cuda_calls, &key);
+	call = bpf_map_lookup_elem(&cuda_calls, &key);
 	/* Only the return of the recorded call itself: its ret popped the slot it was called with. */
-	if (!found || PT_REGS_SP(ctx) != found->sp + 8 || found->api != api)
+	if (!call || PT_REGS_SP(ctx) != call->sp + 8 || call->api != api)
 		return 0;
-	call = *found;
-	bpf_map_delete_elem(&cuda_calls, &key);
+	/* Read where it is, and forgotten on the way out: a copy on the stack left too little of
+	 * it for the unwinder's calls. */
 	result = (__s32)PT_REGS_RC(ctx);
 	count(COUNTER_CUDA_CALLS);
 
 	if (api == CUDA_SET_DEVICE) {
-		__u32 device = (__u32)call.args[0];
+		__u32 device = (__u32)call->args[0];
 		if (result == 0)
 			bpf_map_update_elem(&cuda_devices, &tid, &device, BPF_ANY);
-		return 0;
+		return forget_call(&key);
 	}
 	e = bpf_map_lookup_elem(&sample_scratch, &slot);
 	if (!e)
-		return 0;
+		return forget_call(&key);
 	if (api == CU_MODULE_GET_FUNCTION || api == CU_LIBRARY_GET_KERNEL) {
 		if (result == 0)
-			send_kernel_name(e, id, &call);
-		return 0;
+			send_kernel_name(e, id, call);
+		return forget_call(&key);
 	}
 
 	cuda_header(e, EVENT_CUDA_CALL, id);
 	c = &e->payload.cuda_call;
 	c->api = api;
 	c->result = result;
-	c->device = call.device;
-	c->flags = call.flags;
-	c->duration_ns = now - call.t0;
+	c->device = call->device;
+	c->flags = call->flags;
+	c->duration_ns = now - call->t0;
 	c->size = 0;
 	c->addr = 0;
 	c->handle = 0;
 	c->hook_ns = 0;
 	switch (cuda_class_of(api)) {
 	case CUDA_CLASS_ALLOC:
-		c->size = call.args[1];
-		if (result == 0 && bpf_probe_read_user(&c->addr, sizeof(c->addr), (void *)call.args[0]))
+		c->size = call->args[1];
+		if (result == 0 && bpf_probe_read_user(&c->addr, sizeof(c->addr), (void *)call->args[0]))
 			c->addr = 0;
 		break;
 	case CUDA_CLASS_FREE:
-		c->addr = call.args[0];
+		c->addr = call->args[0];
 		break;
 	case CUDA_CLASS_TENSOR_OOM: {
 		/* The allocator reports, then throws: the malloc it is in never returns, and is
@@ -333,37 +349,37 @@ static __always_inline int cuda_return(struct pt_regs *ctx, __u32 api)
 
 		bpf_map_delete_elem(&cuda_calls, &alloc);
 		c->result = 2;
-		c->size = call.args[0];
-		c->addr = call.args[1];
-		c->handle = call.args[2];
-		c->device = (__u8)(call.args[3] >> 8);
+		c->size = call->args[0];
+		c->addr = call->args[1];
+		c->handle = call->args[2];
+		c->device = (__u8)(call->args[3] >> 8);
 		break;
 	}
 	case CUDA_CLASS_TENSOR_ALLOC:
 		/* malloc returns nothing: the block is what it wrote to *ptr. */
 		c->result = 0;
-		c->size = call.args[3];
-		if (bpf_probe_read_user(&c->addr, sizeof(c->addr), (void *)call.args[1]))
+		c->size = call->args[3];
+		if (bpf_probe_read_user(&c->addr, sizeof(c->addr), (void *)call->args[1]))
 			c->addr = 0;
 		break;
 	case CUDA_CLASS_MAP:
-		c->addr = call.args[0];
-		c->size = call.args[1];
-		c->handle = call.args[3];
+		c->addr = call->args[0];
+		c->size = call->args[1];
+		c->handle = call->args[3];
 		break;
 	case CUDA_CLASS_LAUNCH:
 		c->addr = (api == CUDA_LAUNCH_KERNEL_EXC || api == CUDA_LAUNCH_KERNEL_EXC_PTSZ ||
-			   api == CU_LAUNCH_KERNEL_EX || api == CU_LAUNCH_KERNEL_EX_PTSZ) ? call.args[1] : call.args[0];
-		c->handle = call.inner;
+			   api == CU_LAUNCH_KERNEL_EX || api == CU_LAUNCH_KERNEL_EX_PTSZ) ? call->args[1] : call->args[0];
+		c->handle = call->inner;
 		break;
 	case CUDA_CLASS_COLLECTIVE:
 		/* The element count and the datatype; user space knows the datatypes' sizes. */
 		if (api == NCCL_BCAST || api == NCCL_SEND || api == NCCL_RECV) {
-			c->size = call.args[1];
-			c->handle = call.args[2];
+			c->size = call->args[1];
+			c->handle = call->args[2];
 		} else {
-			c->size = call.args[2];
-			c->handle = call.args[3];
+			c->size = call->args[2];
+			c->handle = call->args[3];
 		}
 		break;
 	default:
@@ -374,9 +390,9 @@ static __always_inline int cuda_return(struct pt_regs *ctx, __u32 api)
 	 * programs can be preempted): such a record is dropped, and counted. */
 	if (e->header.tid != tid || e->header.kind != EVENT_CUDA_CALL || c->api != api) {
 		count(COUNTER_CUDA_RACE);
-		return 0;
+		return forget_call(&key);
 	}
-	c->hook_ns = bpf_ktime_get_ns() - now;
+	c->hook_ns = bpf_ktime_get_ns() - now + call->enter_ns;
 	frames = e->stack.user_frames;
 	if (frames > MAX_USER_FRAMES)
 		frames = MAX_USER_FRAMES;
@@ -388,14 +404,14 @@ static __always_inline int cuda_return(struct pt_regs *ctx, __u32 api)
 		? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
 	if (bpf_ringbuf_output(&samples, e, size, flags))
 		count(COUNTER_CUDA_LOST);
-	return 0;
+	return forget_call(&key);
 }
 
 
 SEC("uprobe.session")
 int on_cuda_call(struct pt_regs *ctx)
 {
-	__u32 api = (__u32)bpf_get_attach_cookie(ctx);
+	__u32 api = (__u32)bpf_get_attach_cookie(ctx) & CUDA_COOKIE_API_MASK;
 	bool returned = bpf_session_is_return();
 
 	/* One copy of the return half, for both kinds of return: its stack is large. */

@@ -95,7 +95,7 @@ struct cuda_call_payload {
 	__u32 api;         /* enum cuda_api */
 	__s32 result;      /* the call's CUresult or cudaError_t */
 	__u32 device;      /* the calling thread's current device, or the one asked for */
-	__u32 flags;       /* CUDA_CALL_IN_ALLOCATOR */
+	__u32 flags;       /* enum cuda_call_flags */
 	__u64 duration_ns; /* entry to return */
 	__u64 size;        /* bytes allocated, or mapped or unmapped; a collective's element count */
 	__u64 addr;        /* the device pointer or handle allocated or freed, the address mapped or
@@ -103,7 +103,8 @@ struct cuda_call_payload {
 			    * allocator says its tensors hold */
 	__u64 handle;      /* cuMemMap: the physical memory handle mapped at addr; a collective's
 			    * ncclDataType_t; C10_OUT_OF_MEMORY: the bytes it says it reserved */
-	__u64 hook_ns;     /* time the return hook's program took (unwinding included) */
+	__u64 hook_ns;     /* time the hooks' programs took: the return's (unwinding included), the
+			    * entry's, and the entries of the calls nested in it */
 };
 
 /* EVENT_CUDA_KERNEL: a kernel handle that cuModuleGetFunction or cuLibraryGetKernel returned. */

@@ -4,6 +4,7 @@
 
 use super::record::Record;
 use super::sample::{sample_of, Sample, StackRead};
+use crate::calibrate::HookTraps;
 use crate::cuda::CudaApi;
 use crate::pod::read_pod;
 use crate::skel::types;
@@ -60,8 +61,11 @@ pub struct CudaCall {
     pub addr: u64,
     /// cuMemMap: the handle mapped at `addr`. [`CudaApi::CuptiLaunch`]: the callback id.
     pub handle: u64,
-    /// What the return hook's program took, unwinding included: part of what hooking cost.
+    /// What the hooks' programs took, unwinding included: the return's, the entry's, and the
+    /// entries of the hooked calls nested in it. Part of what hooking cost.
     pub hook_ns: u64,
+    /// How its hooks trapped: the rest of what hooking cost.
+    pub traps: HookTraps,
     /// A segment (cudaMalloc and the like) that PyTorch's caching allocator asked for while a
     /// hooked tensor allocation was under way.
     pub in_allocator: bool,
@@ -88,12 +92,20 @@ pub(super) fn decode_call(r: &Record) -> Option<CudaCall> {
         addr,
         handle,
         hook_ns,
+        traps: HookTraps {
+            stepped: flags & STEPPED != 0,
+            nested: (flags >> NESTED_SHIFT) & NESTED_MAX,
+            nested_stepped: (flags >> NESTED_STEPPED_SHIFT) & NESTED_MAX,
+        },
         in_allocator: flags & IN_ALLOCATOR != 0,
     })
 }
 
-/// CUDA_CALL_IN_ALLOCATOR (cuda_api.h).
-const IN_ALLOCATOR: u32 = 1;
+const IN_ALLOCATOR: u32 = types::cuda_call_flags::CUDA_CALL_IN_ALLOCATOR.0 as u32;
+const STEPPED: u32 = types::cuda_call_flags::CUDA_CALL_STEPPED.0 as u32;
+const NESTED_SHIFT: u32 = types::cuda_call_flags::CUDA_CALL_NESTED_SHIFT.0 as u32;
+const NESTED_STEPPED_SHIFT: u32 = types::cuda_call_flags::CUDA_CALL_NESTED_STEPPED_SHIFT.0 as u32;
+const NESTED_MAX: u32 = types::cuda_call_flags::CUDA_CALL_NESTED_MAX.0 as u32;
 
 /// EVENT_CUPTI_LAUNCH: a call of the injection library's launch function, with the stack of the
 /// launch; `addr` is the correlation id, `handle` the callback id.
@@ -115,7 +127,7 @@ pub(super) fn decode_cupti_status(r: &Record) -> CudaCall {
 
 /// A call of one of the injection library's functions: what its payload does not carry is 0.
 fn cupti_call(api: CudaApi, sample: Sample) -> CudaCall {
-    CudaCall { sample, api, result: 0, device: 0, duration_ns: 0, size: 0, addr: 0, handle: 0, hook_ns: 0, in_allocator: false }
+    CudaCall { sample, api, result: 0, device: 0, duration_ns: 0, size: 0, addr: 0, handle: 0, hook_ns: 0, traps: HookTraps::default(), in_allocator: false }
 }
 
 /// EVENT_CUDA_KERNEL: the handle, and the name after the fixed part.
@@ -161,7 +173,7 @@ mod tests {
             api: types::cuda_api::CUDA_MALLOC.0,
             result: 2,
             device: 1,
-            flags: 1,
+            flags: 1 | 2 | (2 << 8) | (1 << 16),
             duration_ns: 500,
             size: 4096,
             addr: 0x7000,
@@ -172,6 +184,7 @@ mod tests {
         let Some(c) = decoded(&data, decode_call) else { panic!("not a CUDA call") };
         assert_eq!((c.api, c.result, c.device, c.duration_ns), (CudaApi::CudaMalloc, 2, 1, 500));
         assert_eq!((c.size, c.addr, c.handle, c.hook_ns, c.sample.pid), (4096, 0x7000, 9, 30, 42));
+        assert_eq!((c.in_allocator, c.traps), (true, HookTraps { stepped: true, nested: 2, nested_stepped: 1 }));
         assert_eq!(c.sample.user_stack, vec![UserFrame::Native(0x10), UserFrame::Native(0x20), UserFrame::Native(0x30)]);
         assert_eq!(c.sample.kernel_stack, StackRead::Frames(vec![]));
         // A record that claims more frames than it carries keeps only those it carries.

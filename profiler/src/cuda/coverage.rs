@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use gpuflame_bpf::{HookTraps, TrapCost};
+
 /// How the counts of cycled hooks relate to what happened.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Coverage {
@@ -10,8 +12,8 @@ pub struct Coverage {
     pub attached: Duration,
     pub elapsed: Duration,
     pub exact: bool,
-    /// What the two traps of one hooked call cost on this machine.
-    pub trap_cost: Duration,
+    /// What the traps of a hooked call cost on this machine.
+    pub trap_cost: TrapCost,
     /// How long each window of the cycled hooks lasts (zero when exact).
     pub window: Duration,
 }
@@ -64,8 +66,8 @@ const MAX_BURSTS: usize = 1024;
 const BURST_GAP_NS: u64 = 50_000_000;
 
 impl ThreadRate {
-    /// A call that returned at `ts_ns` whose return hook took `hook_ns`.
-    pub fn add(&mut self, ts_ns: u64, hook_ns: u64, trap_cost: Duration) {
+    /// A call that returned at `ts_ns` whose hooks' programs took `hook_ns` and that trapped so.
+    pub fn add(&mut self, ts_ns: u64, hook_ns: u64, traps: HookTraps, trap_cost: TrapCost) {
         if self.burst_calls > 0 && ts_ns.saturating_sub(self.burst_last_ns) > BURST_GAP_NS {
             self.close_burst();
         }
@@ -73,7 +75,7 @@ impl ThreadRate {
             self.burst_first_ns = ts_ns;
         } else {
             // The previous call's hook cost lies between it and this one.
-            self.burst_overhead_ns += hook_ns + trap_cost.as_nanos() as u64;
+            self.burst_overhead_ns += hook_ns + trap_cost.of(traps).as_nanos() as u64;
         }
         self.burst_last_ns = ts_ns;
         self.burst_calls += 1;
@@ -124,7 +126,9 @@ impl Coverage {
                 b.calls as f64 * window / own
             })
             .sum();
-        tracing::debug!(attached_ms = self.attached.as_secs_f64() * 1e3, bursts = rate.bursts.len(), calls = rate.calls, corrected, "calls through cycled hooks");
+        let span_ms = rate.bursts.iter().map(|b| b.span_ns).sum::<u64>() as f64 / 1e6;
+        let overhead_ms = rate.bursts.iter().map(|b| b.overhead_ns).sum::<u64>() as f64 / 1e6;
+        tracing::debug!(attached_ms = self.attached.as_secs_f64() * 1e3, elapsed_ms = self.elapsed.as_secs_f64() * 1e3, window_ms = window / 1e6, trap_ns = self.trap_cost.emulated.as_nanos() as u64, stepped_trap_ns = self.trap_cost.stepped.as_nanos() as u64, bursts = rate.bursts.len(), calls = rate.calls, span_ms, overhead_ms, corrected, "calls through cycled hooks");
         self.scale() * corrected / rate.calls as f64
     }
 }
@@ -137,11 +141,11 @@ mod tests {
     /// hooks') only during 4 of them, as a program launches in one phase and not the others.
     #[test]
     fn a_thread_that_launches_in_some_windows_stands_for_that_part_of_the_run() {
-        let coverage = Coverage { attached: Duration::from_millis(140), elapsed: Duration::from_secs(14), exact: false, trap_cost: Duration::from_micros(4), window: Duration::from_millis(10) };
+        let coverage = Coverage { attached: Duration::from_millis(140), elapsed: Duration::from_secs(14), exact: false, trap_cost: TrapCost { emulated: Duration::from_micros(4), stepped: Duration::from_micros(8) }, window: Duration::from_millis(10) };
         let mut rate = ThreadRate::default();
         for window in 0..4u64 {
             for i in 0..500u64 {
-                rate.add(window * 1_000_000_000 + i * 20_000, 6_000, coverage.trap_cost);
+                rate.add(window * 1_000_000_000 + i * 20_000, 6_000, HookTraps::default(), coverage.trap_cost);
             }
         }
         // Its natural pace is a call every 10 µs, for the 4 s in which it launched: 400,000 calls.
@@ -153,11 +157,11 @@ mod tests {
     /// 800 calls a burst, of which the hooks took 8 ms.
     #[test]
     fn calls_after_a_window_ends_do_not_count_twice() {
-        let coverage = Coverage { attached: Duration::from_millis(140), elapsed: Duration::from_secs(14), exact: false, trap_cost: Duration::from_micros(4), window: Duration::from_millis(10) };
+        let coverage = Coverage { attached: Duration::from_millis(140), elapsed: Duration::from_secs(14), exact: false, trap_cost: TrapCost { emulated: Duration::from_micros(4), stepped: Duration::from_micros(8) }, window: Duration::from_millis(10) };
         let mut rate = ThreadRate::default();
         for window in 0..4u64 {
             for i in 0..800u64 {
-                rate.add(window * 1_000_000_000 + i * 20_000, 6_000, coverage.trap_cost);
+                rate.add(window * 1_000_000_000 + i * 20_000, 6_000, HookTraps::default(), coverage.trap_cost);
             }
         }
         let estimate = rate.calls as f64 * coverage.thread_scale(&mut rate);

@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use gpuflame_bpf::{CpuSampler, CudaApi, CudaHooks};
+use gpuflame_bpf::{CpuSampler, CudaApi, CudaHooks, TrapCost};
 
 use super::discover::cuda_functions;
 use super::coverage::Coverage;
@@ -53,7 +53,7 @@ pub struct CudaHookManager {
     cycled_on_since: Option<Instant>,
     attached: Duration,
     window_start: Instant,
-    trap_cost: Duration,
+    trap_cost: TrapCost,
     pub stats: HookStats,
 }
 
@@ -84,7 +84,7 @@ impl CudaHookManager {
             cycled_on_since: None,
             attached: Duration::ZERO,
             window_start: now,
-            trap_cost: Duration::ZERO,
+            trap_cost: TrapCost::default(),
             stats: HookStats::default(),
         }
     }
@@ -101,7 +101,7 @@ impl CudaHookManager {
         }
         match sampler.calibrate_trap_cost() {
             Ok(cost) => {
-                tracing::info!(trap_cost_ns = cost.as_nanos() as u64, "cost of a hooked call's traps");
+                tracing::info!(trap_cost_ns = cost.emulated.as_nanos() as u64, stepped_ns = cost.stepped.as_nanos() as u64, "cost of a hooked call's traps");
                 self.trap_cost = cost;
             }
             Err(e) => tracing::warn!(error = %e, "cannot measure the cost of a hooked call; sampled launch counts will come out low"),
@@ -271,7 +271,7 @@ impl CudaHookManager {
         Coverage { attached, elapsed, exact: self.duty.is_none(), trap_cost: self.trap_cost, window: self.duty.as_ref().map_or(Duration::ZERO, |d| d.on) }
     }
 
-    pub fn trap_cost(&self) -> Duration {
+    pub fn trap_cost(&self) -> TrapCost {
         self.trap_cost
     }
 

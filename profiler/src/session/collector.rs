@@ -3,7 +3,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use gpuflame_bpf::{CudaClass, Event};
+use gpuflame_bpf::{CudaClass, Event, TrapCost};
 use gpuflame_pyframes::Interpreter;
 use gpuflame_symbolizer::MappedFile;
 
@@ -24,7 +24,7 @@ pub struct Collector {
 
 impl Collector {
     /// `trap_cost`: what the traps of one hooked CUDA call cost, as calibrated.
-    pub fn new(profiles: &[ProfileKind], frequency_hz: u64, trap_cost: Duration) -> Self {
+    pub fn new(profiles: &[ProfileKind], frequency_hz: u64, trap_cost: TrapCost) -> Self {
         Collector {
             stacks: Stacks::new(),
             sources: sources::for_profiles(profiles, trap_cost),
@@ -81,7 +81,7 @@ impl Collector {
     /// The window's profiles, symbolized, in the order of [`ProfileKind`], and its samples; a
     /// new window starts. `coverage`: of the duty-cycled CUDA hooks, when CUDA is hooked.
     pub fn close(&mut self, coverage: Option<Coverage>, start: SystemTime, duration: Duration) -> (Vec<(ProfileKind, Profile)>, WindowStats) {
-        let exact = Coverage { attached: duration, elapsed: duration, exact: true, trap_cost: Duration::ZERO, window: Duration::ZERO };
+        let exact = Coverage { attached: duration, elapsed: duration, exact: true, trap_cost: TrapCost::default(), window: Duration::ZERO };
         let info = WindowInfo { frequency_hz: self.frequency_hz, coverage: coverage.unwrap_or(exact), length: duration };
         let mut profiles = Vec::new();
         for source in self.sources.iter_mut() {

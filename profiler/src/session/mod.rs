@@ -8,7 +8,7 @@ mod window;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use gpuflame_bpf::{BpfError, CpuSampler, CudaApi, Event, OffCpuSampling, ProcessEventKind, RingUse, Sample, SamplerConfig, Targets};
+use gpuflame_bpf::{BpfError, CpuSampler, CudaApi, Event, OffCpuSampling, TrapCost, ProcessEventKind, RingUse, Sample, SamplerConfig, Targets};
 
 pub use collector::Collector;
 pub use window::{Flow, Oom, Window, WindowStats};
@@ -134,7 +134,7 @@ impl Session {
         if needs.switches {
             sampler.enable_off_cpu()?;
         }
-        let trap_cost = cuda.as_ref().map_or(Duration::ZERO, |c| c.hooks.trap_cost());
+        let trap_cost = cuda.as_ref().map_or(TrapCost::default(), |c| c.hooks.trap_cost());
         let mut collector = Collector::new(&config.profiles, frequency_hz, trap_cost);
         if config.memory_timeline {
             collector.keep_memory_timeline();

@@ -2,9 +2,7 @@
 //! cuda-api, from one source, so that what each thread's calls stand for (`scaling.rs`) is
 //! followed once for both.
 
-use std::time::Duration;
-
-use gpuflame_bpf::{CudaApi, CudaClass};
+use gpuflame_bpf::{CudaApi, CudaClass, TrapCost};
 
 use super::cuda_api::CudaApiTime;
 use super::launches::Launches;
@@ -21,7 +19,7 @@ pub struct CycledHooks {
 }
 
 impl CycledHooks {
-    pub fn new(trap_cost: Duration, launches: bool, api_time: bool) -> Self {
+    pub fn new(trap_cost: TrapCost, launches: bool, api_time: bool) -> Self {
         CycledHooks { calls: CycledCalls::new(trap_cost), launches: launches.then(Launches::default), api_time: api_time.then(CudaApiTime::default) }
     }
 }

@@ -19,7 +19,7 @@ mod scaling;
 pub mod source;
 mod timeline_chart;
 
-use std::time::Duration;
+use gpuflame_bpf::TrapCost;
 
 use crate::profile_kind::ProfileKind;
 pub use oom::OomReport;
@@ -27,7 +27,7 @@ pub use source::{Closed, Input, Source, SourceStats, WindowInfo};
 
 /// The sources that make `kinds`. `trap_cost`: what the traps of one hooked call cost, as
 /// calibrated, to correct the counts of duty-cycled hooks.
-pub fn for_profiles(kinds: &[ProfileKind], trap_cost: Duration) -> Vec<Box<dyn Source>> {
+pub fn for_profiles(kinds: &[ProfileKind], trap_cost: TrapCost) -> Vec<Box<dyn Source>> {
     let wants = |k| kinds.contains(&k);
     let mut out: Vec<Box<dyn Source>> = Vec::new();
     if wants(ProfileKind::Cpu) {

@@ -2,26 +2,24 @@
 //! calls are scaled by, from the time the hooks were attached and what they cost it.
 
 use std::collections::HashMap;
-use std::time::Duration;
-
-use gpuflame_bpf::CudaCall;
+use gpuflame_bpf::{CudaCall, TrapCost};
 
 use crate::cuda::{Coverage, ThreadRate};
 
 pub(super) struct CycledCalls {
     threads: HashMap<u32, ThreadRate>,
-    trap_cost: Duration,
+    trap_cost: TrapCost,
 }
 
 impl CycledCalls {
-    pub(super) fn new(trap_cost: Duration) -> Self {
+    pub(super) fn new(trap_cost: TrapCost) -> Self {
         CycledCalls { threads: HashMap::new(), trap_cost }
     }
 
     /// Notes a call, if it came through a cycled hook.
     pub(super) fn saw(&mut self, call: &CudaCall) {
         if !call.api.always_on() {
-            self.threads.entry(call.sample.tid).or_default().add(call.sample.timestamp_ns, call.hook_ns, self.trap_cost);
+            self.threads.entry(call.sample.tid).or_default().add(call.sample.timestamp_ns, call.hook_ns, call.traps, self.trap_cost);
         }
     }
 
@@ -50,11 +48,12 @@ pub(super) fn sampling_comment(coverage: &Coverage) -> Option<String> {
     }
     let scale = coverage.scale();
     Some(format!(
-        "sampled: launch and synchronisation hooks were attached {:.2}% of the time ({:.0} ms of {:.1} s); counts and times are scaled by {:.1}, more for threads the hooks slowed down ({} ns of traps per call)",
+        "sampled: launch and synchronisation hooks were attached {:.2}% of the time ({:.0} ms of {:.1} s); counts and times are scaled by {:.1}, more for threads the hooks slowed down ({} ns of traps per call, {} where the first instruction is stepped)",
         100.0 / scale,
         coverage.attached.as_secs_f64() * 1e3,
         coverage.elapsed.as_secs_f64(),
         scale,
-        coverage.trap_cost.as_nanos()
+        coverage.trap_cost.emulated.as_nanos(),
+        coverage.trap_cost.stepped.as_nanos()
     ))
 }
