@@ -2,6 +2,7 @@
 //! table's base) and a 16-bit index into the rule table shared by all executables.
 
 pub use crate::rule_table::RuleTable;
+use crate::build::TablePiece;
 use crate::table::UnwindTable;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -29,6 +30,13 @@ impl CompactTable {
             *id = renumber[usize::from(*id)];
         }
         Ok(CompactTable { base: rows.base, pcs: rows.pcs, rules })
+    }
+
+    /// A piece of a table being built, its rules renumbered into `shared`.
+    pub fn from_piece(piece: &TablePiece<'_>, shared: &mut RuleTable) -> Result<Self, CompactError> {
+        let renumber = piece.rules.since(0).map(|(_, rule)| shared.intern(rule).ok_or(CompactError::RulesFull)).collect::<Result<Vec<u16>, _>>()?;
+        let rules = piece.ids.iter().map(|&id| renumber.get(usize::from(id)).copied().ok_or(CompactError::RulesFull)).collect::<Result<Vec<u16>, _>>()?;
+        Ok(CompactTable { base: piece.base, pcs: piece.pcs.to_vec(), rules })
     }
 
     pub fn len(&self) -> usize {

@@ -10,7 +10,7 @@
 
 use crate::error::UnwindError;
 use crate::rule::{CfaRule, RbpRule, UnwindRule};
-use crate::table::{PackedRows, UnwindRow};
+use crate::table::UnwindRow;
 
 /// How far past the entry point code without CFI counts as entry code: `RTLD_START` is 61 bytes
 /// on x86-64 (glibc 2.36), and a gap that goes on much further holds other code without CFI,
@@ -20,28 +20,68 @@ pub(crate) const ENTRY_CODE_MAX: u64 = 256;
 const OUTERMOST: UnwindRule = UnwindRule { cfa: CfaRule::EndOfStack, rbp: RbpRule::Unchanged };
 
 /// Marks the code at `entry` (`e_entry`) outermost when no CFI describes it, up to the next row
-/// or [`ENTRY_CODE_MAX`] bytes. `rows` are sorted by `pc` as `merge` leaves them; a file without
-/// rows, or without an entry point (a shared library), is left alone. Returns whether it marked.
-pub(crate) fn mark_entry_code(rows: &mut PackedRows, entry: u64) -> Result<bool, UnwindError> {
-    if entry == 0 || rows.len() == 0 {
-        return Ok(false);
+/// or [`ENTRY_CODE_MAX`] bytes, as the table's final rows pass through it in address order (a
+/// table is never held whole to be marked). A file without rows, or without an entry point (a
+/// shared library), is left alone.
+pub(crate) struct EntryMarker {
+    entry: u64,
+    /// The last row at or below the entry, held back: a gap that starts at the entry itself
+    /// gives its row to the entry's.
+    before: Option<UnwindRow>,
+    any: bool,
+    done: bool,
+    pub(crate) marked: bool,
+}
+
+impl EntryMarker {
+    pub(crate) fn new(entry: u64) -> Self {
+        EntryMarker { entry, before: None, any: false, done: entry == 0, marked: false }
     }
-    let i = rows.after(entry);
-    let before = i.checked_sub(1).and_then(|b| rows.get(b));
-    // CFI describes the entry: it knows better (crt1.o's `_start` says outermost itself).
-    if before.is_some_and(|r| r.rule != UnwindRule::NO_INFO) {
-        return Ok(false);
+
+    /// Passes `row` (the next in address order) on to `out`, with the entry's rows before it
+    /// when it is the first past the entry.
+    pub(crate) fn pass(&mut self, row: UnwindRow, out: &mut dyn FnMut(UnwindRow) -> Result<(), UnwindError>) -> Result<(), UnwindError> {
+        if self.done {
+            return out(row);
+        }
+        self.any = true;
+        if row.pc <= self.entry {
+            if let Some(b) = self.before.replace(row) {
+                out(b)?;
+            }
+            return Ok(());
+        }
+        self.resolve(Some(row.pc), out)?;
+        out(row)
     }
-    let next = rows.get(i).map(|r| r.pc);
-    let end = next.map_or(entry + ENTRY_CODE_MAX, |n| n.min(entry + ENTRY_CODE_MAX));
-    let mut marked = vec![UnwindRow { pc: entry, rule: OUTERMOST }];
-    if next != Some(end) {
-        marked.push(UnwindRow { pc: end, rule: UnwindRule::NO_INFO });
+
+    /// After the last row.
+    pub(crate) fn finish(&mut self, out: &mut dyn FnMut(UnwindRow) -> Result<(), UnwindError>) -> Result<(), UnwindError> {
+        if self.done || !self.any {
+            self.done = true;
+            return Ok(());
+        }
+        self.resolve(None, out)
     }
-    // A gap that starts at the entry itself: its row becomes the entry's.
-    let at = if before.is_some_and(|r| r.pc == entry) { i - 1 } else { i };
-    rows.splice(at..i, &marked)?;
-    Ok(true)
+
+    fn resolve(&mut self, next: Option<u64>, out: &mut dyn FnMut(UnwindRow) -> Result<(), UnwindError>) -> Result<(), UnwindError> {
+        self.done = true;
+        let before = self.before.take();
+        // CFI describes the entry: it knows better (crt1.o's `_start` says outermost itself).
+        if let Some(b) = before.filter(|b| b.rule != UnwindRule::NO_INFO) {
+            return out(b);
+        }
+        if let Some(b) = before.filter(|b| b.pc != self.entry) {
+            out(b)?;
+        }
+        let end = next.map_or(self.entry + ENTRY_CODE_MAX, |n| n.min(self.entry + ENTRY_CODE_MAX));
+        out(UnwindRow { pc: self.entry, rule: OUTERMOST })?;
+        if next != Some(end) {
+            out(UnwindRow { pc: end, rule: UnwindRule::NO_INFO })?;
+        }
+        self.marked = true;
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -56,19 +96,19 @@ mod tests {
         UnwindRow { pc, rule }
     }
 
-    fn packed(rows: &[UnwindRow]) -> PackedRows {
-        let mut packed = PackedRows::new(0);
-        for r in rows {
-            packed.push(*r).unwrap();
-        }
-        packed
-    }
-
-    /// `mark_entry_code` on `rows`: whether it marked, and the rows after.
+    /// The marker over `rows`: whether it marked, and the rows after.
     fn marked(rows: &[UnwindRow], entry: u64) -> (bool, Vec<UnwindRow>) {
-        let mut p = packed(rows);
-        let did = mark_entry_code(&mut p, entry).unwrap();
-        (did, (0..p.len()).filter_map(|i| p.get(i)).collect())
+        let mut out = Vec::new();
+        let mut marker = EntryMarker::new(entry);
+        let mut push = |r: UnwindRow| -> Result<(), UnwindError> {
+            out.push(r);
+            Ok(())
+        };
+        for r in rows {
+            marker.pass(*r, &mut push).unwrap();
+        }
+        marker.finish(&mut push).unwrap();
+        (marker.marked, out)
     }
 
     /// ld.so's layout: a function, the gap holding `_start` and `_dl_start_user`, the next one.

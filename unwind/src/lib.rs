@@ -16,6 +16,7 @@ mod rule;
 mod rule_table;
 mod table;
 
+pub use build::{TablePiece, TableSummary};
 pub use compact::{CompactTable, RuleTable};
 pub use compact::CompactError;
 pub use elf::ExecutableKey;

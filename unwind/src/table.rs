@@ -36,6 +36,7 @@ pub(crate) struct PackedRows {
 
 impl PackedRows {
     /// Rows at `base` or after it.
+    #[cfg(test)]
     pub(crate) fn new(base: u64) -> Self {
         PackedRows { base, ..Default::default() }
     }
@@ -67,14 +68,6 @@ impl PackedRows {
         let (pc, id) = self.pack(row)?;
         self.pcs.push(pc);
         self.ids.push(id);
-        Ok(())
-    }
-
-    /// Replaces rows `range` with `rows`.
-    pub(crate) fn splice(&mut self, range: std::ops::Range<usize>, rows: &[UnwindRow]) -> Result<(), UnwindError> {
-        let packed = rows.iter().map(|r| self.pack(*r)).collect::<Result<Vec<_>, _>>()?;
-        self.pcs.splice(range.clone(), packed.iter().map(|p| p.0));
-        self.ids.splice(range, packed.iter().map(|p| p.1));
         Ok(())
     }
 
