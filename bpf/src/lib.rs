@@ -26,4 +26,4 @@ pub use cuda::{CudaApi, CudaClass};
 pub use error::BpfError;
 pub use events::{python_name_tag, CudaCall, Event, GpuKernel, GpuKernelBatch, GpuKernelName, KernelName, LeafFile, OffCpuEnd, OffCpuStack, OffCpuState, ProcessEvent, ProcessEventKind, Sample, StackRead, UnwindStatus, UserFrame};
 pub use sampler::{CpuSampler, CudaHooks};
-pub use unwind_maps::{monotonic_ns, ExecMapping, MappingTable, PythonProcess, TableId, UnwindCapacity};
+pub use unwind_maps::{monotonic_ns, ExecMapping, MappingTable, PendingTable, PythonProcess, TableId, UnwindCapacity};

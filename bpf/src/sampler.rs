@@ -20,7 +20,7 @@ use crate::error::{attach_error, BpfError};
 use crate::events::{self, Event};
 use crate::perf;
 use crate::skel::{types, CpuSamplerSkel, CpuSamplerSkelBuilder};
-use crate::unwind_maps::{ExecMapping, PythonProcess, TableId, UnwindCapacity, UnwindMaps};
+use crate::unwind_maps::{ExecMapping, PendingTable, PythonProcess, TableId, UnwindCapacity, UnwindMaps};
 
 const BTF_PATH: &str = "/sys/kernel/btf/vmlinux";
 const COOKIE_STEPPED: u64 = types::cuda_cookie::CUDA_COOKIE_STEPPED.0 as u64;
@@ -236,6 +236,28 @@ impl CpuSampler {
     /// counts as never used, the first to make room.
     pub fn insert_table(&mut self, table: &CompactTable, in_use: bool) -> Result<TableId, BpfError> {
         self.unwind.insert_table(&self.skel.maps.unwind_shards, &self.skel.maps.page_index, &self.skel.maps.unwind_tables, table, in_use)
+    }
+
+    /// Starts a table whose rows come in pieces, each written as it comes: see
+    /// [`Self::add_table_rows`], [`Self::finish_table`].
+    pub fn begin_table(&mut self, base: u64) -> Result<PendingTable, BpfError> {
+        self.unwind.begin_table(base)
+    }
+
+    /// Writes a piece of a pending table's rows (every piece but the last fills whole pages of
+    /// 4,096 rows). A full budget is [`BpfError::UnwindFull`], the table left as it was.
+    pub fn add_table_rows(&mut self, pending: &mut PendingTable, rows: &CompactTable) -> Result<(), BpfError> {
+        self.unwind.add_rows(&self.skel.maps.unwind_shards, pending, rows)
+    }
+
+    /// Makes a pending table visible to the unwinder.
+    pub fn finish_table(&mut self, pending: PendingTable, in_use: bool) -> Result<TableId, BpfError> {
+        self.unwind.finish_table(&self.skel.maps.page_index, &self.skel.maps.unwind_tables, pending, in_use)
+    }
+
+    /// Gives back what a pending table took.
+    pub fn abort_table(&mut self, pending: PendingTable) {
+        self.unwind.abort_table(pending);
     }
 
     /// When a sample last used the table (boot-time ns, to the second), or 0 if never.

@@ -26,6 +26,28 @@ const MAX_TABLES: u32 = 16384;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TableId(u32);
 
+/// A table whose rows are being written, not yet visible to BPF; finished or aborted by the
+/// sampler.
+#[derive(Debug)]
+pub struct PendingTable {
+    id: u32,
+    base: u64,
+    first_slot: u32,
+    pages: Vec<u32>,
+    rows: usize,
+}
+
+impl PendingTable {
+    /// Rows written so far.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+}
+
+/// Page-index entries a table may take: twice the 16M rows a file may have (elfread's
+/// MAX_UNWIND_ROWS; its gaps add rows), in pages of 4,096 rows.
+const MAX_TABLE_PAGES: u32 = 8192;
+
 /// An executable mapping of a process, as the unwinder needs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExecMapping {
@@ -191,16 +213,27 @@ impl UnwindMaps {
     }
 
     pub(crate) fn insert_table(&mut self, shards_map: &MapMut<'_>, index_map: &MapMut<'_>, tables_map: &MapMut<'_>, table: &CompactTable, in_use: bool) -> Result<TableId, BpfError> {
-        let block_count = table.len().div_ceil(ROWS_PER_BLOCK) as u32;
-        let page_count = block_count.div_ceil(BLOCKS_PER_PAGE);
-        if page_count as usize > self.free_pages.len() {
-            return Err(BpfError::UnwindFull(format!(
-                "{} rows do not fit: {} of {} rows free",
-                table.len(),
-                self.free_pages.len() as u64 * u64::from(BLOCKS_PER_PAGE) * ROWS_PER_BLOCK as u64,
-                u64::from(self.capacity_pages) * u64::from(BLOCKS_PER_PAGE) * ROWS_PER_BLOCK as u64
-            )));
+        let rows_total = |free: usize| (free as u64 * u64::from(BLOCKS_PER_PAGE) * ROWS_PER_BLOCK as u64, u64::from(self.capacity_pages) * u64::from(BLOCKS_PER_PAGE) * ROWS_PER_BLOCK as u64);
+        if Self::pages_for(table.len()) > self.free_pages.len() {
+            let (free, total) = rows_total(self.free_pages.len());
+            return Err(BpfError::UnwindFull(format!("{} rows do not fit: {free} of {total} rows free", table.len())));
         }
+        let mut pending = self.begin_table(table.base)?;
+        if let Err(e) = self.add_rows(shards_map, &mut pending, table) {
+            self.abort_table(pending);
+            return Err(e);
+        }
+        self.finish_table(index_map, tables_map, pending, in_use)
+    }
+
+    fn pages_for(rows: usize) -> usize {
+        rows.div_ceil(ROWS_PER_BLOCK).div_ceil(BLOCKS_PER_PAGE as usize)
+    }
+
+    /// Starts a table whose rows come in pieces ([`Self::add_rows`]): its id and a range of the
+    /// page index as long as the longest table can be, the unused end given back when it is
+    /// finished. Nothing is visible to BPF until then.
+    pub(crate) fn begin_table(&mut self, base: u64) -> Result<PendingTable, BpfError> {
         let id = match self.free_ids.pop() {
             Some(id) => id,
             None if self.next_id < MAX_TABLES => {
@@ -209,32 +242,70 @@ impl UnwindMaps {
             }
             None => return Err(BpfError::UnwindFull(format!("all {MAX_TABLES} table slots are in use"))),
         };
-        let Some(first_slot) = self.slots.alloc(page_count) else {
+        let Some(first_slot) = self.slots.alloc(MAX_TABLE_PAGES) else {
             self.free_ids.push(id);
             return Err(BpfError::UnwindFull("the page index is full".into()));
         };
-        let pages: Vec<u32> = (0..page_count).filter_map(|_| self.free_pages.pop()).collect();
+        Ok(PendingTable { id, base, first_slot, pages: Vec::new(), rows: 0 })
+    }
+
+    /// Writes the next rows of a pending table into pages of their own. Every piece but the last
+    /// must fill whole pages. A full budget is an error that leaves the table as it was.
+    pub(crate) fn add_rows(&mut self, shards_map: &MapMut<'_>, pending: &mut PendingTable, rows: &CompactTable) -> Result<(), BpfError> {
+        let page_rows = ROWS_PER_BLOCK * BLOCKS_PER_PAGE as usize;
+        if rows.base != pending.base || pending.rows % page_rows != 0 {
+            return Err(BpfError::UnwindFull("a table's rows came in pieces that do not fill whole pages".into()));
+        }
+        let count = Self::pages_for(rows.len());
+        if pending.pages.len() + count > MAX_TABLE_PAGES as usize {
+            return Err(BpfError::UnwindFull(format!("a table of more than {} rows", MAX_TABLE_PAGES as usize * page_rows)));
+        }
+        if count > self.free_pages.len() {
+            let free = self.free_pages.len() as u64 * page_rows as u64;
+            let total = u64::from(self.capacity_pages) * page_rows as u64;
+            return Err(BpfError::UnwindFull(format!("{} more rows do not fit: {free} of {total} rows free", rows.len())));
+        }
+        let pages: Vec<u32> = (0..count).filter_map(|_| self.free_pages.pop()).collect();
         let last_block = pages.iter().max().map_or(0, |&p| p * BLOCKS_PER_PAGE + BLOCKS_PER_PAGE - 1);
-        let mut written = self.ensure_shards(shards_map, last_block).and_then(|()| self.write_pages(&pages, table));
-        if written.is_ok() && page_count > 0 {
-            let keys: Vec<u8> = (0..page_count).flat_map(|i| (first_slot + i).to_ne_bytes()).collect();
-            let values: Vec<u8> = pages.iter().flat_map(|p| p.to_ne_bytes()).collect();
+        if let Err(e) = self.ensure_shards(shards_map, last_block).and_then(|()| self.write_pages(&pages, rows)) {
+            self.free_pages.extend(pages);
+            return Err(e);
+        }
+        pending.pages.extend(pages);
+        pending.rows += rows.len();
+        Ok(())
+    }
+
+    /// Makes a pending table visible to BPF: its pages in the page index, then its entry.
+    pub(crate) fn finish_table(&mut self, index_map: &MapMut<'_>, tables_map: &MapMut<'_>, pending: PendingTable, in_use: bool) -> Result<TableId, BpfError> {
+        let page_count = pending.pages.len() as u32;
+        let mut written = Ok(());
+        if page_count > 0 {
+            let keys: Vec<u8> = (0..page_count).flat_map(|i| (pending.first_slot + i).to_ne_bytes()).collect();
+            let values: Vec<u8> = pending.pages.iter().flat_map(|p| p.to_ne_bytes()).collect();
             written = index_map.update_batch(&keys, &values, page_count, MapFlags::ANY, MapFlags::ANY).map_err(map_err("page_index"));
         }
         // A table a sample asked for counts as used now: with 0 it was the least recently used
         // of all until a sample reached it, and the next table asked for evicted it first (a
         // process started beside a table hog never kept libc's).
         let last_used = if in_use { monotonic_ns() } else { 0 };
-        let info = types::table_info { base: table.base, first_page: first_slot, block_count, last_used };
-        let written = written.and_then(|()| tables_map.update(&id.to_ne_bytes(), as_bytes(&info), MapFlags::ANY).map_err(map_err("unwind_tables")));
+        let block_count = pending.rows.div_ceil(ROWS_PER_BLOCK) as u32;
+        let info = types::table_info { base: pending.base, first_page: pending.first_slot, block_count, last_used };
+        let written = written.and_then(|()| tables_map.update(&pending.id.to_ne_bytes(), as_bytes(&info), MapFlags::ANY).map_err(map_err("unwind_tables")));
         if let Err(e) = written {
-            self.slots.release(first_slot, page_count);
-            self.free_pages.extend(pages);
-            self.free_ids.push(id);
+            self.abort_table(pending);
             return Err(e);
         }
-        self.tables.insert(id, (first_slot, pages));
-        Ok(TableId(id))
+        self.slots.release(pending.first_slot + page_count, MAX_TABLE_PAGES - page_count);
+        self.tables.insert(pending.id, (pending.first_slot, pending.pages));
+        Ok(TableId(pending.id))
+    }
+
+    /// Gives back what a pending table took.
+    pub(crate) fn abort_table(&mut self, pending: PendingTable) {
+        self.slots.release(pending.first_slot, MAX_TABLE_PAGES);
+        self.free_pages.extend(pending.pages);
+        self.free_ids.push(pending.id);
     }
 
     /// When a sample last used the table (boot-time ns, to the second), or 0.

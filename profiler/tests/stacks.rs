@@ -197,6 +197,100 @@ fn tables_beyond_the_budget_are_evicted_and_the_hot_ones_stay() {
     assert!(total(&stacks) >= 100, "{}", describe(&stacks));
 }
 
+/// Functions of the big library's filler: with four rows and 32 bytes of CFI apiece, 40,000 make
+/// 1.2 MiB of `.eh_frame` (a big file, whose table is built and loaded in pieces of 65,536 rows)
+/// and ~200k rows (four pieces).
+const BIG_FUNCTIONS: usize = 40_000;
+
+/// A program whose hot path runs through a big library from a function in its first piece
+/// (`big_entry`, linked before the filler) to one in its last (`big_last`, after it).
+fn build_big_library_program(dir: &Path) -> PathBuf {
+    let mut asm = String::from(".text\n");
+    for j in 0..BIG_FUNCTIONS {
+        let frame = 8 * (1 + j % 31);
+        let _ = writeln!(
+            asm,
+            ".globl big_f{j}\n.type big_f{j},@function\nbig_f{j}:\n.cfi_startproc\npush %rbx\n.cfi_adjust_cfa_offset 8\n.cfi_offset rbx, -16\n\
+             sub ${frame}, %rsp\n.cfi_adjust_cfa_offset {frame}\nmov %edi, %eax\nadd ${frame}, %rsp\n.cfi_adjust_cfa_offset -{frame}\n\
+             pop %rbx\n.cfi_adjust_cfa_offset -8\nret\n.cfi_endproc\n.size big_f{j}, .-big_f{j}"
+        );
+    }
+    let filler = dir.join("big_filler.S");
+    std::fs::write(&filler, asm).unwrap();
+    let first = dir.join("big_first.c");
+    std::fs::write(&first, "int big_last(int);\nextern int (*volatile big_sink)(int);\n__attribute__((noinline)) int big_entry(int x) { int r = big_last(x); return r + big_sink(r); }\n").unwrap();
+    let last = dir.join("big_last.c");
+    std::fs::write(&last, "int (*volatile big_sink)(int);\n__attribute__((noinline)) int big_last(int x) { volatile long s = 0; for (long i = 0; i < 2000000; i++) s += i ^ x; return (int)s; }\n").unwrap();
+    let so = dir.join("libbig.so");
+    let built = Command::new("cc")
+        .args(["-O2", "-fPIC", "-shared", "-fomit-frame-pointer", "-fasynchronous-unwind-tables", "-o"])
+        .arg(&so)
+        .arg(&first)
+        .arg(&filler)
+        .arg(&last)
+        .status()
+        .unwrap();
+    assert!(built.success(), "building {}", so.display());
+    let main = "static int ident(int x) { return x; }\n\
+        extern int (*volatile big_sink)(int);\n\
+        int big_entry(int);\n\
+        __attribute__((noinline)) int hot(int x) { int r = big_entry(x); return r + big_sink(r); }\n\
+        int main(void) { big_sink = ident; int v = 0; for (;;) v += hot(v); }\n";
+    let c = dir.join("big.c");
+    std::fs::write(&c, main).unwrap();
+    let exe = dir.join("big");
+    let built = Command::new("cc")
+        .args(["-O2", "-fomit-frame-pointer", "-o"])
+        .arg(&exe)
+        .arg(&c)
+        .arg(format!("-L{}", dir.display()))
+        .arg("-lbig")
+        .arg(format!("-Wl,-rpath,{}", dir.display()))
+        .status()
+        .unwrap();
+    assert!(built.success(), "building the big library's program");
+    exe
+}
+
+/// The size of a file's `.eh_frame`, as readelf says.
+fn eh_frame_bytes(file: &Path) -> u64 {
+    let out = Command::new("readelf").arg("-SW").arg(file).output().expect("readelf (binutils) is needed");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.contains(" .eh_frame ")).unwrap_or_else(|| panic!("no .eh_frame in {}:\n{text}", file.display()));
+    // [Nr] Name Type Address Off Size ...
+    let fields: Vec<&str> = line.split(']').nth(1).unwrap_or("").split_whitespace().collect();
+    u64::from_str_radix(fields.get(4).copied().unwrap_or("0"), 16).unwrap_or(0)
+}
+
+#[test]
+fn a_big_librarys_table_comes_in_pieces_and_its_stacks_are_whole() {
+    require_bpf();
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_big_library_program(dir.path());
+    let lib = dir.path().join("libbig.so");
+    let cfi = eh_frame_bytes(&lib);
+    assert!(cfi > 1 << 20, "libbig.so has {cfi} bytes of .eh_frame: not a big file, the test would not build it in pieces");
+    let child = Killed(Command::new(&exe).stdout(Stdio::null()).spawn().unwrap());
+    sleep(Duration::from_millis(300));
+    let pid = child.0.id().to_string();
+    let out = dir.path().join("big.folded");
+    let (status, log) = record_for_cpu(&["record", "-F", "499", "-p", &pid, "-o", out.to_str().unwrap()], child.0.id(), 2.0);
+    drop(child);
+    assert!(status.success(), "{log}");
+    assert!(field(&log, "in_pieces").is_some_and(|n| n >= 1), "no table was loaded in pieces:\n{log}");
+    assert_eq!(field(&log, "rows_unaccounted"), Some(0), "tables leaked:\n{log}");
+    let stacks = read_folded(&out);
+    let hot: Vec<&Stack> = stacks.iter().filter(|s| s.user().contains(&"big_last")).collect();
+    let all: u64 = hot.iter().map(|s| s.count).sum();
+    let complete: u64 = hot.iter().filter(|s| s.user().first() == Some(&"_start") && s.has_sequence(&["main", "hot", "big_entry", "big_last"])).map(|s| s.count).sum();
+    let early: u64 = hot.iter().filter(|s| s.before_tables()).map(|s| s.count).sum();
+    eprintln!("big library: {cfi} bytes of CFI; {complete} of {all} samples complete, {early} before their tables");
+    assert!(all >= 500, "expected ~1000 samples in big_last, got {all}:\n{}", describe(&stacks));
+    // Samples before the table is in say so at their root (the first ~0.1 s); all others whole.
+    assert!((complete + early) * 100 >= all * 99, "{complete} of {all} complete, {early} before their tables:\n{}\n{log}", describe(&stacks));
+    assert!(early * 10 <= all, "{early} of {all} samples waited for their tables:\n{}\n{log}", describe(&stacks));
+}
+
 /// A program that runs code in all twelve libraries round and round, so that every one of their
 /// tables is in the working set all the time.
 fn build_table_hog(dir: &Path) -> PathBuf {

@@ -7,12 +7,12 @@
 
 use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::path::PathBuf;
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use gpuflame_unwind::{CompactTable, ExecutableKey, RuleTable, UnwindTable};
+use gpuflame_unwind::{CompactTable, ExecutableKey, RuleTable, TablePiece, UnwindError, UnwindTable};
 
 /// A table to build: the file's key, and paths that reach it (the map_files entries of the
 /// processes that map it; the first that still opens is read).
@@ -31,14 +31,47 @@ pub struct BuildJob {
     pub startup: bool,
 }
 
+/// What a builder thread says.
+pub enum BuildMsg {
+    /// The next rows of a big file's table, which is built and loaded in pieces: its rows are
+    /// never all in memory.
+    Piece { key: ExecutableKey, rows: CompactTable },
+    Done(Built),
+}
+
 /// A finished build.
 pub struct Built {
     pub key: ExecutableKey,
-    pub table: Result<CompactTable, String>,
+    pub table: Result<BuiltTable, String>,
     /// The shared rules as they are after this build, when it added any.
     pub rules: Option<RuleTable>,
     pub elapsed: Duration,
 }
+
+pub enum BuiltTable {
+    Whole(CompactTable),
+    /// Its rows came before, in [`BuildMsg::Piece`]s.
+    Pieces { rows: usize },
+}
+
+impl BuiltTable {
+    pub fn len(&self) -> usize {
+        match self {
+            BuiltTable::Whole(t) => t.len(),
+            BuiltTable::Pieces { rows } => *rows,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Rows a piece of a big table holds: 16 pages of BPF's (4,096 rows each), 384 KiB packed.
+const PIECE_ROWS: usize = 16 * 4096;
+/// Messages the builders may be ahead of the event loop, which reads them every 10 ms while
+/// tables are built: what bounds the rows in memory at once (3 MiB of pieces).
+const MESSAGES_AHEAD: usize = 8;
 
 #[derive(Default)]
 struct Queue {
@@ -86,16 +119,16 @@ pub struct TableBuilder {
     /// Files with up to [`SMALL_CFI_BYTES`] of CFI, and in-memory images.
     small: Lane,
     big: Lane,
-    results: Receiver<Built>,
+    results: Receiver<BuildMsg>,
 }
 
 impl TableBuilder {
     pub fn start() -> Self {
-        let (tx, results) = mpsc::channel();
+        let (tx, results) = mpsc::sync_channel(MESSAGES_AHEAD);
         // Both threads intern into one rule table, which the tables' rule indices refer to.
         let rules = Arc::new(Mutex::new(RuleTable::default()));
-        let small = Lane::start("gpuflame-tables", tx.clone(), Arc::clone(&rules));
-        let big = Lane::start("gpuflame-tables-big", tx, rules);
+        let small = Lane::start("gpuflame-tables", tx.clone(), Arc::clone(&rules), false);
+        let big = Lane::start("gpuflame-tables-big", tx, rules, true);
         TableBuilder { small, big, results }
     }
 
@@ -131,7 +164,7 @@ impl TableBuilder {
 
     /// Tables built since the last call. Also raises a builder to normal priority when a table a
     /// sample waits for has been building for [`ESCALATE_AFTER`].
-    pub fn finished(&self) -> Vec<Built> {
+    pub fn finished(&self) -> Vec<BuildMsg> {
         self.small.escalate();
         self.big.escalate();
         self.results.try_iter().collect()
@@ -143,7 +176,7 @@ impl TableBuilder {
     }
 
     /// Waits up to `timeout` for the next finished table.
-    pub fn wait(&self, timeout: Duration) -> Option<Built> {
+    pub fn wait(&self, timeout: Duration) -> Option<BuildMsg> {
         self.results.recv_timeout(timeout).ok()
     }
 }
@@ -155,12 +188,13 @@ struct Lane {
 }
 
 impl Lane {
-    fn start(name: &str, results: Sender<Built>, rules: Arc<Mutex<RuleTable>>) -> Self {
+    /// `pieces`: its tables are built and sent in pieces (the big files').
+    fn start(name: &str, results: SyncSender<BuildMsg>, rules: Arc<Mutex<RuleTable>>, pieces: bool) -> Self {
         let shared = Arc::new((Mutex::new(Queue::default()), Condvar::new()));
         let worker = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name(name.into())
-            .spawn(move || build_loop(&worker, &results, &rules))
+            .spawn(move || build_loop(&worker, &results, &rules, pieces))
             .map_err(|e| tracing::warn!(error = %e, "cannot start a table builder; stacks stop at files without tables"))
             .ok();
         Lane { shared, thread }
@@ -302,7 +336,7 @@ fn set_nice_of(tid: libc::pid_t, nice: i32) {
     }
 }
 
-fn build_loop(shared: &(Mutex<Queue>, Condvar), results: &Sender<Built>, rules: &Mutex<RuleTable>) {
+fn build_loop(shared: &(Mutex<Queue>, Condvar), results: &SyncSender<BuildMsg>, rules: &Mutex<RuleTable>, pieces: bool) {
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::gettid() };
     loop {
@@ -329,17 +363,55 @@ fn build_loop(shared: &(Mutex<Queue>, Condvar), results: &Sender<Built>, rules: 
         // Set for every job: the event loop may have raised the last one.
         set_nice_of(tid, if low { LOW_NICE } else if job.urgent { demanded_nice(&job) } else { 0 });
         let started = Instant::now();
+        if pieces && job.image.is_none() {
+            let before = lock(rules).len();
+            let table = build_in_pieces(&job, results, rules);
+            let rules = lock(rules);
+            let built = Built { key: job.key, table: table.map(|rows| BuiltTable::Pieces { rows }), rules: (rules.len() != before).then(|| rules.clone()), elapsed: started.elapsed() };
+            drop(rules);
+            if results.send(BuildMsg::Done(built)).is_err() {
+                return;
+            }
+            continue;
+        }
         let table = parse(&job);
         // Compacted and sent under the rules' lock: each result carries the rules its table
         // refers to, and the results arrive in the order the rules grew.
-        let mut rules = rules.lock().unwrap_or_else(|e| e.into_inner());
+        let mut rules = lock(rules);
         let before = rules.len();
         let table = table.and_then(|t| CompactTable::from_table(t, &mut rules).map_err(|e| e.to_string()));
-        let built = Built { key: job.key, table, rules: (rules.len() != before).then(|| rules.clone()), elapsed: started.elapsed() };
-        if results.send(built).is_err() {
+        let built = Built { key: job.key, table: table.map(BuiltTable::Whole), rules: (rules.len() != before).then(|| rules.clone()), elapsed: started.elapsed() };
+        if results.send(BuildMsg::Done(built)).is_err() {
             return;
         }
     }
+}
+
+fn lock(rules: &Mutex<RuleTable>) -> std::sync::MutexGuard<'_, RuleTable> {
+    rules.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Builds the job's table and sends its rows in pieces, each renumbered into the shared rules
+/// before it goes (the rules a piece refers to are in the `Done` that follows it). Returns the
+/// rows sent; an error after some were sent tells the event loop to drop them.
+fn build_in_pieces(job: &BuildJob, results: &SyncSender<BuildMsg>, rules: &Mutex<RuleTable>) -> Result<usize, String> {
+    let mut last = String::from("no process maps the file any more");
+    for path in &job.paths {
+        let mut sent = false;
+        let mut send = |piece: TablePiece<'_>| -> Result<(), UnwindError> {
+            let rows = CompactTable::from_piece(&piece, &mut lock(rules)).map_err(|_| UnwindError::RulesFull)?;
+            sent = true;
+            results
+                .send(BuildMsg::Piece { key: job.key.clone(), rows })
+                .map_err(|_| UnwindError::Io { path: path.display().to_string(), source: std::io::Error::other("the session ended") })
+        };
+        match UnwindTable::build_in_pieces(path, PIECE_ROWS, &mut send) {
+            Ok(summary) => return Ok(summary.rows),
+            Err(e) if !sent => last = e.to_string(),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Err(last)
 }
 
 fn parse(job: &BuildJob) -> Result<UnwindTable, String> {

@@ -12,7 +12,7 @@ use std::fs;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use gpuflame_bpf::{CpuSampler, ExecMapping, MappingTable, ProcessEvent, ProcessEventKind, TableId};
+use gpuflame_bpf::{CpuSampler, ExecMapping, MappingTable, PendingTable, ProcessEvent, ProcessEventKind, TableId};
 use gpuflame_elfread::FileId;
 use gpuflame_pyframes::Interpreter;
 use gpuflame_symbolizer::{MappedFile, ModuleFile};
@@ -66,6 +66,9 @@ struct Executable {
 
 pub struct ProcessTracker {
     builder: TableBuilder,
+    /// Big tables whose pieces are being written into BPF, by file; None: its pieces are dropped
+    /// (no room, or a second build of a loaded table).
+    in_pieces: HashMap<ExecutableKey, Option<PendingTable>>,
     executables: HashMap<ExecutableKey, Executable>,
     /// (dev, inode) from /proc/PID/maps → key, so known files are not opened again.
     /// Files already probed, by what stat says of them (size and modification time too: an inode
@@ -121,6 +124,7 @@ impl ProcessTracker {
     pub fn new() -> Self {
         ProcessTracker {
             builder: TableBuilder::start(),
+            in_pieces: HashMap::new(),
             executables: HashMap::new(),
             keys_by_inode: HashMap::new(),
             new_inodes: Vec::new(),

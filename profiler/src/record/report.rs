@@ -124,6 +124,7 @@ fn report_unwinding(counters: &Counters, t: &TrackerStats, capacity: UnwindCapac
         build_ms = t.build_time.as_millis() as u64,
         evicted = t.tables_evicted,
         evicted_for_room = t.tables_evicted_for_room,
+        in_pieces = t.tables_in_pieces,
         failures = t.table_failures,
         files_without_cfi = t.files_without_cfi,
         first_demanded_table_ms = t.first_demanded_table.map(|d| d.as_millis() as u64),

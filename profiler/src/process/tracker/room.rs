@@ -5,7 +5,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
-use gpuflame_bpf::{monotonic_ns, BpfError, CpuSampler, TableId};
+use gpuflame_bpf::{monotonic_ns, BpfError, CpuSampler, PendingTable, TableId};
 use gpuflame_unwind::CompactTable;
 
 use gpuflame_unwind::ExecutableKey;
@@ -20,26 +20,9 @@ impl ProcessTracker {
             match sampler.insert_table(table, urgent) {
                 Ok(id) => return Some(id),
                 Err(BpfError::UnwindFull(why)) => {
-                    let victim = if urgent && sampler.table_could_fit(table.len()) {
-                        self.lru_victim(sampler, key).or_else(|| self.fair_share_victim(sampler, key))
-                    } else {
-                        None
-                    };
-                    match victim {
-                        Some(victim) => self.evict_for_room(sampler, &victim),
-                        None => {
-                            // Built ahead of need, it waits for a sample to ask; asked for, it
-                            // is not asked for again for a while.
-                            if urgent && tracing::enabled!(tracing::Level::DEBUG) {
-                                self.describe_room(sampler, key);
-                            }
-                            if let Some(exe) = self.executables.get_mut(key).filter(|_| urgent) {
-                                exe.retry_after = Some(Instant::now() + NO_ROOM_RETRY);
-                                tracing::debug!(file = %exe.name, %why, "no room for an unwind table");
-                                self.stats.no_room.insert(exe.name.clone());
-                            }
-                            return None;
-                        }
+                    if !self.make_room(sampler, key, table.len(), urgent) {
+                        self.no_room(sampler, key, urgent, &why);
+                        return None;
                     }
                 }
                 Err(e) => {
@@ -47,6 +30,56 @@ impl ProcessTracker {
                     return None;
                 }
             }
+        }
+    }
+
+    /// Writes the next piece of a big table into BPF, evicting as [`Self::insert`] does. False
+    /// when there is no room for it: the caller drops the table.
+    pub(super) fn insert_piece(&mut self, sampler: &mut CpuSampler, key: &ExecutableKey, pending: &mut PendingTable, rows: &CompactTable, urgent: bool) -> bool {
+        loop {
+            match sampler.add_table_rows(pending, rows) {
+                Ok(()) => return true,
+                Err(BpfError::UnwindFull(why)) => {
+                    if !self.make_room(sampler, key, pending.rows() + rows.len(), urgent) {
+                        self.no_room(sampler, key, urgent, &why);
+                        return false;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot load an unwind table");
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// Evicts a table to make room for `rows` rows of `key`'s, if one may give way: only for a
+    /// table a sample needs, and only if it could fit at all. Whether one did.
+    fn make_room(&mut self, sampler: &mut CpuSampler, key: &ExecutableKey, rows: usize, urgent: bool) -> bool {
+        let victim = if urgent && sampler.table_could_fit(rows) {
+            self.lru_victim(sampler, key).or_else(|| self.fair_share_victim(sampler, key))
+        } else {
+            None
+        };
+        match victim {
+            Some(victim) => {
+                self.evict_for_room(sampler, &victim);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Built ahead of need, a table waits for a sample to ask; asked for, it is not asked for
+    /// again for a while.
+    fn no_room(&mut self, sampler: &CpuSampler, key: &ExecutableKey, urgent: bool, why: &str) {
+        if urgent && tracing::enabled!(tracing::Level::DEBUG) {
+            self.describe_room(sampler, key);
+        }
+        if let Some(exe) = self.executables.get_mut(key).filter(|_| urgent) {
+            exe.retry_after = Some(Instant::now() + NO_ROOM_RETRY);
+            tracing::debug!(file = %exe.name, %why, "no room for an unwind table");
+            self.stats.no_room.insert(exe.name.clone());
         }
     }
 

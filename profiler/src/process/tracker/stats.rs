@@ -14,6 +14,8 @@ pub struct TrackerStats {
     pub tables_evicted: usize,
     /// Tables dropped to make room within the memory budget.
     pub tables_evicted_for_room: usize,
+    /// Tables built and loaded in pieces (the big files'), their rows never all in memory.
+    pub tables_in_pieces: usize,
     pub table_failures: usize,
     pub mappings_dropped: usize,
     /// Reads of a process's maps.

@@ -3,11 +3,11 @@
 
 use std::time::{Duration, Instant};
 
-use gpuflame_bpf::CpuSampler;
-use gpuflame_unwind::ExecutableKey;
+use gpuflame_bpf::{CpuSampler, PendingTable, TableId};
+use gpuflame_unwind::{CompactTable, ExecutableKey};
 
 use super::{ProcessTracker, TableState};
-use crate::process::builder::{BuildJob, Built};
+use crate::process::builder::{BuildJob, BuildMsg, Built, BuiltTable};
 
 impl ProcessTracker {
     /// See [`TableBuilder::demand_at_low_priority`](crate::process::builder::TableBuilder::demand_at_low_priority).
@@ -83,8 +83,8 @@ impl ProcessTracker {
 
     /// Loads the tables built since the last call and tells the processes that map them.
     pub fn poll_tables(&mut self, sampler: &mut CpuSampler) {
-        for built in self.builder.finished() {
-            self.loaded(sampler, built);
+        for msg in self.builder.finished() {
+            self.from_builder(sampler, msg);
         }
         self.expire_idle(sampler);
     }
@@ -104,47 +104,102 @@ impl ProcessTracker {
                 break;
             }
             // Short waits: the builder may have just finished, with nothing more to send.
-            if let Some(built) = self.builder.wait(left.min(Duration::from_millis(5))) {
-                self.loaded(sampler, built);
+            if let Some(msg) = self.builder.wait(left.min(Duration::from_millis(5))) {
+                self.from_builder(sampler, msg);
             }
         }
         self.poll_tables(sampler);
     }
 
+    fn from_builder(&mut self, sampler: &mut CpuSampler, msg: BuildMsg) {
+        match msg {
+            BuildMsg::Piece { key, rows } => self.piece(sampler, key, &rows),
+            BuildMsg::Done(built) => self.loaded(sampler, built),
+        }
+    }
+
+    /// The next rows of a big table: written into BPF now, the table made visible when its
+    /// build is done.
+    fn piece(&mut self, sampler: &mut CpuSampler, key: ExecutableKey, rows: &CompactTable) {
+        let state = self.executables.get(&key).map(|e| e.state);
+        // A second build of a table already in, or of a file no process maps: not loaded.
+        let wanted = matches!(state, Some(TableState::Unbuilt | TableState::Queued { .. }));
+        let pending = match self.in_pieces.remove(&key) {
+            Some(pending) => pending,
+            None if wanted => match sampler.begin_table(rows.base) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    tracing::debug!(error = %e, "no room to start an unwind table");
+                    None
+                }
+            },
+            None => None,
+        };
+        let Some(mut pending) = pending else {
+            self.in_pieces.insert(key, None);
+            return;
+        };
+        let urgent = state == Some(TableState::Queued { urgent: true });
+        if self.insert_piece(sampler, &key, &mut pending, rows, urgent) {
+            self.in_pieces.insert(key, Some(pending));
+        } else {
+            sampler.abort_table(pending);
+            self.in_pieces.insert(key, None);
+        }
+    }
+
     fn loaded(&mut self, sampler: &mut CpuSampler, built: Built) {
+        let pieces = self.in_pieces.remove(&built.key);
         if let Some(rules) = &built.rules {
             if let Err(e) = sampler.load_rules(rules) {
                 tracing::warn!(error = %e, "cannot load unwind rules");
             }
         }
         self.stats.build_time += built.elapsed;
-        let Some(exe) = self.executables.get(&built.key) else { return };
+        let Some(exe) = self.executables.get(&built.key) else {
+            if let Some(Some(p)) = pieces {
+                sampler.abort_table(p);
+            }
+            return;
+        };
         // A second build of a table already in (asked for by a sample while the first was
         // finished but not yet loaded): loading it too leaked the first copy's rows, which no
         // eviction could reclaim, and a table hog's churn filled the budget with them.
         if matches!(exe.state, TableState::Loaded(_) | TableState::NoTable) {
             tracing::debug!(file = %exe.name, "a second build of a loaded table dropped");
+            if let Some(Some(p)) = pieces {
+                sampler.abort_table(p);
+            }
             return;
         }
         let urgent = exe.state == TableState::Queued { urgent: true };
         let state = match built.table {
             Ok(table) if table.is_empty() => {
+                if let Some(Some(p)) = pieces {
+                    sampler.abort_table(p);
+                }
                 self.stats.files_without_cfi += 1;
                 TableState::NoTable
             }
-            Ok(table) => match self.insert(sampler, &built.key, &table, urgent) {
-                Some(id) => {
-                    self.stats.tables_built += 1;
-                    self.stats.rows_loaded += table.len() as u64;
-                    if urgent && self.stats.first_demanded_table.is_none() {
-                        self.stats.first_demanded_table = Some(self.started.elapsed());
+            Ok(table) => {
+                let rows = table.len();
+                match self.load_built(sampler, &built.key, table, pieces, urgent) {
+                    Some(id) => {
+                        self.stats.tables_built += 1;
+                        self.stats.rows_loaded += rows as u64;
+                        if urgent && self.stats.first_demanded_table.is_none() {
+                            self.stats.first_demanded_table = Some(self.started.elapsed());
+                        }
+                        tracing::debug!(file = %self.executables[&built.key].name, rows, ms = built.elapsed.as_millis() as u64, urgent, "unwind table loaded");
+                        TableState::Loaded(id)
                     }
-                    tracing::debug!(file = %self.executables[&built.key].name, rows = table.len(), ms = built.elapsed.as_millis() as u64, urgent, "unwind table loaded");
-                    TableState::Loaded(id)
+                    None => TableState::Unbuilt,
                 }
-                None => TableState::Unbuilt,
-            },
+            }
             Err(e) => {
+                if let Some(Some(p)) = pieces {
+                    sampler.abort_table(p);
+                }
                 tracing::debug!(file = %exe.name, error = %e, "no unwind table");
                 self.stats.table_failures += 1;
                 TableState::NoTable
@@ -159,6 +214,24 @@ impl ProcessTracker {
         let users: Vec<u32> = exe.users.iter().copied().collect();
         for pid in users {
             self.push_process(sampler, pid);
+        }
+    }
+
+    /// Loads a finished table: a whole one now, one built in pieces by finishing what they wrote
+    /// (none, if they were dropped for want of room).
+    fn load_built(&mut self, sampler: &mut CpuSampler, key: &ExecutableKey, table: BuiltTable, pieces: Option<Option<PendingTable>>, urgent: bool) -> Option<TableId> {
+        match table {
+            BuiltTable::Whole(table) => self.insert(sampler, key, &table, urgent),
+            BuiltTable::Pieces { .. } => match sampler.finish_table(pieces.flatten()?, urgent) {
+                Ok(id) => {
+                    self.stats.tables_in_pieces += 1;
+                    Some(id)
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot load an unwind table");
+                    None
+                }
+            },
         }
     }
 }
