@@ -42,6 +42,11 @@ impl PendingTable {
     pub fn rows(&self) -> usize {
         self.rows
     }
+
+    /// Rows of the budget it holds (whole pages).
+    pub fn budget_rows(&self) -> u64 {
+        self.pages.len() as u64 * u64::from(BLOCKS_PER_PAGE) * ROWS_PER_BLOCK as u64
+    }
 }
 
 /// Page-index entries a table may take: twice the 16M rows a file may have (elfread's

@@ -175,6 +175,8 @@ impl ProcessTracker {
                 _ => None,
             })
             .sum();
-        sampler.unwind_capacity().rows_used.saturating_sub(owned)
+        // Tables being written in pieces hold theirs until their build is done.
+        let pending: u64 = self.in_pieces.values().flatten().map(PendingTable::budget_rows).sum();
+        sampler.unwind_capacity().rows_used.saturating_sub(owned + pending)
     }
 }
