@@ -158,7 +158,7 @@ pub(crate) fn hand_built() -> Profile {
 /// and the out-of-memory snapshot.
 fn recorded() -> Vec<(String, Profile)> {
     let files: &[gpuflame_symbolizer::MappedFile] = &[];
-    let mut collector = Collector::new(&ProfileKind::ALL, 99, Duration::ZERO);
+    let mut collector = Collector::new(&ProfileKind::ALL, 99, TrapCost::default());
     for event in events() {
         collector.record(&event, Some(files), None);
     }

@@ -69,21 +69,28 @@ fn numpy_blas_kernels_without_cfi_keep_their_python_callers() {
 const LIBS: usize = 12;
 const FUNCTIONS: usize = 3000;
 
+/// `count` assembly functions named `{prefix}{j}` with CFI: four unwind rows and 32 bytes of
+/// `.eh_frame` apiece.
+fn cfi_filler(prefix: &str, count: usize) -> String {
+    let mut asm = String::from(".text\n");
+    for j in 0..count {
+        let frame = 8 * (1 + j % 31);
+        let f = format!("{prefix}{j}");
+        let _ = writeln!(
+            asm,
+            ".globl {f}\n.type {f},@function\n{f}:\n.cfi_startproc\npush %rbx\n.cfi_adjust_cfa_offset 8\n.cfi_offset rbx, -16\n\
+             sub ${frame}, %rsp\n.cfi_adjust_cfa_offset {frame}\nmov %edi, %eax\nadd ${frame}, %rsp\n.cfi_adjust_cfa_offset -{frame}\n\
+             pop %rbx\n.cfi_adjust_cfa_offset -8\nret\n.cfi_endproc\n.size {f}, .-{f}"
+        );
+    }
+    asm
+}
+
 /// A library of FUNCTIONS assembly functions with CFI (four unwind rows apiece; assembly, so that
 /// twelve of them build in seconds), plus `libK_hot` in C for the two hot ones.
 fn write_library(dir: &Path, k: usize) -> PathBuf {
-    let mut asm = String::from(".text\n");
-    for j in 0..FUNCTIONS {
-        let frame = 8 * (1 + j % 31);
-        let _ = writeln!(
-            asm,
-            ".globl lib{k}_f{j}\n.type lib{k}_f{j},@function\nlib{k}_f{j}:\n.cfi_startproc\npush %rbx\n.cfi_adjust_cfa_offset 8\n.cfi_offset rbx, -16\n\
-             sub ${frame}, %rsp\n.cfi_adjust_cfa_offset {frame}\nmov %edi, %eax\nadd ${frame}, %rsp\n.cfi_adjust_cfa_offset -{frame}\n\
-             pop %rbx\n.cfi_adjust_cfa_offset -8\nret\n.cfi_endproc\n.size lib{k}_f{j}, .-lib{k}_f{j}"
-        );
-    }
     let filler = dir.join(format!("cap{k}.S"));
-    std::fs::write(&filler, asm).unwrap();
+    std::fs::write(&filler, cfi_filler(&format!("lib{k}_f"), FUNCTIONS)).unwrap();
     let hot = dir.join(format!("cap{k}_hot.c"));
     let hot_src = match k {
         0 => "extern int (*volatile capacity_sink)(int);\nint lib1_hot(int);\n__attribute__((noinline)) int lib0_hot(int x) { int r = lib1_hot(x); return r + capacity_sink(r); }\n",
@@ -164,19 +171,13 @@ fn tables_beyond_the_budget_are_evicted_and_the_hot_ones_stay() {
     drop(child);
     assert!(status.success(), "{log}");
     let stacks = read_folded(&out);
-    let hot: Vec<&Stack> = stacks.iter().filter(|s| s.user().contains(&"lib1_hot")).collect();
-    let all: u64 = hot.iter().map(|s| s.count).sum();
-    let complete: u64 = hot.iter().filter(|s| s.user().first() == Some(&"_start") && s.has_sequence(&["main", "hot", "lib0_hot", "lib1_hot"])).map(|s| s.count).sum();
-    let early: u64 = hot.iter().filter(|s| s.before_tables()).map(|s| s.count).sum();
-    eprintln!("capacity: all tables {hot_rows} rows, budget {budget}; {complete} of {all} hot samples complete, {early} before their tables");
-    assert!(all >= 1000, "expected ~2000 samples in lib1_hot, got {all}:\n{}", describe(&stacks));
     // The first samples wait for four demanded tables, each found only once the one before it
     // is in (lib1, lib0, the program, libc): ~60 ms, 31 of 3036 samples, beside the parallel
     // test. They say so at their root; every other sample is whole. Tables that were evicted
     // while hot would keep stacks waiting: a tenth of the samples (seven times the first wait
     // on a quiet machine) is more than the first wait takes on a loaded one.
-    assert!((complete + early) * 100 >= all * 99, "{complete} of {all} complete, {early} before their tables:\n{}\n{log}", describe(&stacks));
-    assert!(early * 10 <= all, "{early} of {all} samples waited for their tables:\n{}\n{log}", describe(&stacks));
+    let (complete, all, early) = hot_path_whole(&stacks, &["main", "hot", "lib0_hot", "lib1_hot"], 1000, &log);
+    eprintln!("capacity: all tables {hot_rows} rows, budget {budget}; {complete} of {all} hot samples complete, {early} before their tables");
     let junk: Vec<Stack> = stacks.iter().filter(|s| s.user().iter().any(|f| f.starts_with("[unknown]"))).cloned().collect();
     assert!(junk.is_empty(), "frames that are no code:\n{}", describe(&junk));
     assert!(field(&log, "evicted_for_room").is_some_and(|n| n >= 1), "no table was evicted for room:\n{log}");
@@ -205,18 +206,8 @@ const BIG_FUNCTIONS: usize = 40_000;
 /// A program whose hot path runs through a big library from a function in its first piece
 /// (`big_entry`, linked before the filler) to one in its last (`big_last`, after it).
 fn build_big_library_program(dir: &Path) -> PathBuf {
-    let mut asm = String::from(".text\n");
-    for j in 0..BIG_FUNCTIONS {
-        let frame = 8 * (1 + j % 31);
-        let _ = writeln!(
-            asm,
-            ".globl big_f{j}\n.type big_f{j},@function\nbig_f{j}:\n.cfi_startproc\npush %rbx\n.cfi_adjust_cfa_offset 8\n.cfi_offset rbx, -16\n\
-             sub ${frame}, %rsp\n.cfi_adjust_cfa_offset {frame}\nmov %edi, %eax\nadd ${frame}, %rsp\n.cfi_adjust_cfa_offset -{frame}\n\
-             pop %rbx\n.cfi_adjust_cfa_offset -8\nret\n.cfi_endproc\n.size big_f{j}, .-big_f{j}"
-        );
-    }
     let filler = dir.join("big_filler.S");
-    std::fs::write(&filler, asm).unwrap();
+    std::fs::write(&filler, cfi_filler("big_f", BIG_FUNCTIONS)).unwrap();
     let first = dir.join("big_first.c");
     std::fs::write(&first, "int big_last(int);\nextern int (*volatile big_sink)(int);\n__attribute__((noinline)) int big_entry(int x) { int r = big_last(x); return r + big_sink(r); }\n").unwrap();
     let last = dir.join("big_last.c");
@@ -279,16 +270,24 @@ fn a_big_librarys_table_comes_in_pieces_and_its_stacks_are_whole() {
     assert!(status.success(), "{log}");
     assert!(field(&log, "in_pieces").is_some_and(|n| n >= 1), "no table was loaded in pieces:\n{log}");
     assert_eq!(field(&log, "rows_unaccounted"), Some(0), "tables leaked:\n{log}");
-    let stacks = read_folded(&out);
-    let hot: Vec<&Stack> = stacks.iter().filter(|s| s.user().contains(&"big_last")).collect();
-    let all: u64 = hot.iter().map(|s| s.count).sum();
-    let complete: u64 = hot.iter().filter(|s| s.user().first() == Some(&"_start") && s.has_sequence(&["main", "hot", "big_entry", "big_last"])).map(|s| s.count).sum();
-    let early: u64 = hot.iter().filter(|s| s.before_tables()).map(|s| s.count).sum();
-    eprintln!("big library: {cfi} bytes of CFI; {complete} of {all} samples complete, {early} before their tables");
-    assert!(all >= 500, "expected ~1000 samples in big_last, got {all}:\n{}", describe(&stacks));
     // Samples before the table is in say so at their root (the first ~0.1 s); all others whole.
-    assert!((complete + early) * 100 >= all * 99, "{complete} of {all} complete, {early} before their tables:\n{}\n{log}", describe(&stacks));
-    assert!(early * 10 <= all, "{early} of {all} samples waited for their tables:\n{}\n{log}", describe(&stacks));
+    let (complete, all, early) = hot_path_whole(&read_folded(&out), &["main", "hot", "big_entry", "big_last"], 500, &log);
+    eprintln!("big library: {cfi} bytes of CFI; {complete} of {all} samples complete, {early} before their tables");
+}
+
+/// Of the samples in the last function of `path`: at least `min`, 99% of them whole from
+/// `_start` through `path` or waiting for their tables (and at most a tenth waiting). Returns
+/// (whole, all, waiting).
+fn hot_path_whole(stacks: &[Stack], path: &[&str], min: u64, log: &str) -> (u64, u64, u64) {
+    let leaf = path[path.len() - 1];
+    let hot: Vec<&Stack> = stacks.iter().filter(|s| s.user().contains(&leaf)).collect();
+    let all: u64 = hot.iter().map(|s| s.count).sum();
+    let complete: u64 = hot.iter().filter(|s| s.user().first() == Some(&"_start") && s.has_sequence(path)).map(|s| s.count).sum();
+    let early: u64 = hot.iter().filter(|s| s.before_tables()).map(|s| s.count).sum();
+    assert!(all >= min, "expected {min} samples or more in {leaf}, got {all}:\n{}", describe(stacks));
+    assert!((complete + early) * 100 >= all * 99, "{complete} of {all} complete, {early} before their tables:\n{}\n{log}", describe(stacks));
+    assert!(early * 10 <= all, "{early} of {all} samples waited for their tables:\n{}\n{log}", describe(stacks));
+    (complete, all, early)
 }
 
 /// A program that runs code in all twelve libraries round and round, so that every one of their
