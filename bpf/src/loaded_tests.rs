@@ -121,7 +121,7 @@ fn every_record_kind_goes_through_the_loaded_programs_and_decodes() {
         hook(CudaApi::CuptiName, "gpuflame_test_cupti_name"),
         hook(CudaApi::CuptiStatus, "gpuflame_test_cupti_status"),
     ];
-    let hooks = sampler.attach_cuda(Path::new(&exe), &functions).unwrap();
+    let hooks = sampler.attach_cuda(Path::new(&exe), &CudaFunctions::new(Path::new(&exe), &functions)).unwrap();
     sampler.enable(499).unwrap();
     sampler.enable_off_cpu().unwrap();
 

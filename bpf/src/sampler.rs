@@ -25,6 +25,28 @@ use crate::unwind_maps::{ExecMapping, PendingTable, PythonProcess, TableId, Unwi
 const BTF_PATH: &str = "/sys/kernel/btf/vmlinux";
 const COOKIE_STEPPED: u64 = types::cuda_cookie::CUDA_COOKIE_STEPPED.0 as u64;
 
+/// CUDA functions of one file to hook (file offsets), with their attach cookies: the api, and
+/// whether the kernel steps the function's first instruction out of line, a trap more per call
+/// that the scaling of sampled counts subtracts (calibrate.rs). Read from the file once, when it
+/// is found; its hooks are attached every duty cycle.
+#[derive(Debug, Clone, Default)]
+pub struct CudaFunctions {
+    offsets: Vec<usize>,
+    cookies: Vec<u64>,
+}
+
+impl CudaFunctions {
+    pub fn new(path: &Path, functions: &[(CudaApi, u64)]) -> Self {
+        let stepped = calibrate::stepped_at(path, &functions.iter().map(|&(_, off)| off).collect::<Vec<_>>());
+        let cookies = functions.iter().zip(stepped).map(|(&(api, _), stepped)| u64::from(api.raw()) | if stepped { COOKIE_STEPPED } else { 0 }).collect();
+        CudaFunctions { offsets: functions.iter().map(|&(_, off)| off as usize).collect(), cookies }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.offsets.is_empty()
+    }
+}
+
 /// Hooks on the CUDA functions of one file, in every process that maps it. Dropping it detaches
 /// them.
 pub struct CudaHooks {
@@ -306,19 +328,10 @@ impl CpuSampler {
         UnwindMaps::remove_process(&self.skel.maps.python_processes, pid);
     }
 
-    /// Hooks the entry and return of `functions` (file offsets) of the file at `path`, in every
-    /// process that maps it now or later; the programs keep to the targets.
-    pub fn attach_cuda(&self, path: &Path, functions: &[(CudaApi, u64)]) -> Result<CudaHooks, BpfError> {
-        let offsets: Vec<usize> = functions.iter().map(|&(_, off)| off as usize).collect();
-        // Each function's cookie says whether its first instruction is stepped out of line: a
-        // trap more per call, which the scaling of sampled counts subtracts (calibrate.rs).
-        let stepped = calibrate::stepped_at(path, &functions.iter().map(|&(_, off)| off).collect::<Vec<_>>());
-        let cookies: Vec<u64> = functions
-            .iter()
-            .zip(stepped)
-            .map(|(&(api, _), stepped)| u64::from(api.raw()) | if stepped { COOKIE_STEPPED } else { 0 })
-            .collect();
-        let opts = UprobeMultiOpts { offsets, cookies, session: true, ..Default::default() };
+    /// Hooks the entry and return of `functions` of the file at `path`, in every process that maps
+    /// it now or later; the programs keep to the targets.
+    pub fn attach_cuda(&self, path: &Path, functions: &CudaFunctions) -> Result<CudaHooks, BpfError> {
+        let opts = UprobeMultiOpts { offsets: functions.offsets.clone(), cookies: functions.cookies.clone(), session: true, ..Default::default() };
         let link = self
             .skel
             .progs

@@ -1,12 +1,13 @@
-//! The unwind maps seen from user space: rules, tables of rows, and each process's executable
-//! mappings. Only this module knows how they are laid out.
+//! The unwind maps seen from user space: rules and tables of rows (each process's executable
+//! mappings and Python interpreter: `process_maps.rs`). Only these modules know how they are laid
+//! out.
 
 use std::collections::HashMap;
 
-use gpuflame_pyframes::{FrameEntry, PyOffsets};
+use gpuflame_pyframes::PyOffsets;
 use std::os::fd::{AsFd, AsRawFd};
 
-use gpuflame_unwind::{CfaRule, CompactTable, LoadSegment, RbpRule, RuleTable, UnwindRule};
+use gpuflame_unwind::{CfaRule, CompactTable, RbpRule, RuleTable, UnwindRule};
 use libbpf_rs::{MapCore, MapFlags, MapHandle, MapMut, MapType};
 
 use crate::blocks::BlockAllocator;
@@ -24,7 +25,7 @@ const MAX_TABLES: u32 = 16384;
 
 /// A table loaded into BPF.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct TableId(u32);
+pub struct TableId(pub(crate) u32);
 
 /// A table whose rows are being written, not yet visible to BPF; finished or aborted by the
 /// sampler.
@@ -45,7 +46,7 @@ impl PendingTable {
 
     /// Rows of the budget it holds (whole pages).
     pub fn budget_rows(&self) -> u64 {
-        self.pages.len() as u64 * u64::from(BLOCKS_PER_PAGE) * ROWS_PER_BLOCK as u64
+        (self.pages.len() * PAGE_ROWS) as u64
     }
 }
 
@@ -97,6 +98,8 @@ pub struct UnwindCapacity {
 
 /// Blocks per page: tables take whole pages, listed in `page_index`.
 const BLOCKS_PER_PAGE: u32 = types::shard_layout::PAGE_BLOCKS.0;
+/// Rows per page: 4,096.
+const PAGE_ROWS: usize = ROWS_PER_BLOCK * BLOCKS_PER_PAGE as usize;
 const PAGE_INDEX_SIZE: u32 = types::shard_layout::PAGE_INDEX_SIZE.0;
 
 pub(crate) struct UnwindMaps {
@@ -114,7 +117,7 @@ pub(crate) struct UnwindMaps {
     rules_loaded: usize,
 }
 
-fn map_err(map: &'static str) -> impl Fn(libbpf_rs::Error) -> BpfError {
+pub(crate) fn map_err(map: &'static str) -> impl Fn(libbpf_rs::Error) -> BpfError {
     move |source| BpfError::Map { map, source }
 }
 
@@ -183,8 +186,7 @@ impl UnwindMaps {
     /// Writes the table's rows into `pages`, a page's blocks at a time: the blocks of a whole
     /// table were a copy of all its rows (16 MiB for libtorch_cpu.so) beside the table itself.
     fn write_pages(&self, pages: &[u32], table: &CompactTable) -> Result<(), BpfError> {
-        let rows_per_page = ROWS_PER_BLOCK * BLOCKS_PER_PAGE as usize;
-        for (&page, (pcs, rules)) in pages.iter().zip(table.pcs.chunks(rows_per_page).zip(table.rules.chunks(rows_per_page))) {
+        for (&page, (pcs, rules)) in pages.iter().zip(table.pcs.chunks(PAGE_ROWS).zip(table.rules.chunks(PAGE_ROWS))) {
             let chunk: Vec<types::unwind_block> = pcs
                 .chunks(ROWS_PER_BLOCK)
                 .zip(rules.chunks(ROWS_PER_BLOCK))
@@ -218,11 +220,6 @@ impl UnwindMaps {
     }
 
     pub(crate) fn insert_table(&mut self, shards_map: &MapMut<'_>, index_map: &MapMut<'_>, tables_map: &MapMut<'_>, table: &CompactTable, in_use: bool) -> Result<TableId, BpfError> {
-        let rows_total = |free: usize| (free as u64 * u64::from(BLOCKS_PER_PAGE) * ROWS_PER_BLOCK as u64, u64::from(self.capacity_pages) * u64::from(BLOCKS_PER_PAGE) * ROWS_PER_BLOCK as u64);
-        if Self::pages_for(table.len()) > self.free_pages.len() {
-            let (free, total) = rows_total(self.free_pages.len());
-            return Err(BpfError::UnwindFull(format!("{} rows do not fit: {free} of {total} rows free", table.len())));
-        }
         let mut pending = self.begin_table(table.base)?;
         if let Err(e) = self.add_rows(shards_map, &mut pending, table) {
             self.abort_table(pending);
@@ -232,7 +229,7 @@ impl UnwindMaps {
     }
 
     fn pages_for(rows: usize) -> usize {
-        rows.div_ceil(ROWS_PER_BLOCK).div_ceil(BLOCKS_PER_PAGE as usize)
+        rows.div_ceil(PAGE_ROWS)
     }
 
     /// Starts a table whose rows come in pieces ([`Self::add_rows`]): its id and a range of the
@@ -257,18 +254,16 @@ impl UnwindMaps {
     /// Writes the next rows of a pending table into pages of their own. Every piece but the last
     /// must fill whole pages. A full budget is an error that leaves the table as it was.
     pub(crate) fn add_rows(&mut self, shards_map: &MapMut<'_>, pending: &mut PendingTable, rows: &CompactTable) -> Result<(), BpfError> {
-        let page_rows = ROWS_PER_BLOCK * BLOCKS_PER_PAGE as usize;
-        if rows.base != pending.base || pending.rows % page_rows != 0 {
+        if rows.base != pending.base || pending.rows % PAGE_ROWS != 0 {
             return Err(BpfError::UnwindFull("a table's rows came in pieces that do not fill whole pages".into()));
         }
         let count = Self::pages_for(rows.len());
         if pending.pages.len() + count > MAX_TABLE_PAGES as usize {
-            return Err(BpfError::UnwindFull(format!("a table of more than {} rows", MAX_TABLE_PAGES as usize * page_rows)));
+            return Err(BpfError::UnwindFull(format!("a table of more than {} rows", MAX_TABLE_PAGES as usize * PAGE_ROWS)));
         }
         if count > self.free_pages.len() {
-            let free = self.free_pages.len() as u64 * page_rows as u64;
-            let total = u64::from(self.capacity_pages) * page_rows as u64;
-            return Err(BpfError::UnwindFull(format!("{} more rows do not fit: {free} of {total} rows free", rows.len())));
+            let (free, total) = (self.free_pages.len() * PAGE_ROWS, self.capacity_pages as usize * PAGE_ROWS);
+            return Err(BpfError::UnwindFull(format!("{} rows do not fit: {free} of {total} rows free", rows.len())));
         }
         let pages: Vec<u32> = (0..count).filter_map(|_| self.free_pages.pop()).collect();
         let last_block = pages.iter().max().map_or(0, |&p| p * BLOCKS_PER_PAGE + BLOCKS_PER_PAGE - 1);
@@ -321,12 +316,12 @@ impl UnwindMaps {
 
     /// Rows of budget a loaded table takes (whole pages).
     pub(crate) fn table_rows(&self, id: TableId) -> u64 {
-        self.tables.get(&id.0).map_or(0, |(_, pages)| pages.len() as u64 * u64::from(BLOCKS_PER_PAGE) * ROWS_PER_BLOCK as u64)
+        self.tables.get(&id.0).map_or(0, |(_, pages)| (pages.len() * PAGE_ROWS) as u64)
     }
 
     /// Whether a table of `rows` rows could fit if nothing else were loaded.
     pub(crate) fn could_fit(&self, rows: usize) -> bool {
-        (rows.div_ceil(ROWS_PER_BLOCK) as u64).div_ceil(u64::from(BLOCKS_PER_PAGE)) <= u64::from(self.capacity_pages)
+        Self::pages_for(rows) <= self.capacity_pages as usize
     }
 
     pub(crate) fn remove_table(&mut self, tables_map: &MapMut<'_>, id: TableId) -> Result<(), BpfError> {
@@ -340,93 +335,8 @@ impl UnwindMaps {
         Ok(())
     }
 
-    pub(crate) fn set_process(map: &MapMut<'_>, pid: u32, mappings: &[ExecMapping], forked_from: Option<u32>) -> Result<usize, BpfError> {
-        let mut sorted: Vec<ExecMapping> = mappings.to_vec();
-        sorted.sort_by_key(|m| m.begin);
-        let kept = sorted.len().min(MAX_PROCESS_MAPPINGS);
-        let mut info: Box<types::process_info> = Box::default();
-        info.mapping_count = kept as u32;
-        info.forked_from = forked_from.unwrap_or(0);
-        for (slot, m) in info.mappings.iter_mut().zip(&sorted[..kept]) {
-            let (table_id, flags) = match m.table {
-                MappingTable::Loaded(t) => (t.0, types::exec_mapping_flags::MAPPING_HAS_TABLE.0),
-                MappingTable::Pending => (0, types::exec_mapping_flags::MAPPING_TABLE_PENDING.0),
-                MappingTable::None => (0, 0),
-            };
-            *slot = types::exec_mapping { begin: m.begin, end: m.end, load_bias: m.load_bias, table_id, flags };
-        }
-        map.update(&pid.to_ne_bytes(), as_bytes(&*info), MapFlags::ANY).map_err(map_err("processes"))?;
-        Ok(sorted.len() - kept)
-    }
-
-    fn file_table_key(dev: u64, ino: u64, size: u64) -> types::file_table_key {
-        // The kernel's dev_t: a 12-bit major above a 20-bit minor.
-        let dev = (libc::major(dev) << 20) | (libc::minor(dev) & 0xf_ffff);
-        types::file_table_key { ino, size, dev, _pad: 0 }
-    }
-
-    pub(crate) fn publish_file_table(map: &MapMut<'_>, dev: u64, ino: u64, size: u64, id: TableId, segments: &[LoadSegment]) -> Result<(), BpfError> {
-        let mut value = types::file_table { table_id: id.0, ..Default::default() };
-        let mapped = segments.iter().filter(|s| s.file_size > 0);
-        for (slot, seg) in value.segments.iter_mut().zip(mapped) {
-            // ld.so maps each segment from its page-aligned offset (see gpuflame_unwind::load_bias).
-            *slot = types::file_table_segment { file_offset: seg.file_offset & !4095, delta: seg.vaddr.wrapping_sub(seg.file_offset) };
-            value.segment_count += 1;
-        }
-        let key = Self::file_table_key(dev, ino, size);
-        map.update(as_bytes(&key), as_bytes(&value), MapFlags::ANY).map_err(map_err("file_tables"))
-    }
-
-    pub(crate) fn unpublish_file_table(map: &MapMut<'_>, dev: u64, ino: u64, size: u64) {
-        let key = Self::file_table_key(dev, ino, size);
-        let _ = map.delete(as_bytes(&key));
-    }
-
-    pub(crate) fn set_python(map: &MapMut<'_>, pid: u32, py: &PythonProcess) -> Result<(), BpfError> {
-        let o = &py.offsets;
-        let off = |v: usize| u16::try_from(v).unwrap_or(u16::MAX);
-        let (frame_kind, frame_entry, owner_cstack) = match o.frame_entry {
-            FrameEntry::FrameObject => (0u8, u16::MAX, 0u8),
-            FrameEntry::IsEntry { offset } => (1, off(offset), 0),
-            FrameEntry::Owner { offset, cstack } => (2, off(offset), cstack),
-        };
-        let mut value = types::py_process {
-            runtime: py.runtime,
-            o: types::py_offsets {
-                runtime_interpreters_head: off(o.runtime_interpreters_head),
-                interp_threads_head: off(o.interp_threads_head),
-                tstate_next: off(o.tstate_next),
-                tstate_thread_id: off(o.tstate_thread_id),
-                tstate_frame: off(o.tstate_frame),
-                cframe_current_frame: o.cframe_current_frame.map_or(u16::MAX, off),
-                frame_previous: off(o.frame_previous),
-                frame_code: off(o.frame_code),
-                frame_instr: off(o.frame_instr),
-                frame_entry,
-                code_adaptive: o.code_adaptive.map_or(u16::MAX, off),
-                code_firstlineno: off(o.code_firstlineno),
-                code_name: off(o.code_qualname.unwrap_or(o.code_name)),
-                frame_kind,
-                owner_cstack,
-                code_tagged: u8::from(o.version >= (3, 14)),
-                eval_by_shim: u8::from(o.version >= (3, 12)),
-            },
-            ..Default::default()
-        };
-        for (i, &(lo, hi)) in py.eval_ranges.iter().take(value.eval_lo.len()).enumerate() {
-            value.eval_lo[i] = lo;
-            value.eval_hi[i] = hi;
-        }
-        map.update(&pid.to_ne_bytes(), as_bytes(&value), MapFlags::ANY).map_err(map_err("python_processes"))
-    }
-
-    pub(crate) fn remove_process(map: &MapMut<'_>, pid: u32) {
-        // Already gone when the exit handler in BPF removed it first.
-        let _ = map.delete(&pid.to_ne_bytes());
-    }
-
     pub(crate) fn capacity(&self) -> UnwindCapacity {
-        let page_rows = u64::from(BLOCKS_PER_PAGE) * ROWS_PER_BLOCK as u64;
+        let page_rows = PAGE_ROWS as u64;
         let used = u64::from(self.capacity_pages) - self.free_pages.len() as u64;
         let shard_bytes = self.shards.len() as u64 * u64::from(BLOCKS_PER_SHARD) * std::mem::size_of::<types::unwind_block>() as u64;
         UnwindCapacity {

@@ -11,7 +11,7 @@ use gpuflame_elfread::{consts, open_regular, ElfError, ElfFile, ReadAt};
 use crate::entry::EntryMarker;
 use crate::error::UnwindError;
 use crate::rule::{classify, CfaRule, UnwindRule};
-use crate::rule_table::RuleTable;
+use crate::stream::{Merged, PieceSink, RowSink, TablePiece, TableSummary};
 use crate::table::{LoadSegment, PackedRows, TableStats, UnwindRow, UnwindTable};
 
 type Slice<'a> = gimli::EndianSlice<'a, LittleEndian>;
@@ -83,86 +83,13 @@ impl UnwindTable {
         let read = |source: ElfError| UnwindError::Read { path: path.display().to_string(), source };
         let file = open_regular(path).map_err(|e| read(e.into()))?;
         let elf = ElfFile::parse(&file).map_err(read)?;
-        let mut sink = PieceSink { rows: PackedRows::default(), per_piece: rows_per_piece.max(1), total: 0, each };
+        let mut sink = PieceSink::new(rows_per_piece, each);
         let (segments, stats) = stream_rows(&elf, Budget { fdes: MAX_FDES, rows: MAX_UNWIND_ROWS }, &mut sink).map_err(|e| match e {
             UnwindError::Elf(source) => read(source),
             e => e,
         })?;
         sink.flush()?;
-        Ok(TableSummary { rows: sink.total, segments, stats })
-    }
-}
-
-/// A piece of a table being built: rows relative to `base`, each with the index of its rule in
-/// `rules`, the file's own numbering, which grows as the build goes on.
-pub struct TablePiece<'a> {
-    pub base: u64,
-    pub pcs: &'a [u32],
-    pub ids: &'a [u16],
-    pub rules: &'a RuleTable,
-}
-
-/// What a build in pieces made besides its rows.
-#[derive(Debug, Clone, Default)]
-pub struct TableSummary {
-    pub rows: usize,
-    pub segments: Vec<LoadSegment>,
-    pub stats: TableStats,
-}
-
-/// Where a build's rows go, final and in address order.
-trait RowSink {
-    /// The rows to come are at `base` or after it.
-    fn start(&mut self, base: u64);
-    fn row(&mut self, row: UnwindRow) -> Result<(), UnwindError>;
-}
-
-impl RowSink for PackedRows {
-    fn start(&mut self, base: u64) {
-        self.base = base;
-    }
-
-    fn row(&mut self, row: UnwindRow) -> Result<(), UnwindError> {
-        let (pc, id) = self.pack(row)?;
-        self.pcs.push(pc);
-        self.ids.push(id);
-        Ok(())
-    }
-}
-
-struct PieceSink<'f> {
-    rows: PackedRows,
-    per_piece: usize,
-    total: usize,
-    each: &'f mut dyn FnMut(TablePiece<'_>) -> Result<(), UnwindError>,
-}
-
-impl PieceSink<'_> {
-    fn flush(&mut self) -> Result<(), UnwindError> {
-        if self.rows.len() == 0 {
-            return Ok(());
-        }
-        self.total += self.rows.len();
-        (self.each)(TablePiece { base: self.rows.base, pcs: &self.rows.pcs, ids: &self.rows.ids, rules: &self.rows.rules })?;
-        self.rows.pcs.clear();
-        self.rows.ids.clear();
-        Ok(())
-    }
-}
-
-impl RowSink for PieceSink<'_> {
-    fn start(&mut self, base: u64) {
-        self.rows.base = base;
-        self.rows.pcs.reserve(self.per_piece.min(1 << 16));
-        self.rows.ids.reserve(self.per_piece.min(1 << 16));
-    }
-
-    fn row(&mut self, row: UnwindRow) -> Result<(), UnwindError> {
-        self.rows.row(row)?;
-        if self.rows.len() >= self.per_piece {
-            self.flush()?;
-        }
-        Ok(())
+        Ok(TableSummary { rows: sink.total(), segments, stats })
     }
 }
 
@@ -238,7 +165,7 @@ fn stream_rows<R: ReadAt>(elf: &ElfFile<R>, mut budget: Budget, sink: &mut dyn R
     // the entry point's where entry code comes before it.
     let base = spans.first().map(|s| s.start).into_iter().chain((elf.entry() != 0).then(|| elf.entry())).min().unwrap_or(0);
     sink.start(base);
-    let mut merged = Merged { last: None, pending_gap: None, entry: EntryMarker::new(elf.entry()), sink, error: None };
+    let mut merged = Merged::new(EntryMarker::new(elf.entry()), sink);
     let mut ctx = Box::new(UnwindContext::new());
     for span in &spans {
         let evaluated = match (span.debug_frame(), &eh_data, &df_data) {
@@ -333,117 +260,37 @@ fn rows_of<'a, S: UnwindSection<Slice<'a>>>(
     Ok(true)
 }
 
-/// The table as FDEs are added in address order: consecutive rows with the same rule merged, a
-/// row at the same address as the one before replacing it, and the gaps between FDEs marked as
-/// having no information. A row is final, and goes on to the entry marker and the sink, once a
-/// row at a higher address comes.
-struct Merged<'s> {
-    /// The last row, which a row at its address may still replace.
-    last: Option<UnwindRow>,
-    /// The end of the last FDE added: a gap if the next one starts after it.
-    pending_gap: Option<u64>,
-    entry: EntryMarker,
-    sink: &'s mut dyn RowSink,
-    /// A row that could not be packed (code over 4 GiB, too many rules) or that the sink
-    /// refused: the file is refused.
-    error: Option<UnwindError>,
-}
-
-impl Merged<'_> {
-    fn push(&mut self, row: UnwindRow) {
-        if self.error.is_some() {
-            return;
-        }
-        match self.last.as_mut() {
-            Some(last) if last.pc == row.pc => last.rule = row.rule,
-            Some(last) if last.rule == row.rule => {}
-            _ => {
-                if let Some(done) = self.last.replace(row) {
-                    self.emit(done);
-                }
-            }
-        }
-    }
-
-    fn emit(&mut self, row: UnwindRow) {
-        let sink = &mut *self.sink;
-        if let Err(e) = self.entry.pass(row, &mut |r| sink.row(r)) {
-            self.error = Some(e);
-        }
-    }
-
-    fn finish(&mut self) -> Result<(), UnwindError> {
-        if let Some(end) = self.pending_gap.take() {
-            self.push(UnwindRow { pc: end, rule: UnwindRule::NO_INFO });
-        }
-        if let Some(last) = self.last.take() {
-            self.emit(last);
-        }
-        if self.error.is_none() {
-            let sink = &mut *self.sink;
-            if let Err(e) = self.entry.finish(&mut |r| sink.row(r)) {
-                self.error = Some(e);
-            }
-        }
-        match self.error.take() {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rule::RbpRule;
 
-    fn rule(off: i32) -> UnwindRule {
-        UnwindRule { cfa: CfaRule::RspOffset(off), rbp: RbpRule::Unchanged }
-    }
-
-    #[test]
-    fn merge_marks_gaps_and_drops_repeats() {
-        let mut rows = PackedRows::default();
-        let mut merged = Merged { last: None, pending_gap: None, entry: EntryMarker::new(0), sink: &mut rows, error: None };
-        for (pc, off) in [(0x100, 8), (0x101, 16), (0x1f0, 8)] {
-            merged.push(UnwindRow { pc, rule: rule(off) });
-        }
-        merged.pending_gap = Some(0x200);
-        // The next FDE starts where the last ended: no gap; its first row repeats the rule.
-        merged.push(UnwindRow { pc: 0x200, rule: rule(8) });
-        merged.pending_gap = Some(0x210);
-        merged.finish().unwrap();
-        let pcs: Vec<u64> = (0..rows.len()).filter_map(|i| rows.get(i)).map(|r| r.pc).collect();
-        assert_eq!(pcs, [0x100, 0x101, 0x1f0, 0x210]);
-        assert_eq!(rows.get(3).unwrap().rule, UnwindRule::NO_INFO);
+    /// The rows of the file's table, built in pieces of `per_piece` rows; the pieces' sizes.
+    fn in_pieces(path: &str, per_piece: usize) -> (Vec<UnwindRow>, Vec<usize>) {
+        let (mut rows, mut sizes) = (Vec::new(), Vec::new());
+        UnwindTable::build_in_pieces(Path::new(path), per_piece, &mut |p| {
+            sizes.push(p.pcs.len());
+            rows.extend(p.pcs.iter().zip(p.ids).map(|(&pc, &id)| UnwindRow { pc: p.base + u64::from(pc), rule: p.rules.get(id).unwrap() }));
+            Ok(())
+        })
+        .unwrap();
+        (rows, sizes)
     }
 
     /// A table built in pieces is the table built whole, cut.
     #[test]
     fn pieces_make_the_whole_table() {
         let whole = UnwindTable::from_path(Path::new(LIBC)).unwrap();
-        let mut rows = Vec::new();
-        let mut sizes = Vec::new();
-        let summary = UnwindTable::build_in_pieces(Path::new(LIBC), 4096, &mut |p| {
-            sizes.push(p.pcs.len());
-            rows.extend(p.pcs.iter().zip(p.ids).map(|(&pc, &id)| UnwindRow { pc: p.base + u64::from(pc), rule: p.rules.get(id).unwrap() }));
-            Ok(())
-        })
-        .unwrap();
+        let (rows, sizes) = in_pieces(LIBC, 4096);
         assert!(sizes.len() > 2 && sizes[..sizes.len() - 1].iter().all(|&n| n == 4096), "{sizes:?}");
+        assert_eq!(sizes.iter().sum::<usize>(), whole.len());
+        assert!(rows.iter().copied().eq(whole.rows()));
+        let summary = UnwindTable::build_in_pieces(Path::new(LIBC), 4096, &mut |_| Ok(())).unwrap();
         assert_eq!(summary.rows, whole.len());
         assert_eq!(summary.segments, whole.segments);
-        assert!(rows.iter().copied().eq(whole.rows()));
         // The loader's entry code is marked in pieces too.
         const LOADER: &str = "/lib64/ld-linux-x86-64.so.2";
         let whole = UnwindTable::from_path(Path::new(LOADER)).unwrap();
-        let mut rows = Vec::new();
-        UnwindTable::build_in_pieces(Path::new(LOADER), 4096, &mut |p| {
-            rows.extend(p.pcs.iter().zip(p.ids).map(|(&pc, &id)| UnwindRow { pc: p.base + u64::from(pc), rule: p.rules.get(id).unwrap() }));
-            Ok(())
-        })
-        .unwrap();
-        assert!(rows.iter().copied().eq(whole.rows()));
+        assert!(in_pieces(LOADER, 4096).0.iter().copied().eq(whole.rows()));
         // A piece refused stops the build with its error.
         let err = UnwindTable::build_in_pieces(Path::new(LIBC), 4096, &mut |_| Err(UnwindError::TooLarge)).unwrap_err();
         assert!(matches!(err, UnwindError::TooLarge), "{err}");

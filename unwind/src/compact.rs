@@ -2,7 +2,7 @@
 //! table's base) and a 16-bit index into the rule table shared by all executables.
 
 pub use crate::rule_table::RuleTable;
-use crate::build::TablePiece;
+use crate::stream::TablePiece;
 use crate::table::UnwindTable;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -24,7 +24,7 @@ impl CompactTable {
     /// rule indices renumbered in place (no copy of a file's rows is made).
     pub fn from_table(table: UnwindTable, shared: &mut RuleTable) -> Result<Self, CompactError> {
         let rows = table.rows;
-        let renumber = rows.rules.since(0).map(|(_, rule)| shared.intern(rule).ok_or(CompactError::RulesFull)).collect::<Result<Vec<u16>, _>>()?;
+        let renumber = renumbering(&rows.rules, shared)?;
         let mut rules = rows.ids;
         for id in &mut rules {
             *id = renumber[usize::from(*id)];
@@ -34,7 +34,7 @@ impl CompactTable {
 
     /// A piece of a table being built, its rules renumbered into `shared`.
     pub fn from_piece(piece: &TablePiece<'_>, shared: &mut RuleTable) -> Result<Self, CompactError> {
-        let renumber = piece.rules.since(0).map(|(_, rule)| shared.intern(rule).ok_or(CompactError::RulesFull)).collect::<Result<Vec<u16>, _>>()?;
+        let renumber = renumbering(piece.rules, shared)?;
         let rules = piece.ids.iter().map(|&id| renumber.get(usize::from(id)).copied().ok_or(CompactError::RulesFull)).collect::<Result<Vec<u16>, _>>()?;
         Ok(CompactTable { base: piece.base, pcs: piece.pcs.to_vec(), rules })
     }
@@ -58,6 +58,11 @@ impl CompactTable {
         let i = self.pcs.partition_point(|&p| p <= rel);
         i.checked_sub(1).map(|i| self.rules[i])
     }
+}
+
+/// For each of a file's own rules, its index in `shared` (added there if new).
+fn renumbering(own: &RuleTable, shared: &mut RuleTable) -> Result<Vec<u16>, CompactError> {
+    own.since(0).map(|(_, rule)| shared.intern(rule).ok_or(CompactError::RulesFull)).collect()
 }
 
 #[cfg(test)]

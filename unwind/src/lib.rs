@@ -14,9 +14,10 @@ mod error;
 mod probe;
 mod rule;
 mod rule_table;
+mod stream;
 mod table;
 
-pub use build::{TablePiece, TableSummary};
+pub use stream::{TablePiece, TableSummary};
 pub use compact::{CompactTable, RuleTable};
 pub use compact::CompactError;
 pub use elf::ExecutableKey;

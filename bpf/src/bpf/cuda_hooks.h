@@ -198,10 +198,10 @@ static __always_inline int cuda_enter(struct pt_regs *ctx)
 	struct cuda_call call = {}, *outer;
 	__u32 location_id;
 
-	/* From the program's start: what it takes is part of what hooking cost (enter_ns). */
-	call.t0 = bpf_ktime_get_ns();
 	if (!is_target(tgid))
 		return 1;
+	/* From here: what the program takes is part of what hooking cost the call (enter_ns). */
+	call.t0 = bpf_ktime_get_ns();
 	if (key.cls == CUDA_CLASS_CUPTI) {
 		cupti_enter(ctx, id, api);
 		return 1;

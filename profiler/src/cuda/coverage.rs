@@ -137,19 +137,24 @@ impl Coverage {
 mod tests {
     use super::*;
 
-    /// 14 windows of 10 ms in 14 s; the thread launches (a call every 20 µs, 10 µs of it the
-    /// hooks') only during 4 of them, as a program launches in one phase and not the others.
-    #[test]
-    fn a_thread_that_launches_in_some_windows_stands_for_that_part_of_the_run() {
+    /// The estimate of a thread watched by 14 windows of 10 ms in 14 s, which launches (a call
+    /// every 20 µs, 10 µs of it the hooks') only during 4 of them, `calls_per_burst` seen each.
+    fn estimate(calls_per_burst: u64) -> f64 {
         let coverage = Coverage { attached: Duration::from_millis(140), elapsed: Duration::from_secs(14), exact: false, trap_cost: TrapCost { emulated: Duration::from_micros(4), stepped: Duration::from_micros(8) }, window: Duration::from_millis(10) };
         let mut rate = ThreadRate::default();
         for window in 0..4u64 {
-            for i in 0..500u64 {
+            for i in 0..calls_per_burst {
                 rate.add(window * 1_000_000_000 + i * 20_000, 6_000, HookTraps::default(), coverage.trap_cost);
             }
         }
+        rate.calls as f64 * coverage.thread_scale(&mut rate)
+    }
+
+    /// The thread launches in one phase of the program and not in the others.
+    #[test]
+    fn a_thread_that_launches_in_some_windows_stands_for_that_part_of_the_run() {
         // Its natural pace is a call every 10 µs, for the 4 s in which it launched: 400,000 calls.
-        let estimate = rate.calls as f64 * coverage.thread_scale(&mut rate);
+        let estimate = estimate(500);
         assert!((350_000.0..=450_000.0).contains(&estimate), "{estimate}");
     }
 
@@ -157,14 +162,7 @@ mod tests {
     /// 800 calls a burst, of which the hooks took 8 ms.
     #[test]
     fn calls_after_a_window_ends_do_not_count_twice() {
-        let coverage = Coverage { attached: Duration::from_millis(140), elapsed: Duration::from_secs(14), exact: false, trap_cost: TrapCost { emulated: Duration::from_micros(4), stepped: Duration::from_micros(8) }, window: Duration::from_millis(10) };
-        let mut rate = ThreadRate::default();
-        for window in 0..4u64 {
-            for i in 0..800u64 {
-                rate.add(window * 1_000_000_000 + i * 20_000, 6_000, HookTraps::default(), coverage.trap_cost);
-            }
-        }
-        let estimate = rate.calls as f64 * coverage.thread_scale(&mut rate);
+        let estimate = estimate(800);
         assert!((350_000.0..=450_000.0).contains(&estimate), "{estimate}");
     }
 }

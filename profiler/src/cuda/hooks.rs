@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use gpuflame_bpf::{CpuSampler, CudaApi, CudaHooks, TrapCost};
+use gpuflame_bpf::{CpuSampler, CudaApi, CudaFunctions, CudaHooks, TrapCost};
 
 use super::discover::cuda_functions;
 use super::coverage::Coverage;
@@ -32,7 +32,7 @@ impl DutyCycle {
 
 struct HookedFile {
     name: String,
-    cycled_functions: Vec<(CudaApi, u64)>,
+    cycled_functions: CudaFunctions,
     _always: Option<CudaHooks>,
     cycled: Option<CudaHooks>,
     /// Processes that map the file, with a path that reaches it from here.
@@ -174,7 +174,7 @@ impl CudaHookManager {
         };
         let (always, cycled): (Vec<_>, Vec<_>) = functions.iter().partition(|(api, _)| api.always_on());
         let name = entry.path.clone();
-        let always_hooks = match (!always.is_empty()).then(|| sampler.attach_cuda(&path, &always)) {
+        let always_hooks = match (!always.is_empty()).then(|| sampler.attach_cuda(&path, &CudaFunctions::new(&path, &always))) {
             Some(Ok(h)) => Some(h),
             Some(Err(e)) => {
                 self.stats.attach_failures += 1;
@@ -183,7 +183,7 @@ impl CudaHookManager {
             }
             None => None,
         };
-        let mut file = HookedFile { name, cycled_functions: cycled, _always: always_hooks, cycled: None, users: HashMap::from([(pid, path)]) };
+        let mut file = HookedFile { name, cycled_functions: CudaFunctions::new(&path, &cycled), _always: always_hooks, cycled: None, users: HashMap::from([(pid, path)]) };
         if self.cycled_wanted && (self.duty.is_none() || self.cycled_on_since.is_some()) {
             attach_cycled(sampler, &mut file, &mut self.stats);
         }
