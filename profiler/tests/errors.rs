@@ -2,7 +2,6 @@
 
 mod common;
 
-use std::process::Command;
 
 use common::*;
 
@@ -48,8 +47,10 @@ fn unwritable_output() {
 fn not_root() {
     require_bpf();
     // The same binary as an unprivileged user (nobody), with no capabilities.
-    let out = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", GPUFLAME, "record", "-d", "1", "-o", "/tmp/never-written.svg"])
+    let dir = common::others::OpenDir::new("gpuflame-not-root-");
+    let binary = dir.copy(std::path::Path::new(GPUFLAME));
+    // setpriv's own option goes before the program, so it stands in the program's place here.
+    let out = common::others::as_nobody("--inh-caps=-all", &[binary.to_str().unwrap(), "record", "-d", "1", "-o", "/tmp/never-written.svg"])
         .output()
         .expect("setpriv (util-linux) is needed to run gpuflame unprivileged");
     assert_usage_error(&out, "needs root, or the CAP_BPF and CAP_PERFMON capabilities");

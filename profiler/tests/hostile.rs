@@ -11,6 +11,7 @@ use std::process::{Command, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
+use common::others::*;
 use common::*;
 
 /// The tests here load the machine on purpose (a storm of short processes, a flood of mappings,
@@ -27,8 +28,7 @@ fn alone_with_the_machine() -> std::sync::MutexGuard<'static, ()> {
 fn files_truncated_while_read_do_not_crash_gpuflame() {
     require_bpf();
     let _alone = alone_with_the_machine();
-    let dir = tempfile::Builder::new().prefix("gpuflame-trunc-").tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let dir = OpenDir::with_mode("gpuflame-trunc-", 0o777);
     let truncator = build_c(dir.path(), "truncator", &["-O2"]);
     let gate = Gate::new(dir.path(), "gate");
     let control = gate.spawn(Command::new(build_c(dir.path(), "chain", FP_FLAGS)).arg("60"));
@@ -38,12 +38,7 @@ fn files_truncated_while_read_do_not_crash_gpuflame() {
     std::fs::set_permissions(&big, std::fs::Permissions::from_mode(0o644)).unwrap();
     let rounds = 8;
     let hostile = Killed(
-        Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-            .arg(&truncator)
-            .arg(&big)
-            .arg(dir.path())
-            .arg(rounds.to_string())
+        as_nobody(&truncator, &[big.as_os_str(), dir.path().as_os_str(), rounds.to_string().as_ref()])
             .stdout(Stdio::piped())
             .spawn()
             .expect("setpriv (util-linux) is needed"),
@@ -113,8 +108,7 @@ fn deleted_executable_replaced_by_a_fifo_does_not_hang_the_recording() {
 fn a_copied_build_id_lends_neither_table_nor_names() {
     require_bpf();
     let _alone = alone_with_the_machine();
-    let dir = tempfile::Builder::new().prefix("gpuflame-buildid-").tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let dir = OpenDir::new("gpuflame-buildid-");
     // No frame pointers: only the right table unwinds these.
     let claim = "-Wl,--build-id=0x6770756666c616d6500000000000000000000042";
     let victim = build_c(dir.path(), "chain", &["-O2", "-fomit-frame-pointer", claim]);
@@ -125,7 +119,7 @@ fn a_copied_build_id_lends_neither_table_nor_names() {
     // The impostor starts first, so that under a build-id key its table and names would be the
     // ones shared.
     let gate = Gate::new(dir.path(), "gate");
-    let hostile = gate.spawn(Command::new("setpriv").args(["--reuid=65534", "--regid=65534", "--clear-groups"]).arg(&impostor).arg("30"));
+    let hostile = gate.spawn(&mut as_nobody(&impostor, &["30"]));
     let control = gate.spawn(Command::new(&victim).arg("30"));
     let out = dir.path().join("claim.folded");
     let (h, c) = (hostile.0.id().to_string(), control.0.id().to_string());
@@ -151,8 +145,7 @@ fn a_copied_build_id_lends_neither_table_nor_names() {
 fn a_flood_of_code_mappings_starves_no_other_process() {
     require_bpf();
     let _alone = alone_with_the_machine();
-    let dir = tempfile::Builder::new().prefix("gpuflame-flood-").tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let dir = OpenDir::new("gpuflame-flood-");
     let flood = build_c(dir.path(), "mmap_flood", &["-O2"]);
     let victim = build_c(dir.path(), "chain", &["-O2", "-fomit-frame-pointer"]);
     for exe in [&flood, &victim] {
@@ -163,11 +156,7 @@ fn a_flood_of_code_mappings_starves_no_other_process() {
     let gpuflame_pid = recording.child.id();
     let gate = Gate::new(dir.path(), "gate");
     let mut flooder = Killed(
-        Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-            .arg(&flood)
-            .arg(&flood)
-            .arg("6")
+        as_nobody(&flood, &[flood.as_os_str(), "6".as_ref()])
             .stdout(Stdio::piped())
             .spawn()
             .expect("setpriv (util-linux) is needed"),
@@ -202,8 +191,7 @@ fn a_flood_of_code_mappings_starves_no_other_process() {
 fn processes_of_300_microseconds_are_named() {
     require_bpf();
     let _alone = alone_with_the_machine();
-    let dir = tempfile::Builder::new().prefix("gpuflame-storm-").tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let dir = OpenDir::new("gpuflame-storm-");
     let brief = build_c(dir.path(), "brief", &["-O2", "-g"]);
     let storm = build_c(dir.path(), "spawn_storm", &["-O2"]);
     for exe in [&brief, &storm] {
@@ -212,11 +200,7 @@ fn processes_of_300_microseconds_are_named() {
     let out = dir.path().join("storm.folded");
     // 1,200 processes one after another (2-3 s here), recorded until the storm is over.
     let recording = Recording::start(&["record", "-F", "999", "-o", out.to_str().unwrap()]);
-    let run = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-        .arg(&storm)
-        .arg(&brief)
-        .arg("1200")
+    let run = as_nobody(&storm, &[brief.as_os_str(), "1200".as_ref()])
         .output()
         .expect("setpriv (util-linux) is needed");
     let (status, stderr) = recording.interrupt();

@@ -10,6 +10,7 @@ use std::process::Command;
 use std::thread::sleep;
 use std::time::Duration;
 
+use common::others::*;
 use common::*;
 
 /// FDEs in the generated file: just under elfread's limit (4,194,304), so the table is built.
@@ -98,8 +99,7 @@ fn vm_hwm_kib(pid: u32) -> u64 {
 #[test]
 fn eighty_megabytes_of_cfi_cost_bounded_memory_and_stop_nothing() {
     require_bpf();
-    let dir = tempfile::Builder::new().prefix("gpuflame-cfi-").tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let dir = OpenDir::new("gpuflame-cfi-");
     let elf = dir.path().join("huge_cfi.so");
     std::fs::write(&elf, huge_cfi_elf()).unwrap();
     let runner = build_c(dir.path(), "run_mapped", &["-O2"]);
@@ -115,11 +115,7 @@ fn eighty_megabytes_of_cfi_cost_bounded_memory_and_stop_nothing() {
     let recording = Recording::start_with_env(&["record", "-F", "199", "-o", out.to_str().unwrap()], &[log]);
     let gpuflame_pid = recording.child.id();
     let hostile = Killed(
-        Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-            .arg(&runner)
-            .arg(&elf)
-            .arg(TEXT.to_string())
+        as_nobody(&runner, &[elf.as_os_str(), TEXT.to_string().as_ref()])
             .spawn()
             .expect("setpriv (util-linux) is needed"),
     );

@@ -10,17 +10,11 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use common::bounded::*;
+use common::others::*;
 use common::*;
 
 fn chmod(path: &Path, mode: u32) {
     fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
-}
-
-/// A directory that nobody can read and traverse, or (`mode` 0o777 / 0o1777) write to.
-fn shared_dir(prefix: &str, mode: u32) -> tempfile::TempDir {
-    let dir = tempfile::Builder::new().prefix(prefix).tempdir().unwrap();
-    chmod(dir.path(), mode);
-    dir
 }
 
 /// A root-only file whose content must never change.
@@ -42,8 +36,7 @@ fn assert_untouched(victim: &Path) {
 #[test]
 fn the_cupti_library_comes_from_a_directory_only_root_can_write() {
     require_bpf();
-    let fixture = tempfile::Builder::new().prefix("gpuflame-cupti-").tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    chmod(fixture.path(), 0o755);
+    let fixture = OpenDir::new("gpuflame-cupti-");
     let dir = fixture.path();
     let app = common::cuda::build_stand_ins(dir);
     let marker = dir.join("planted-library-ran");
@@ -59,8 +52,8 @@ fn the_cupti_library_comes_from_a_directory_only_root_can_write() {
     );
     let out = dir.join("g.folded");
     let script = format!(
-        "mkdir -p {planted} && mount -t tmpfs -o mode=0777,uid=65534,gid=65534 tmpfs {planted} && setpriv {nobody} sh -c '{plant}' && exec \"$@\"",
-        nobody = NOBODY.join(" ")
+        "mkdir -p {planted} && mount -t tmpfs -o mode=0777,uid=65534,gid=65534 tmpfs {planted} && {nobody} sh -c '{plant}' && exec \"$@\"",
+        nobody = setpriv_nobody(&[&dir.join("evil.so"), &victim]).join(" ")
     );
     let cupti = dir.join("libcupti.so.13");
     let show = "echo injection=$CUDA_INJECTION64_PATH; exec \"$0\" launches 50";
@@ -91,7 +84,7 @@ fn the_cupti_library_comes_from_a_directory_only_root_can_write() {
 #[test]
 fn an_oom_snapshot_is_not_written_through_a_planted_link() {
     require_bpf();
-    let fixture = shared_dir("gpuflame-oom-", 0o755);
+    let fixture = OpenDir::new("gpuflame-oom-");
     let dir = fixture.path();
     let app = common::cuda::build_stand_ins(dir);
     let victim = victim(dir);
@@ -101,8 +94,8 @@ fn an_oom_snapshot_is_not_written_through_a_planted_link() {
     let out = outdir.join("oom.folded");
     // setpriv and sh exec: $$ is the pid the OOM is reported for.
     let script = format!("ln -s {} {}/oom.oom-$$-1.folded && exec env FAKE_CUDA_BUDGET=104857600 {} oom", victim.display(), outdir.display(), app.display());
-    let mut args = vec!["record", "--profiles", "hbm-inuse", "-o", out.to_str().unwrap(), "--", "setpriv"];
-    args.extend(NOBODY);
+    let mut args = vec!["record", "--profiles", "hbm-inuse", "-o", out.to_str().unwrap(), "--"];
+    args.extend(setpriv_nobody(&[&app, &outdir]));
     args.extend(["sh", "-c", &script]);
     let run = run_bounded(120, &[], &args);
     assert_eq!(run.code, 0, "{}", run.context());
@@ -123,7 +116,7 @@ fn an_oom_snapshot_is_not_written_through_a_planted_link() {
 #[test]
 fn outputs_that_are_not_regular_files_are_refused_and_left_alone() {
     require_bpf();
-    let fixture = shared_dir("gpuflame-out-", 0o1777);
+    let fixture = OpenDir::with_mode("gpuflame-out-", 0o1777);
     let dir = fixture.path();
     let victim = victim(dir);
     for dev in ["/dev/null", "/dev/full"] {
@@ -168,7 +161,7 @@ fn a_failed_recording_keeps_an_existing_output_and_removes_only_its_own() {
 #[test]
 fn the_spool_directory_must_be_private_and_its_strange_entries_are_skipped() {
     require_bpf();
-    let fixture = shared_dir("gpuflame-spool-", 0o755);
+    let fixture = OpenDir::new("gpuflame-spool-");
     let dir = fixture.path();
     let secret = dir.join("secret");
     fs::write(&secret, "SECRET-ROOT-ONLY-CONTENT").unwrap();
@@ -207,10 +200,9 @@ fn the_spool_directory_must_be_private_and_its_strange_entries_are_skipped() {
 
 /// Records `huge_names.py 200 60 CHARS`, run by nobody, for 8 s to folded stacks.
 fn record_python_names(chars: usize) -> (Run, String) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/huge_names.py");
-    let mut python = Command::new("setpriv")
-        .args(NOBODY)
-        .args(["/usr/bin/python3.11", script.to_str().unwrap(), "200", "60", &chars.to_string()])
+    let programs = OpenDir::new("gpuflame-names-");
+    let script = programs.copy(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/huge_names.py"));
+    let mut python = as_nobody("/usr/bin/python3.11", &[script.to_str().unwrap(), "200", "60", &chars.to_string()])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();

@@ -272,16 +272,15 @@ fn build_table_hog(dir: &Path) -> PathBuf {
 /// tables make room for others' even while in use.
 #[test]
 fn a_process_over_its_share_of_tables_does_not_starve_another() {
-    use std::os::unix::fs::PermissionsExt;
     require_bpf();
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let dir = common::others::OpenDir::new("gpuflame-share-");
     let hog = build_table_hog(dir.path());
     let victim = build_c(dir.path(), "chain", &["-O2", "-fomit-frame-pointer"]);
     // Both run under one `record -- CMD`: the hog first, as nobody; the victim 2.5 s later,
     // when the hog's tables (~175k rows in use against a budget of 70k) fill the budget.
     let script = format!(
-        "setpriv --reuid=65534 --regid=65534 --clear-groups {} & sleep 2.5; {} 4; kill $!",
+        "{} {} & sleep 2.5; {} 4; kill $!",
+        common::others::setpriv_nobody(&[&hog]).join(" "),
         hog.display(),
         victim.display()
     );

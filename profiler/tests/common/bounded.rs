@@ -6,9 +6,6 @@ use std::process::{Command, Stdio};
 
 use super::GPUFLAME;
 
-/// setpriv's arguments for the hostile party.
-pub const NOBODY: [&str; 3] = ["--reuid=65534", "--regid=65534", "--clear-groups"];
-
 /// One bounded run of a command (gpuflame, or a wrapper that ends in it).
 pub struct Run {
     pub code: i32,
@@ -51,10 +48,3 @@ pub fn run_bounded(limit_s: u32, prefix: &[&str], args: &[&str]) -> Run {
     assert!(run.code != 124 && run.code != 137, "gpuflame {args:?} ran past {limit_s} s (hung):\n{}", run.context());
     run
 }
-
-/// Runs a shell script as `user` (setpriv's arguments).
-pub fn sh_as(user: &[&str], script: &str) {
-    let out = Command::new("setpriv").args(user).args(["sh", "-c", script]).output().expect("setpriv (util-linux) is needed");
-    assert!(out.status.success(), "{script}: {}", String::from_utf8_lossy(&out.stderr));
-}
-

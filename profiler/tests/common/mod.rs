@@ -4,6 +4,7 @@
 pub mod agent;
 pub mod bounded;
 pub mod cuda;
+pub mod others;
 pub mod receiver;
 
 use std::path::{Path, PathBuf};
