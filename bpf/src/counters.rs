@@ -123,6 +123,7 @@ counters! {
         read_faults = COUNTER_PY_READ_FAULT, "Reads of interpreter memory that failed.";
         after_gap = COUNTER_PY_AFTER_GAP, "Samples whose Python frames were kept after the native walk stopped early.";
         truncated = COUNTER_PY_TRUNCATED, "Samples that had no room for all their Python frames.";
+        deep = COUNTER_PY_DEEP, "Samples whose eval-loop call ran more Python frames than the walk looks through for its end: its innermost frames kept, the rest cut.";
     }
     /// The CUDA hooks' counters.
     cuda: CudaCounters {

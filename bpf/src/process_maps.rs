@@ -63,6 +63,7 @@ impl UnwindMaps {
         };
         let mut value = types::py_process {
             runtime: py.runtime,
+            none_object: if o.version >= (3, 13) { py.none_addr } else { 0 },
             o: types::py_offsets {
                 runtime_interpreters_head: off(o.runtime_interpreters_head),
                 interp_threads_head: off(o.interp_threads_head),

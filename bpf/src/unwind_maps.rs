@@ -81,6 +81,8 @@ pub struct PythonProcess {
     pub runtime: u64,
     /// `_PyEval_EvalFrameDefault` and its cold part.
     pub eval_ranges: Vec<(u64, u64)>,
+    /// None's address (3.13+; 0 when unknown), which the shim frame of each eval-loop call holds.
+    pub none_addr: u64,
     pub offsets: PyOffsets,
 }
 

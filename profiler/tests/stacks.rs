@@ -140,6 +140,60 @@ fn deep_python_recursion_in_one_eval_call_keeps_its_frames() {
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
+/// Deeper than a sample holds, and deeper than the walk looks for the end of one eval-loop call
+/// (1,024 frames): a sample keeps the innermost Python frames, `spin` under `recurse`, and says at
+/// its root that it was cut. Before, past ~1,000 frames the Python part vanished whole: 0 of ~300
+/// samples at 1,500 and 6,000 deep had `spin`, and nothing said so.
+#[test]
+fn a_python_stack_deeper_than_the_walk_keeps_its_innermost_frames() {
+    require_bpf();
+    let dir = tempfile::tempdir().unwrap();
+    let debian = std::env::var("GPUFLAME_TEST_PYTHONS").unwrap_or_else(|_| "/opt/gpuflame-pythons".into());
+    let pyenv312 = std::fs::read_dir("/root/.pyenv/versions")
+        .ok()
+        .and_then(|d| d.flatten().map(|e| e.path()).filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("3.12."))).max())
+        .map(|p| p.join("bin/python3.12"));
+    let pythons = [pyenv312.unwrap_or_else(|| PathBuf::from("/root/.pyenv/versions/3.12.x/bin/python3.12")), Path::new(&debian).join("3.14/usr/bin/python3.14")];
+    let mut failures = Vec::new();
+    for python in &pythons {
+        assert!(python.exists(), "{} is needed (pyenv's 3.12; Debian's 3.14 from scripts/setup.sh)", python.display());
+        let script = program("deep_recursion.py");
+        // Recorded from the start, and attached to with -p once the thread is 6,000 deep: then
+        // no shallower call of this process has shown the walk where an eval-loop call keeps
+        // its shim.
+        for (depth, attach) in [(300, false), (1500, false), (6000, false), (6000, true)] {
+            let out = dir.path().join("deeper.folded");
+            if attach {
+                let mut deep = Killed(Command::new(python).arg(&script).args(["6000", "600", "announce"]).stdout(std::process::Stdio::piped()).spawn().unwrap());
+                let mut line = String::new();
+                std::io::BufRead::read_line(&mut std::io::BufReader::new(deep.0.stdout.as_mut().unwrap()), &mut line).unwrap();
+                assert_eq!(line.trim(), "deep", "{} did not reach the bottom", python.display());
+                gpuflame_ok(&["record", "-F", "199", "-d", "3", "-p", &deep.0.id().to_string(), "-o", out.to_str().unwrap()], 0);
+            } else {
+                gpuflame_ok(&["record", "-F", "199", "-o", out.to_str().unwrap(), "--", python.to_str().unwrap(), script.to_str().unwrap(), &depth.to_string(), "2"], 0);
+            }
+            let stacks = read_folded(&out);
+            // While the script ran: a frame of it, or the evaluation of its module with no Python
+            // frame at all (what the walk lost before).
+            let running: Vec<&Stack> = stacks
+                .iter()
+                .filter(|s| s.user().iter().any(|f| f.contains("deep_recursion.py")) || (s.user().contains(&"PyEval_EvalCode") && !s.user().iter().any(|f| f.contains(".py"))))
+                .collect();
+            let all: u64 = running.iter().map(|s| s.count).sum();
+            let spin_under_recurse = |s: &&&Stack| s.user().windows(2).any(|w| w[0].starts_with("recurse (") && w[1].starts_with("spin ("));
+            let kept: u64 = running.iter().filter(spin_under_recurse).map(|s| s.count).sum();
+            let marked: u64 = running.iter().filter(spin_under_recurse).filter(|s| s.user().first() == Some(&"[truncated]")).map(|s| s.count).sum();
+            let most = running.iter().map(|s| s.user().iter().filter(|f| f.starts_with("recurse (")).count()).max().unwrap_or(0);
+            let how = if attach { "attached" } else { "recorded" };
+            eprintln!("{} {how} at {depth} deep: {kept} of {all} samples with spin under recurse, {marked} of them [truncated], up to {most} recurse frames", python.display());
+            if all < 200 || kept * 100 < all * 95 || marked < kept || most < 100 {
+                failures.push(format!("{} {how} at {depth}: {kept} of {all} kept, {marked} marked, {most} frames:\n{}", python.display(), describe(&stacks)));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
 /// No gate, a Python whose interpreter is in libpython: the tables of the files it links
 /// (python, ld.so, libpython, libc, the vDSO) are in before it runs, and its first samples are walked with them before its
 /// maps are read. Before, ~2% of a second of samples waited for a table (`clock_gettime` in the

@@ -32,6 +32,9 @@ pub struct Interpreter {
     pub runtime_addr: u64,
     /// `_PyEval_EvalFrameDefault` and its `.cold` part, as [start, end) ranges.
     pub eval_ranges: Vec<(u64, u64)>,
+    /// `_Py_NoneStruct`, None (0 when not found): 3.13+ puts it in the C-stack shim frame of each
+    /// eval-loop call, which is how the walker knows that frame on the stack unaided.
+    pub none_addr: u64,
 }
 
 const MAX_EVAL_RANGES: usize = 16;
@@ -96,6 +99,7 @@ pub fn find_interpreter_with(
         .unwrap_or(0);
 
     let mut runtime = None;
+    let mut none = None;
     let mut eval_ranges = Vec::new();
     let tables = [consts::SHT_SYMTAB, consts::SHT_DYNSYM].map(|kind| elf.symbols(kind));
     for table in tables {
@@ -103,6 +107,7 @@ pub fn find_interpreter_with(
         for sym in symbols.iter() {
             match sym.name {
                 b"_PyRuntime" => runtime = Some(sym.value),
+                b"_Py_NoneStruct" => none = Some(sym.value),
                 n if n == b"_PyEval_EvalFrameDefault" || n.starts_with(b"_PyEval_EvalFrameDefault.cold") => {
                     let start = sym.value.wrapping_add(bias);
                     let range = (start, start.saturating_add(sym.size.max(1)));
@@ -137,7 +142,7 @@ pub fn find_interpreter_with(
     } else {
         *PyOffsets::for_version(version.0, version.1).ok_or(PyError::Unsupported(version.0, version.1))?
     };
-    Ok(Some(Interpreter { path: PathBuf::from(path), version, offsets, runtime_addr, eval_ranges }))
+    Ok(Some(Interpreter { path: PathBuf::from(path), version, offsets, runtime_addr, eval_ranges, none_addr: none.map_or(0, |n| n.wrapping_add(bias)) }))
 }
 
 #[cfg(test)]

@@ -380,6 +380,16 @@ struct py_process {
 	__u64 eval_lo[PY_MAX_EVAL_RANGES];
 	__u64 eval_hi[PY_MAX_EVAL_RANGES];
 	struct py_offsets o;
+	/* 3.12+, learned by the walk (user space writes 0): where a found shim sat below its
+	 * eval-loop frame's CFA, and its instruction pointer (the interpreter's trampoline). With
+	 * them an eval-loop frame is known by its own shim when the chain to it is too long to
+	 * follow (python_walk.h, PY_SHIM_BEYOND). */
+	__u64 shim_instr;
+	__u32 shim_below_cfa;
+	__u32 shim_pad;
+	/* 3.13+: None, which the shim's code slot holds; before any shim was found, an eval-loop
+	 * frame is known by a shim with None found in it (0: not known). */
+	__u64 none_object;
 };
 
 #endif

@@ -239,9 +239,15 @@ static long shim_step(__u32 i, void *arg)
 	return 0;
 }
 
-/* The next shim frame from f on, or 0 (none within PY_SHIM_SEARCH frames: one eval-loop call
- * rarely runs more than a few, but recursion in pure Python runs hundreds in one). */
+/* The next shim frame from f on; 0 when the chain ends first; PY_SHIM_BEYOND when none is within
+ * PY_SHIM_SEARCH frames. Recursion in pure Python runs thousands of frames in one eval-loop call
+ * (3.11+ calls Python from Python without a new call), so the shim that ends them can be further
+ * than any search goes. The walk then keeps what it can: the sample holds at most
+ * MAX_USER_FRAMES / 2 Python frames, fewer than the search looked through, so the innermost
+ * frames fill it and the cut falls at the root side, marked [truncated]. */
 #define PY_SHIM_SEARCH 1024
+#define PY_SHIM_BEYOND 1
+_Static_assert(PY_SHIM_SEARCH > MAX_USER_FRAMES / 2, "a call whose shim was not found must fill the sample");
 __noinline __u64 py_find_shim(__u32 pid, __u64 f)
 {
 	struct py_process *p = bpf_map_lookup_elem(&python_processes, &pid);
@@ -252,12 +258,11 @@ __noinline __u64 py_find_shim(__u32 pid, __u64 f)
 	s.frame_entry = p->o.frame_entry;
 	s.frame_previous = p->o.frame_previous;
 	s.owner_cstack = p->o.owner_cstack;
-	bpf_loop(PY_SHIM_SEARCH, shim_step, &s, 0);
+	if (bpf_loop(PY_SHIM_SEARCH, shim_step, &s, 0) == PY_SHIM_SEARCH && !s.found && s.f)
+		return PY_SHIM_BEYOND;
 	return s.found;
 }
 
-/* 3.12+: whether the native frame spanning [sp, cfa) is an eval-loop
- * call, whose Python frames should replace it. */
 /* The process's interpreter when the walk may emit here (found by shim or not, as asked), with
  * the thread's current Python frame read once per sample. */
 static __always_inline struct py_process *py_walkable(struct py_walk *w, __u32 pid, __u32 tid, bool by_shim)
@@ -276,16 +281,108 @@ static __always_inline struct py_process *py_walkable(struct py_walk *w, __u32 p
 	return w->frame ? p : NULL;
 }
 
-static __always_inline bool py_frame_holds_shim(struct py_walk *w, __u32 pid, __u32 tid, __u64 sp, __u64 cfa)
+struct shim_scan {
+	__u64 at;
+	__u64 end;
+	__u64 none;
+	__u64 found;
+	__u16 frame_entry;
+	__u16 frame_code;
+	__u8 owner_cstack;
+};
+
+static long shim_scan_step(__u32 i, void *arg)
 {
-	if (!py_walkable(w, pid, tid, true))
+	struct shim_scan *s = arg;
+	__u64 b = s->at, code = 0;
+	__u8 owner = 0;
+
+	if (b >= s->end)
+		return 1;
+	s->at = b + 8;
+	if (bpf_probe_read_user(&owner, sizeof(owner), (void *)(b + s->frame_entry)) || owner != s->owner_cstack)
+		return 0;
+	if (bpf_probe_read_user(&code, sizeof(code), (void *)(b + s->frame_code)) || (code & ~7ULL) != s->none)
+		return 0;
+	s->found = b;
+	return 1;
+}
+
+/* 3.13+, before any shim was found in this process: a shim in the native frame [sp, cfa),
+ * known by its owner and the None in its code slot, looked for in the frame's first
+ * PY_SHIM_SCAN slots; 0 when none. Global, so that the verifier checks its loop once. */
+#define PY_SHIM_SCAN 512
+__noinline __u64 py_scan_for_shim(__u32 pid, __u64 sp, __u64 cfa)
+{
+	struct py_process *p = bpf_map_lookup_elem(&python_processes, &pid);
+	struct shim_scan s = { .at = sp };
+
+	if (!p || !p->none_object || cfa <= sp)
+		return 0;
+	s.end = cfa - 8;
+	s.none = p->none_object;
+	s.frame_entry = p->o.frame_entry;
+	s.frame_code = p->o.frame_code;
+	s.owner_cstack = p->o.owner_cstack;
+	bpf_loop(PY_SHIM_SCAN, shim_scan_step, &s, 0);
+	return s.found;
+}
+
+/* Remembers where a shim sat in its eval-loop frame, and its instruction pointer. */
+static __always_inline void py_learn_shim(struct py_process *p, __u64 shim, __u64 cfa)
+{
+	__u64 instr = 0;
+
+	/* The place first, so that no CPU reads an instruction pointer without it. */
+	if (py_read(&instr, sizeof(instr), shim + p->o.frame_instr) == 0 && instr) {
+		p->shim_below_cfa = cfa - shim;
+		p->shim_instr = instr;
+	}
+}
+
+/* Whether the native frame [sp, cfa) holds a shim at the place where found shims were: the shim
+ * of an eval-loop call, known without following the Python frames to it. */
+static __always_inline bool py_shim_in_place(struct py_process *p, __u64 sp, __u64 cfa)
+{
+	__u64 shim, instr = 0;
+	__u8 owner = 0;
+
+	if (!p->shim_instr || cfa - sp < p->shim_below_cfa)
+		return false;
+	shim = cfa - p->shim_below_cfa;
+	return py_read(&owner, sizeof(owner), shim + p->o.frame_entry) == 0 && owner == p->o.owner_cstack &&
+	       py_read(&instr, sizeof(instr), shim + p->o.frame_instr) == 0 && instr == p->shim_instr;
+}
+
+/* 3.12+: whether the native frame spanning [sp, cfa), at ip, is an eval-loop call whose Python
+ * frames should replace it. */
+static __always_inline bool py_frame_holds_shim(struct py_walk *w, __u32 pid, __u32 tid, __u64 ip, __u64 sp, __u64 cfa)
+{
+	struct py_process *p = py_walkable(w, pid, tid, true);
+
+	if (!p)
 		return false;
 	if (!w->shim_known) {
 		w->shim_known = 1;
 		w->next_shim = py_find_shim(pid, w->frame);
 	}
-	if (!w->next_shim || w->next_shim < sp || w->next_shim >= cfa)
+	if (w->next_shim == PY_SHIM_BEYOND) {
+		/* The innermost eval-loop call runs the thread's current frame: the first native frame
+		 * in the evaluation loop's symbol, or with a shim where found shims sat, or (none found
+		 * yet in this process: attached to a thread already this deep) with one anywhere. */
+		if (!py_at_eval(p, ip) && !py_shim_in_place(p, sp, cfa)) {
+			__u64 shim = p->shim_instr ? 0 : py_scan_for_shim(pid, sp, cfa);
+
+			if (!shim)
+				return false;
+			py_learn_shim(p, shim, cfa);
+		}
+		count(COUNTER_PY_DEEP);
+	} else if (!w->next_shim || w->next_shim < sp || w->next_shim >= cfa) {
 		return false;
+	} else if (!p->shim_instr) {
+		py_learn_shim(p, w->next_shim, cfa);
+	}
 	w->mode = PY_MODE_EMITTING;
 	w->via_shim = 1;
 	w->shim_known = 0; /* the next call's shim is searched for after this one's frames */

@@ -14,8 +14,13 @@ def spin(until):
 
 def recurse(n, until):
     if n == 0:
+        if announce:
+            print("deep", flush=True)
         return spin(until)
     return recurse(n - 1, until) + 1
 
 
-recurse(int(sys.argv[1]), time.process_time() + float(sys.argv[2]))
+depth = int(sys.argv[1])
+announce = len(sys.argv) > 3 and sys.argv[3] == "announce"  # says so once at the bottom
+sys.setrecursionlimit(max(1000, depth + 100))
+recurse(depth, time.process_time() + float(sys.argv[2]))

@@ -26,7 +26,7 @@ impl ProcessTracker {
                 if self.pythons.get(&pid) == Some(&interp) {
                     return;
                 }
-                let py = PythonProcess { runtime: interp.runtime_addr, eval_ranges: interp.eval_ranges.clone(), offsets: interp.offsets };
+                let py = PythonProcess { runtime: interp.runtime_addr, eval_ranges: interp.eval_ranges.clone(), none_addr: interp.none_addr, offsets: interp.offsets };
                 match sampler.set_python(pid, &py) {
                     Ok(()) => {
                         tracing::debug!(pid, version = ?interp.version, "Python process");
