@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the tests need on top of what building needs (scripts/setup-build.sh): go (for
-# `go tool pprof`), Debian's CPython 3.13 and 3.14 (from ../shared/tools), py-spy, and numpy for
+# `go tool pprof`), Debian's CPython 3.13, 3.14 and 3.15 (from ../shared/tools), py-spy, and numpy for
 # pyenv's Python 3.11. As root; does nothing that is already there.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -17,10 +17,10 @@ if [ ${#need[@]} -gt 0 ]; then
     apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
-# Debian's CPython 3.13 and 3.14 builds, which the Python tests profile (bookworm has neither).
+# Debian's CPython 3.13, 3.14 and 3.15 builds, which the Python tests profile (bookworm has none).
 pythons=${GPUFLAME_TEST_PYTHONS:-/opt/gpuflame-pythons}
 get_python="$(cd "$here/../.." && pwd)/shared/tools/get-python.sh"
-for v in 3.13 3.14; do
+for v in 3.13 3.14 3.15; do
     if [ ! -x "$pythons/$v/usr/bin/python$v" ]; then
         if [ ! -f "$get_python" ]; then
             echo "setup: $get_python is missing; cannot install Python $v for the tests" >&2

@@ -7,7 +7,7 @@ use std::process::Command;
 
 use common::*;
 
-/// The interpreters: pyenv's 3.8 to 3.13, Debian's python3.11, and Debian's 3.13 and 3.14 that
+/// The interpreters: pyenv's 3.8 to 3.13, Debian's python3.11, and Debian's 3.13, 3.14 and 3.15 that
 /// scripts/setup.sh installs.
 fn interpreters() -> Vec<PathBuf> {
     let mut v = Vec::new();
@@ -19,7 +19,7 @@ fn interpreters() -> Vec<PathBuf> {
     }
     v.push(PathBuf::from("/usr/bin/python3.11"));
     let debian = std::env::var("GPUFLAME_TEST_PYTHONS").unwrap_or_else(|_| "/opt/gpuflame-pythons".into());
-    for minor in [13, 14] {
+    for minor in [13, 14, 15] {
         v.push(Path::new(&debian).join(format!("3.{minor}/usr/bin/python3.{minor}")));
     }
     v
@@ -38,7 +38,7 @@ fn correct(s: &Stack) -> bool {
     let py: Vec<(usize, &str)> = user.iter().enumerate().filter(|(_, f)| f.contains(" (pystack.py:") || f.contains(" (threading.py:")).map(|(i, f)| (i, *f)).collect();
     let Some(&(first_py, first)) = py.first() else { return false };
     let main_thread = user.first() == Some(&"_start");
-    // Debian's 3.13 and 3.14 come with sid's libc, whose symbols are stripped: clone3 is unnamed.
+    // Debian's 3.13 to 3.15 come with sid's libc, whose symbols are stripped: clone3 is unnamed.
     let thread = user.first().is_some_and(|f| matches!(*f, "clone3" | "__clone3") || f.starts_with("[unknown] (libc.so.6+"));
     if main_thread {
         if first != "<module> (pystack.py:35)" {

@@ -14,7 +14,7 @@ pub enum PyError {
     Io { path: String, source: std::io::Error },
     #[error("{path}: {source}")]
     Read { path: String, source: ElfError },
-    #[error("Python {0}.{1} is not supported (3.8 to 3.14 are)")]
+    #[error("Python {0}.{1} is not supported (3.8 to 3.15 are)")]
     Unsupported(u8, u8),
     #[error("{0} has no _PyRuntime symbol")]
     NoRuntime(String),

@@ -45,7 +45,7 @@ pub struct PyOffsets {
 impl PyOffsets {
     /// Offsets from the `_Py_DebugOffsets` header that 3.13+ put at the start of `_PyRuntime`
     /// (`bytes` from there, at least 0x300 long), for the versions whose header layout is known
-    /// (3.13, 3.14). The header is in the process's own memory, which the process can write:
+    /// (3.13 to 3.15). The header is in the process's own memory, which the process can write:
     /// every offset is bounded here, before anything is read or allocated by it.
     pub fn from_debug_offsets(bytes: &[u8]) -> Result<PyOffsets, DebugOffsetsError> {
         if bytes.get(..8) != Some(b"xdebugpy".as_slice()) {
@@ -64,11 +64,15 @@ impl PyOffsets {
             // Free-threaded builds lay frames out differently: not supported.
             return Err(DebugOffsetsError::FreeThreaded);
         }
-        // Where each section starts (its `size` field), in u64 words: 3.14 added fields to the
-        // interpreter and thread sections, so the later ones moved.
-        let (rt, interp, ts, frame, code, ascii_size, cstack) = match minor {
-            13 => (3, 6, 19, 28, 34, 70, 3),
-            14 => (3, 6, 22, 31, 39, 80, 3),
+        // Where each section starts (its `size` field, which is the size of the structure it
+        // describes, not of the section: sections cannot be found by walking them), in u64
+        // words: 3.14 added fields to the interpreter and thread sections, so the later ones
+        // moved; 3.15 added three to the thread section before `thread_id` and four to the type
+        // section.
+        let (rt, interp, ts, thread_id, frame, code, ascii_size, cstack) = match minor {
+            13 => (3, 6, 19, 5, 28, 34, 70, 3),
+            14 => (3, 6, 22, 5, 31, 39, 80, 3),
+            15 => (3, 6, 22, 8, 39, 47, 92, 3),
             _ => return Err(DebugOffsetsError::Version(major, minor)),
         };
         let bounded = |i: usize, name: &'static str, max: usize| -> Result<usize, DebugOffsetsError> {
@@ -83,7 +87,7 @@ impl PyOffsets {
             runtime_interpreters_head: walked(rt + 2, "runtime_state.interpreters_head")?,
             interp_threads_head: walked(interp + 3, "interpreter_state.threads_head")?,
             tstate_next: walked(ts + 2, "thread_state.next")?,
-            tstate_thread_id: walked(ts + 5, "thread_state.thread_id")?,
+            tstate_thread_id: walked(ts + thread_id, "thread_state.thread_id")?,
             tstate_frame: walked(ts + 4, "thread_state.current_frame")?,
             cframe_current_frame: None,
             frame_previous: walked(frame + 1, "interpreter_frame.previous")?,
@@ -142,6 +146,31 @@ mod tests {
         }
         words[70] = 0x28;
         words.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+
+    /// The words of Debian's python3.15 (3.15.2) header that gpuflame reads, where they are.
+    #[test]
+    fn a_3_15_header_is_read_past_the_fields_3_15_added() {
+        let mut words = vec![0u64; 0x60];
+        words[0] = u64::from_le_bytes(*b"xdebugpy");
+        words[1] = 0x030f_02f0;
+        for (i, v) in [(5, 0x3a8), (9, 0x1ca8), (24, 8), (26, 0x48), (27, 0x50), (30, 0xb0), (40, 8), (41, 0), (42, 0x38), (44, 0x4a)] {
+            words[i] = v;
+        }
+        for (i, v) in [(48, 0x70), (49, 0x78), (50, 0x80), (51, 0x88), (52, 0x44), (56, 0xd0), (92, 0x28)] {
+            words[i] = v;
+        }
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let o = PyOffsets::from_debug_offsets(&bytes).unwrap();
+        assert_eq!((o.version, o.runtime_interpreters_head, o.interp_threads_head, o.tstate_next, o.tstate_frame), ((3, 15), 0x3a8, 0x1ca8, 8, 0x48));
+        assert_eq!(o.tstate_thread_id, 0xb0, "thread_id comes after the three fields 3.15 added");
+        assert_eq!((o.frame_previous, o.frame_code, o.frame_instr, o.frame_entry), (8, 0, 0x38, FrameEntry::Owner { offset: 0x4a, cstack: 3 }));
+        assert_eq!((o.code_filename, o.code_name, o.code_qualname, o.code_linetable, o.code_firstlineno, o.code_adaptive), (0x70, 0x78, Some(0x80), 0x88, 0x44, Some(0xd0)));
+        assert_eq!(o.ascii_object_size, 0x28);
+        // A version past the known layouts is refused, not read with the last one's.
+        words[1] = 0x0310_00a0;
+        let newer: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        assert_eq!(PyOffsets::from_debug_offsets(&newer), Err(DebugOffsetsError::Version(3, 16)));
     }
 
     #[test]

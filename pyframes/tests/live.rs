@@ -25,7 +25,7 @@ pub fn interpreters() -> Vec<PathBuf> {
     }
     v.push(PathBuf::from("/usr/bin/python3.11"));
     let debian = std::env::var("GPUFLAME_TEST_PYTHONS").unwrap_or_else(|_| "/opt/gpuflame-pythons".into());
-    for minor in [13, 14] {
+    for minor in [13, 14, 15] {
         v.push(Path::new(&debian).join(format!("3.{minor}/usr/bin/python3.{minor}")));
     }
     v
