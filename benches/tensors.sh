@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# What following PyTorch's caching allocator costs a program (issue #23): the stand-in
+# What following PyTorch's caching allocator costs a program (issues #23, #37): the stand-in
 # libc10_cuda.so (profiler/tests/programs/cuda) driven by tensor_app's loop, which allocates and
 # frees one 64 KiB tensor RATE times a second, paced by a busy wait, and reports the time the
-# allocator calls themselves took per iteration. Bare and under `gpuflame record --profiles
-# tensor-inuse` (its defaults otherwise), alternating, ROUNDS each; then the same from Python
-# (ctypes, as torch's Python calls reach the allocator). The slowdown is the added time per
-# iteration times RATE. Also checks that in-use bytes stayed exact: every tensor allocated
-# through the hooks was freed through them, and tensor-inuse ends empty.
+# allocator calls themselves took per iteration. Three ways, alternating, ROUNDS each: bare; under
+# `gpuflame record --profiles tensor-inuse` (its defaults otherwise) on the library with PyTorch's
+# USDT probes (pytorch:malloc, pytorch:free; followed through them); and on the same library
+# built without the notes (followed by hooks on its functions, as before the probes). Then the
+# same from Python (ctypes, as torch's Python calls reach the allocator). The slowdown is the added
+# time per iteration times RATE. Also checks that in-use bytes stayed exact: every tensor seen
+# allocated was seen freed, and tensor-inuse ends empty.
 #
 #   sudo benches/tensors.sh [SECONDS] [RATE] [ROUNDS]        (default 5 10000 3)
 #   GPUFLAME_BIN=path/to/gpuflame to measure another build.
@@ -28,8 +30,13 @@ cd "$tmp"
 cc -O2 -g -shared -fPIC -Wl,-soname,libcuda.so.1 -o libcuda.so.1 "$src/fake_cuda.c" -lpthread -ldl
 cc -O2 -g -shared -fPIC -Wl,-soname,libcudart.so.13 -o libcudart.so.13 "$src/fake_cudart.c" -L. -l:libcuda.so.1 '-Wl,-rpath,$ORIGIN' -ldl -lpthread
 c++ -O2 -g -shared -fPIC -Wl,-soname,libc10.so -o libc10.so "$src/fake_c10.cpp"
-c++ -O2 -g -shared -fPIC -fvisibility=hidden -Wl,-soname,libc10_cuda.so -o libc10_cuda.so "$src/fake_c10_cuda.cpp" -L. -l:libcudart.so.13 -l:libc10.so '-Wl,-rpath,$ORIGIN' -lpthread
-c++ -O2 -g -rdynamic -o tensor_app "$src/tensor_app.cpp" -L. -l:libc10_cuda.so "-Wl,-rpath,$tmp"
+# probes/ and hooks/: the library with and without its notes, each with a tensor_app of its own.
+for way in probes hooks; do
+  mkdir "$way"
+  sdt=$([ "$way" = probes ] && echo -DGF_SDT || echo -UGF_SDT)
+  c++ -O2 -g -shared -fPIC -fvisibility=hidden "$sdt" -Wl,-soname,libc10_cuda.so -o "$way/libc10_cuda.so" "$src/fake_c10_cuda.cpp" -L. -l:libcudart.so.13 -l:libc10.so "-Wl,-rpath,$tmp" -lpthread
+  c++ -O2 -g -rdynamic -o "$way/tensor_app" "$src/tensor_app.cpp" -L"$way" -l:libc10_cuda.so "-Wl,-rpath,$tmp/$way:$tmp"
+done
 cat >pyloop.py <<'EOF'
 import ctypes, os, sys, time
 c10 = ctypes.CDLL(os.environ["C10_CUDA"])
@@ -53,12 +60,14 @@ print("iterations=%d" % n)
 print("work_ns_per_iteration=%d" % (spent / n * 1e9))
 EOF
 
-# One run; prints the ns per iteration the allocator calls took.
+# One run (HOW: bare, probes or hooks; WHAT: cpp or py); prints the ns per iteration the
+# allocator calls took.
 run() {
-  local how=$1 what=$2 out
+  local how=$1 what=$2 out lib=probes
+  [ "$how" = hooks ] && lib=hooks
   case $what in
-    cpp) cmd=(./tensor_app loop "$secs" "$rate") ;;
-    py) cmd=(env C10_CUDA="$tmp/libc10_cuda.so" WAIT=0.5 python3 pyloop.py "$secs" "$rate") ;;
+    cpp) cmd=("./$lib/tensor_app" loop "$secs" "$rate") ;;
+    py) cmd=(env C10_CUDA="$tmp/$lib/libc10_cuda.so" WAIT=0.5 python3 pyloop.py "$secs" "$rate") ;;
   esac
   if [ "$how" = bare ]; then
     out=$("${cmd[@]}")
@@ -66,31 +75,35 @@ run() {
     # The command waits at CUDA's first call for nothing here: WAIT gives the hooks time in
     # the Python run; the C++ loop's first allocation is untimed.
     out=$("$exe" record --profiles tensor-inuse -o "$tmp/t-$what.folded" --memory-timeline none -- "${cmd[@]}" 2>"$tmp/rec-$what.log")
+    way=$([ "$how" = probes ] && echo "through its USDT probes" || echo "by hooks")
+    grep -q "tensors followed in .* $way" "$tmp/rec-$what.log" || { echo "not followed $way:" >&2; cat "$tmp/rec-$what.log" >&2; exit 1; }
     if [ -s "$tmp/t-$what.folded" ]; then
       echo "in-use not exact: tensor-inuse is not empty at the end" >&2
       cat "$tmp/t-$what.folded" >&2
       exit 1
     fi
     grep -q "tensors: .* allocated" "$tmp/rec-$what.log" || { cat "$tmp/rec-$what.log" >&2; exit 1; }
-    grep "tensors:" "$tmp/rec-$what.log" >&2
+    grep "tensors:" "$tmp/rec-$what.log" | sed "s/^/$how $what: /" >&2
   fi
   echo "$out" | sed -n 's/^work_ns_per_iteration=//p'
 }
 
 for what in cpp py; do
-  bare=() hooked=()
+  bare=() probes=() hooks=()
   for r in $(seq 1 "$rounds"); do
     bare+=("$(run bare $what)")
-    hooked+=("$(run hooked $what)")
+    probes+=("$(run probes $what)")
+    hooks+=("$(run hooks $what)")
   done
-  python3 - "$what" "$rate" "${bare[*]}" "${hooked[*]}" <<'EOF'
+  python3 - "$what" "$rate" "${bare[*]}" "${probes[*]}" "${hooks[*]}" <<'EOF'
 import statistics, sys
 what, rate = sys.argv[1], float(sys.argv[2])
-bare = [float(x) for x in sys.argv[3].split()]
-hooked = [float(x) for x in sys.argv[4].split()]
-b, h = statistics.median(bare), statistics.median(hooked)
-print(f"{what}: allocator calls per tensor (alloc+free): bare {b:.0f} ns, hooked {h:.0f} ns "
-      f"(runs: {bare} / {hooked}); added {h - b:.0f} ns per tensor; "
-      f"at {rate:.0f} tensors/s the program slows down {(h - b) * rate / 1e9 * 100:.1f}%")
+runs = {k: [float(x) for x in v.split()] for k, v in zip(["bare", "probes", "hooks"], sys.argv[3:6])}
+b = statistics.median(runs["bare"])
+print(f"{what}: allocator calls per tensor (alloc+free), bare {b:.0f} ns {runs['bare']}")
+for way in ["probes", "hooks"]:
+    h = statistics.median(runs[way])
+    print(f"{what}:   {way}: {h:.0f} ns {runs[way]}; added {h - b:.0f} ns per tensor; "
+          f"at {rate:.0f} tensors/s the program slows down {(h - b) * rate / 1e9 * 100:.1f}%")
 EOF
 done

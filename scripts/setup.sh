@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what the tests need on top of what building needs (scripts/setup-build.sh): go (for
+# Installs what the tests need on top of what building needs (scripts/setup-build.sh): sys/sdt.h
+# (systemtap-sdt-dev, for the stand-in libc10_cuda's USDT probes), go (for
 # `go tool pprof`), Debian's CPython 3.13, 3.14 and 3.15 (from ../shared/tools), py-spy, and numpy for
 # pyenv's Python 3.11. As root; does nothing that is already there.
 set -euo pipefail
@@ -7,7 +8,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 "$here/setup-build.sh"
 
 need=()
-for pkg in golang-go util-linux openssl python3 python3-pip binutils xz-utils debuginfod; do
+for pkg in golang-go util-linux openssl python3 python3-pip binutils xz-utils debuginfod systemtap-sdt-dev; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -65,6 +65,13 @@ impl CudaHooks {
     }
 }
 
+/// PyTorch's USDT probes (pytorch:malloc, pytorch:free) in one file, in every process that maps
+/// it, with their semaphores raised while attached. Dropping it detaches them, and the kernel
+/// lowers the semaphores: the program pays nothing for them again.
+pub struct TorchProbes {
+    _links: [Link; 2],
+}
+
 /// A loaded and attached sampler. Dropping it detaches everything.
 pub struct CpuSampler {
     // Field order is drop order: detach and stop reading before the object goes.
@@ -339,6 +346,16 @@ impl CpuSampler {
             .attach_uprobe_multi_with_opts(-1, path, "", opts)
             .map_err(|source| attach_error(&format!("CUDA hooks to {}", path.display()), source))?;
         Ok(CudaHooks { _link: link })
+    }
+
+    /// Attaches to PyTorch's allocator probes in the file at `path` (libbpf reads its notes,
+    /// their argument specs and semaphores); an error when it has no such probes.
+    pub fn attach_torch_probes(&self, path: &Path) -> Result<TorchProbes, BpfError> {
+        let progs = &self.skel.progs;
+        let attach = |prog: &libbpf_rs::ProgramMut<'_>, name: &str| {
+            prog.attach_usdt(-1, path, "pytorch", name).map_err(|source| attach_error(&format!("the probe pytorch:{name} of {}", path.display()), source))
+        };
+        Ok(TorchProbes { _links: [attach(&progs.on_torch_malloc, "malloc")?, attach(&progs.on_torch_free, "free")?] })
     }
 
     /// What a hooked call costs on this machine beyond its programs: the entry and return traps,

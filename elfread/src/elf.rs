@@ -52,11 +52,11 @@ fn u16_at(b: &[u8], at: usize) -> u16 {
     b.get(at..at + 2).map_or(0, |s| u16::from_le_bytes([s[0], s[1]]))
 }
 
-fn u32_at(b: &[u8], at: usize) -> u32 {
+pub(crate) fn u32_at(b: &[u8], at: usize) -> u32 {
     b.get(at..at + 4).and_then(|s| s.try_into().ok()).map_or(0, u32::from_le_bytes)
 }
 
-fn u64_at(b: &[u8], at: usize) -> u64 {
+pub(crate) fn u64_at(b: &[u8], at: usize) -> u64 {
     b.get(at..at + 8).and_then(|s| s.try_into().ok()).map_or(0, u64::from_le_bytes)
 }
 
@@ -274,23 +274,7 @@ impl<R: ReadAt> ElfFile<R> {
 
 /// NT_GNU_BUILD_ID in a note area; `align` is 4, or 8 for notes aligned as such.
 fn gnu_build_id(data: &[u8], align: usize) -> Option<Vec<u8>> {
-    let pad = |n: usize| n.checked_add(align - 1).map(|n| n & !(align - 1));
-    let mut at = 0usize;
-    while at.checked_add(12)? <= data.len() {
-        let namesz = u32_at(data, at) as usize;
-        let descsz = u32_at(data, at + 4) as usize;
-        let kind = u32_at(data, at + 8);
-        let name_at = at + 12;
-        let desc_at = name_at.checked_add(pad(namesz)?)?;
-        let next = desc_at.checked_add(pad(descsz)?)?;
-        let name = data.get(name_at..name_at.checked_add(namesz)?)?;
-        let desc = data.get(desc_at..desc_at.checked_add(descsz)?)?;
-        if kind == 3 && name == b"GNU\0" && !desc.is_empty() && desc.len() <= MAX_BUILD_ID {
-            return Some(desc.to_vec());
-        }
-        at = next;
-    }
-    None
+    crate::notes::Notes::new(data, align).find(|n| n.kind == 3 && n.name == b"GNU\0" && !n.desc.is_empty() && n.desc.len() <= MAX_BUILD_ID).map(|n| n.desc.to_vec())
 }
 
 #[cfg(test)]

@@ -123,9 +123,12 @@ fn a_copied_build_id_lends_neither_table_nor_names() {
     let control = gate.spawn(Command::new(&victim).arg("30"));
     let out = dir.path().join("claim.folded");
     let (h, c) = (hostile.0.id().to_string(), control.0.id().to_string());
-    let recording = Recording::start(&["record", "-F", "199", "-d", "4", "-p", &h, "-p", &c, "-o", out.to_str().unwrap()]);
+    let recording = Recording::start(&["record", "-F", "199", "-p", &h, "-p", &c, "-o", out.to_str().unwrap()]);
     gate.open_when_ready(&recording, &[hostile.0.id(), control.0.id()]);
-    let (status, stderr) = recording.finish();
+    // CPU time, not wall time: 4 s of wall beside two CPU hogs and a build gave the control 232
+    // samples of the 300 asked for.
+    wait_cpu_all(&[hostile.0.id(), control.0.id()], 2.0);
+    let (status, stderr) = recording.interrupt();
     assert!(status.success(), "gpuflame failed: {stderr}");
     let stacks = read_folded(&out);
     control_samples_complete(&stacks, "chain", 300);

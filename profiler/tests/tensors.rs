@@ -19,11 +19,21 @@ struct Fixture {
 }
 
 impl Fixture {
+    /// The stand-ins, libc10_cuda.so with PyTorch's USDT probes.
     fn build() -> Fixture {
+        Fixture::build_with(true)
+    }
+
+    /// `notes`: libc10_cuda.so with the probes, or without them (followed by hooks).
+    fn build_with(notes: bool) -> Fixture {
+        Fixture::build_shaped(notes, &[])
+    }
+
+    fn build_shaped(notes: bool, defines: &[&str]) -> Fixture {
         require_bpf();
         let dir = tempfile::tempdir().unwrap();
         common::cuda::build_stand_ins(dir.path());
-        let app = common::cuda::build_c10(dir.path());
+        let app = common::cuda::build_c10_with(dir.path(), notes, defines);
         Fixture { app, dir }
     }
 
@@ -70,9 +80,16 @@ fn device_line(device: u32, reserved: u64, allocated: u64, outside: u64) -> Stri
     format!("device {device}: reserved {}, allocated {}, cached {}; outside the allocator {}", h(reserved), h(allocated), h(reserved - allocated), h(outside))
 }
 
+/// Through the probes, and by the hooks where the library has no notes: the same figures.
 #[test]
 fn tensor_stacks_are_exact_and_a_reused_block_belongs_to_its_second_owner() {
-    let fx = Fixture::build();
+    for notes in [true, false] {
+        tensor_stacks_are_exact(notes);
+    }
+}
+
+fn tensor_stacks_are_exact(notes: bool) {
+    let fx = Fixture::build_with(notes);
     let out = fx.path("t.folded");
     let app = fx.app.display().to_string();
     let (stderr, kv) = fx.record(&["--profiles", "tensor-inuse,tensor-alloc,hbm-inuse", "-o", &out], &[], &[&app, "exact"]);
@@ -95,6 +112,8 @@ fn tensor_stacks_are_exact_and_a_reused_block_belongs_to_its_second_owner() {
     assert_eq!(under(&alloc, "raw"), 5 * MIB);
     assert_eq!(under(&alloc, "direct_free"), 5 * MIB);
     assert!(stderr.contains("tensors: 21 allocated, 9 freed"), "{stderr}");
+    let way = if notes { "through its USDT probes (pytorch:malloc, pytorch:free)" } else { "by hooks on its functions (it has no USDT notes)" };
+    assert!(stderr.contains(&format!("tensors followed in {} {way}", fx.path("libc10_cuda.so"))), "{way}: {stderr}");
     assert!(!stderr.contains("before gpuflame attached"), "{stderr}");
     // Reserved (the stand-in's segments) against allocated, per device.
     let dev0 = device_line(0, num(&kv, "reserved"), num(&kv, "allocated"), 0);
@@ -230,4 +249,76 @@ fn a_stripped_allocator_is_said_in_one_line_and_segments_still_hold() {
     assert!(stderr.contains("tensors not followed in"), "{stderr}");
     assert_eq!(total(&read_folded(Path::new(&fx.path("s.tensor-inuse.folded")))), 0);
     assert_eq!(total(&read_folded(Path::new(&fx.path("s.hbm-inuse.folded")))), num(&kv, "reserved") + num(&kv, "reserved_dev2"));
+}
+
+/// A deleter that frees through NativeCachingAllocator::free (a build that did not inline it):
+/// each tensor's free passes two followed functions, and is one free. Before, under `record --
+/// CMD`, which attached before any tensor existed: `9 freed, 7 frees of tensors allocated before
+/// gpuflame attached`.
+#[test]
+fn a_free_through_two_followed_functions_is_counted_once() {
+    for notes in [true, false] {
+        let fx = Fixture::build_shaped(notes, &["-DGF_DELETER_CALLS_FREE"]);
+        let out = fx.path("twice.folded");
+        let app = fx.app.display().to_string();
+        let (stderr, kv) = fx.record(&["--profiles", "tensor-inuse", "-o", &out], &[], &[&app, "exact"]);
+        assert!(stderr.contains("tensors: 21 allocated, 9 freed\n") || stderr.trim_end().ends_with("tensors: 21 allocated, 9 freed"), "notes {notes}: {stderr}");
+        assert!(!stderr.contains("before gpuflame attached"), "notes {notes}: {stderr}");
+        assert_eq!(total(&read_folded(Path::new(&out))), num(&kv, "expected_allocated") + num(&kv, "expected_allocated_dev2"), "notes {notes}: {stderr}");
+    }
+}
+
+/// The program's own copy of a probe semaphore: libc10_cuda.so's mapping at file offset 0 plus
+/// the symbol's address (a shared library's first segment is at address 0).
+fn semaphore(pid: u32, lib: &str, symbol: &str) -> u16 {
+    let nm = std::process::Command::new("nm").arg(lib).output().expect("nm (binutils)");
+    let text = String::from_utf8_lossy(&nm.stdout);
+    let addr = text.lines().find(|l| l.ends_with(&format!(" {symbol}"))).and_then(|l| u64::from_str_radix(l.split_whitespace().next()?, 16).ok()).unwrap_or_else(|| panic!("{symbol} not in {lib}"));
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let base = maps
+        .lines()
+        .find(|l| l.ends_with(lib) && l.split_whitespace().nth(2) == Some("00000000"))
+        .and_then(|l| u64::from_str_radix(l.split('-').next()?, 16).ok())
+        .unwrap_or_else(|| panic!("{lib} not mapped:\n{maps}"));
+    let mut value = [0u8; 2];
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    std::os::unix::fs::FileExt::read_exact_at(&mem, &mut value, base + addr).unwrap();
+    u16::from_ne_bytes(value)
+}
+
+/// PyTorch's probes cost nothing until a tracer raises their semaphores: up while gpuflame is
+/// attached to the process, 0 again once it has gone.
+#[test]
+fn the_probes_semaphores_are_up_while_attached_and_down_after() {
+    let fx = Fixture::build();
+    let lib = fx.path("libc10_cuda.so");
+    let mut app = std::process::Command::new(&fx.app);
+    let child = Killed(app.args(["loop", "120", "200"]).stdout(std::process::Stdio::null()).spawn().unwrap());
+    let pid = child.0.id();
+    // Its libraries are mapped once it has allocated (loop's first step).
+    let deadline = std::time::Instant::now() + HANG;
+    while !std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default().contains(&lib) {
+        assert!(std::time::Instant::now() < deadline, "tensor_app did not map {lib}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let names = ["pytorch_malloc_semaphore", "pytorch_free_semaphore"];
+    let before: Vec<u16> = names.iter().map(|n| semaphore(pid, &lib, n)).collect();
+    let out = fx.path("sem.folded");
+    let pid_arg = pid.to_string();
+    let recording = Recording::start(&["record", "--profiles", "tensor-inuse", "-o", &out, "-p", &pid_arg]);
+    recording.wait_for_line("followed through its USDT probes");
+    let during: Vec<u16> = names.iter().map(|n| semaphore(pid, &lib, n)).collect();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let (status, stderr) = recording.interrupt();
+    assert!(status.success(), "{stderr}");
+    let after: Vec<u16> = names.iter().map(|n| semaphore(pid, &lib, n)).collect();
+    eprintln!("semaphores (malloc, free): before {before:?}, attached {during:?}, after {after:?}");
+    assert_eq!(before, [0, 0], "raised before gpuflame attached");
+    assert!(during.iter().all(|&v| v > 0), "not raised while attached: {during:?}\n{stderr}");
+    assert_eq!(after, [0, 0], "still raised after gpuflame went");
+    let allocated: u64 = read_folded(Path::new(&out)).iter().map(|s| s.count).sum();
+    assert!(stderr.contains("tensors followed in") && stderr.contains("through its USDT probes"), "{stderr}");
+    // The loop frees each tensor it allocates: at most the one between the two probes is held.
+    assert!(allocated <= 64 << 10, "{allocated} bytes in use at the end");
+    assert!(!stderr.contains("tensors: 0 allocated"), "{stderr}");
 }

@@ -11,6 +11,7 @@
 #include "maps.h"
 #include "native_unwind.h"
 #include "cuda_hooks.h"
+#include "torch_probes.h"
 #include "process_events.h"
 #include "offcpu.h"
 #include "targets.h"

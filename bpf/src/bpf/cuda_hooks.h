@@ -146,31 +146,52 @@ static __always_inline void cupti_enter(struct pt_regs *ctx, __u64 id, __u32 api
 		count(COUNTER_CUDA_LOST);
 }
 
-/* PyTorch's allocator: a tensor's free is a pointer and nothing else, sent at entry: no stack,
- * no wake-up, one trap (thousands a second). */
-static __always_inline void tensor_freed(struct pt_regs *ctx, __u64 id, __u32 api)
+/* Pointers whose free was sent and that no allocation has handed out again: a free of one of
+ * them is the same free seen twice (a deleter that calls NativeCachingAllocator::free where the
+ * build did not inline it, or tail-jumps to it), never a second free. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, __u8);
+} tensor_frees SEC(".maps");
+
+/* PyTorch's allocator: a tensor's free is a pointer and nothing else, sent at once: no stack,
+ * no wake-up, one trap (thousands a second). From the entry hooks here and the pytorch:free
+ * probe (torch_probes.h); `sp` where it was seen. */
+static __always_inline void send_tensor_free(__u64 id, __u32 api, __u64 ptr)
 {
 	__u32 slot = SCRATCH_CUDA;
 	struct event_record *e = bpf_map_lookup_elem(&sample_scratch, &slot);
 	struct cuda_call_payload *c;
 	__u64 flags = BPF_RB_NO_WAKEUP;
-	/* Both read first: a load at an offset chosen at run time is not allowed on ctx. */
-	__u64 arg0 = PT_REGS_PARM1(ctx), arg1 = PT_REGS_PARM2(ctx);
+	__u8 one = 1;
 
-	barrier_var(arg0);
-	barrier_var(arg1);
+	if (bpf_map_lookup_elem(&tensor_frees, &ptr))
+		return;
+	bpf_map_update_elem(&tensor_frees, &ptr, &one, BPF_ANY);
 	if (!e)
 		return;
 	cuda_header(e, EVENT_CUDA_CALL, id);
 	c = &e->payload.cuda_call;
 	__builtin_memset(c, 0, sizeof(*c));
 	c->api = api;
-	c->addr = api == C10_LOCAL_RAW_DELETE ? arg0 : arg1;
+	c->addr = ptr;
 	if (bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) > SAMPLES_WAKEUP_BYTES)
 		flags = BPF_RB_FORCE_WAKEUP;
 	count(COUNTER_CUDA_CALLS);
 	if (bpf_ringbuf_output(&samples, e, EVENT_FIXED_BYTES, flags))
 		count(COUNTER_CUDA_LOST);
+}
+
+static __always_inline void tensor_freed(struct pt_regs *ctx, __u64 id, __u32 api)
+{
+	/* Both read first: a load at an offset chosen at run time is not allowed on ctx. */
+	__u64 arg0 = PT_REGS_PARM1(ctx), arg1 = PT_REGS_PARM2(ctx);
+
+	barrier_var(arg0);
+	barrier_var(arg1);
+	send_tensor_free(id, api, api == C10_LOCAL_RAW_DELETE ? arg0 : arg1);
 }
 
 /* The CUfunction (or CUkernel) a driver launch runs; 0 for the others. */
@@ -279,6 +300,35 @@ static __always_inline void send_kernel_name(struct event_record *e, __u64 id, s
 		count(COUNTER_CUDA_LOST);
 }
 
+/* A call's record, its payload filled in: the caller's user stack unwound into it, then sent.
+ * `t0`: when the sending program started; `enter_ns`: what its entry took. */
+static __always_inline void send_call_with_stack(struct event_record *e, __u32 slot, __u32 tid, __u32 api, __u64 t0, __u64 enter_ns)
+{
+	struct cuda_call_payload *c = &e->payload.cuda_call;
+	__u64 size, flags;
+	__u32 frames;
+
+	unwind_user_stack(e, slot);
+	/* A hook on another thread of this CPU may have taken the scratch entry meanwhile (uprobe
+	 * programs can be preempted): such a record is dropped, and counted. */
+	if (e->header.tid != tid || e->header.kind != EVENT_CUDA_CALL || c->api != api) {
+		count(COUNTER_CUDA_RACE);
+		return;
+	}
+	c->hook_ns = bpf_ktime_get_ns() - t0 + enter_ns;
+	frames = e->stack.user_frames;
+	if (frames > MAX_USER_FRAMES)
+		frames = MAX_USER_FRAMES;
+	size = EVENT_FIXED_BYTES + (__u64)frames * sizeof(__u64);
+	/* Memory calls are rare, and user space must name their Python frames while the process
+	 * lives (and hear of an out-of-memory at once): they wake it. */
+	flags = cuda_class_of(api) <= CUDA_CLASS_MAP || cuda_class_of(api) == CUDA_CLASS_TENSOR_OOM ||
+			bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) > SAMPLES_WAKEUP_BYTES
+		? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
+	if (bpf_ringbuf_output(&samples, e, size, flags))
+		count(COUNTER_CUDA_LOST);
+}
+
 /* `api`: the call whose return this is. */
 static __always_inline int forget_call(struct cuda_call_key *key)
 {
@@ -288,9 +338,9 @@ static __always_inline int forget_call(struct cuda_call_key *key)
 
 static __always_inline int cuda_return(struct pt_regs *ctx, __u32 api)
 {
-	__u64 id = bpf_get_current_pid_tgid(), now = bpf_ktime_get_ns(), size, flags;
+	__u64 id = bpf_get_current_pid_tgid(), now = bpf_ktime_get_ns();
 	__u32 tid = (__u32)id;
-	__u32 slot = SCRATCH_CUDA, frames;
+	__u32 slot = SCRATCH_CUDA;
 	struct cuda_call_key key = { .tid = tid, .cls = cuda_class_of(api) };
 	struct cuda_call *call;
 	struct cuda_call_payload *c;
@@ -361,6 +411,7 @@ static __always_inline int cuda_return(struct pt_regs *ctx, __u32 api)
 		c->size = call->args[3];
 		if (bpf_probe_read_user(&c->addr, sizeof(c->addr), (void *)call->args[1]))
 			c->addr = 0;
+		bpf_map_delete_elem(&tensor_frees, &c->addr);
 		break;
 	case CUDA_CLASS_MAP:
 		c->addr = call->args[0];
@@ -385,25 +436,7 @@ static __always_inline int cuda_return(struct pt_regs *ctx, __u32 api)
 	default:
 		break;
 	}
-	unwind_user_stack(e, slot);
-	/* A hook on another thread of this CPU may have taken the scratch entry meanwhile (uprobe
-	 * programs can be preempted): such a record is dropped, and counted. */
-	if (e->header.tid != tid || e->header.kind != EVENT_CUDA_CALL || c->api != api) {
-		count(COUNTER_CUDA_RACE);
-		return forget_call(&key);
-	}
-	c->hook_ns = bpf_ktime_get_ns() - now + call->enter_ns;
-	frames = e->stack.user_frames;
-	if (frames > MAX_USER_FRAMES)
-		frames = MAX_USER_FRAMES;
-	size = EVENT_FIXED_BYTES + (__u64)frames * sizeof(__u64);
-	/* Memory calls are rare, and user space must name their Python frames while the process
-	 * lives (and hear of an out-of-memory at once): they wake it. */
-	flags = cuda_class_of(api) <= CUDA_CLASS_MAP || cuda_class_of(api) == CUDA_CLASS_TENSOR_OOM ||
-			bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) > SAMPLES_WAKEUP_BYTES
-		? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
-	if (bpf_ringbuf_output(&samples, e, size, flags))
-		count(COUNTER_CUDA_LOST);
+	send_call_with_stack(e, slot, tid, api, now, call->enter_ns);
 	return forget_call(&key);
 }
 

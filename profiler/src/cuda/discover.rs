@@ -24,6 +24,9 @@ pub struct CudaSearch {
     /// The file is PyTorch's libc10_cuda (it exports the caching allocator's configuration) but
     /// the allocator's methods were not all found: why, in words.
     pub allocator_missing: Option<String>,
+    /// The file carries PyTorch's USDT probes pytorch:malloc and pytorch:free: the hooks among
+    /// `functions` that they replace when they are attached.
+    pub probes_replace: Option<Vec<(CudaApi, u64)>>,
 }
 
 /// Mangled names start so in PyTorch's caching allocator.
@@ -108,7 +111,38 @@ fn functions_in(src: impl ReadAt) -> Result<CudaSearch, ElfError> {
     }
     found.sort();
     let allocator_missing = c10_cuda.then(|| no_return.or_else(|| allocator_check(&found, other_malloc))).flatten();
-    Ok(CudaSearch { functions: found, allocator_missing })
+    let probes_replace = if c10_cuda { replaced_by_probes(&elf, &found, &segments)? } else { None };
+    Ok(CudaSearch { functions: found, allocator_missing, probes_replace })
+}
+
+/// With pytorch:malloc and pytorch:free in the file's notes: the deleter's hook, and malloc's
+/// return in the functions that hold a malloc probe (allocate, allocateWithAddress), which would
+/// count their tensors twice. raw_alloc has no probe: its call of malloc keeps its hooks, and
+/// malloc's entry with them; without such a call, malloc's entry goes too. A file whose notes do
+/// not read is followed by its hooks.
+fn replaced_by_probes<R: ReadAt>(elf: &ElfFile<R>, found: &[(CudaApi, u64)], segments: &[(u64, u64, u64)]) -> Result<Option<Vec<(CudaApi, u64)>>, ElfError> {
+    let probes = elf.sdt_probes().unwrap_or_default();
+    let of = |name: &str| probes.iter().filter(|p| p.provider == "pytorch" && p.name == name).map(|p| p.address).collect::<Vec<u64>>();
+    let (mallocs, frees) = (of("malloc"), of("free"));
+    if mallocs.is_empty() || frees.is_empty() {
+        return Ok(None);
+    }
+    let probed: Vec<(u64, u64)> = match elf.symbols(consts::SHT_SYMTAB)? {
+        Some(symbols) => symbols
+            .iter()
+            .filter(|s| s.is_function() && s.size > 0 && mallocs.iter().any(|&a| a >= s.value && a < s.value.saturating_add(s.size)))
+            .map(|s| (s.value, s.value.saturating_add(s.size)))
+            .collect(),
+        None => Vec::new(),
+    };
+    let vaddr = |offset: u64| segments.iter().find(|&&(s, e, o)| offset >= o && offset - o < e - s).map(|&(s, _, o)| offset - o + s);
+    let in_probed = |offset: u64| vaddr(offset).is_some_and(|a| probed.iter().any(|&(s, e)| a > s && a <= e));
+    let mut replaced: Vec<(CudaApi, u64)> =
+        found.iter().copied().filter(|&(api, off)| api == CudaApi::C10LocalRawDelete || (api == CudaApi::C10MallocReturned && in_probed(off))).collect();
+    if !found.iter().any(|&(api, off)| api == CudaApi::C10MallocReturned && !in_probed(off)) {
+        replaced.extend(found.iter().copied().filter(|&(api, _)| api == CudaApi::C10Malloc));
+    }
+    Ok(Some(replaced))
 }
 
 /// Why the caching allocator of a libc10_cuda cannot be followed, if it cannot.

@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use gpuflame_bpf::{CpuSampler, CudaApi, CudaFunctions, CudaHooks, TrapCost};
+use gpuflame_bpf::{CpuSampler, CudaApi, CudaFunctions, CudaHooks, TorchProbes, TrapCost};
 
 use super::discover::cuda_functions;
 use super::coverage::Coverage;
@@ -34,6 +34,7 @@ struct HookedFile {
     name: String,
     cycled_functions: CudaFunctions,
     _always: Option<CudaHooks>,
+    _probes: Option<TorchProbes>,
     cycled: Option<CudaHooks>,
     /// Processes that map the file, with a path that reaches it from here.
     users: HashMap<u32, PathBuf>,
@@ -64,9 +65,19 @@ pub struct HookStats {
     pub attach_failures: usize,
     /// Time from the event that reported a new mapping to its hooks being attached, worst case.
     pub max_attach_latency: Duration,
-    /// Each PyTorch libc10_cuda found: its path, and why its allocator is not followed (None:
-    /// its tensors are).
-    pub allocators: Vec<(String, Option<String>)>,
+    /// Each PyTorch libc10_cuda found: its path, and how its allocator is followed.
+    pub allocators: Vec<(String, AllocatorFollowed)>,
+}
+
+/// How the tensors of one libc10_cuda are followed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AllocatorFollowed {
+    /// Through PyTorch's USDT probes (pytorch:malloc, pytorch:free).
+    ByProbes,
+    /// By hooks on its functions; why not by probes.
+    ByHooks(&'static str),
+    /// Not at all: why, in words.
+    Not(String),
 }
 
 impl CudaHookManager {
@@ -157,13 +168,37 @@ impl CudaHookManager {
         if !self.tensors_wanted {
             found.functions.retain(|(api, _)| !api.is_pytorch());
             found.allocator_missing = None;
+            found.probes_replace = None;
         }
         let is_allocator = found.allocator_missing.is_some() || found.functions.iter().any(|(api, _)| *api == CudaApi::C10Malloc);
-        if is_allocator && self.stats.allocators.len() < 64 {
-            if let Some(why) = &found.allocator_missing {
+        let mut probes = None;
+        let followed = match (&found.allocator_missing, &found.probes_replace) {
+            (Some(why), _) => {
                 tracing::warn!(path = %entry.path, "PyTorch's caching allocator cannot be followed: {why}; tensor-alloc and tensor-inuse stay empty for it, the hbm-* profiles (segments) still hold");
+                AllocatorFollowed::Not(why.clone())
             }
-            self.stats.allocators.push((entry.path.clone(), found.allocator_missing.clone()));
+            (None, Some(replaced)) => match sampler.attach_torch_probes(&path) {
+                Ok(attached) => {
+                    found.functions.retain(|f| !replaced.contains(f));
+                    probes = Some(attached);
+                    AllocatorFollowed::ByProbes
+                }
+                Err(e) => {
+                    tracing::warn!(path = %entry.path, error = %e, "cannot attach to PyTorch's allocator probes; its functions are hooked instead");
+                    AllocatorFollowed::ByHooks("its probes could not be attached")
+                }
+            },
+            (None, None) => AllocatorFollowed::ByHooks("it has no USDT notes"),
+        };
+        if is_allocator {
+            match &followed {
+                AllocatorFollowed::ByProbes => tracing::info!(path = %entry.path, "PyTorch's caching allocator followed through its USDT probes pytorch:malloc and pytorch:free"),
+                AllocatorFollowed::ByHooks(why) => tracing::info!(path = %entry.path, "PyTorch's caching allocator followed by hooks on its functions: {why}"),
+                AllocatorFollowed::Not(_) => {}
+            }
+            if self.stats.allocators.len() < 64 {
+                self.stats.allocators.push((entry.path.clone(), followed));
+            }
         }
         let functions = match found.functions {
             f if !f.is_empty() => f,
@@ -183,7 +218,7 @@ impl CudaHookManager {
             }
             None => None,
         };
-        let mut file = HookedFile { name, cycled_functions: CudaFunctions::new(&path, &cycled), _always: always_hooks, cycled: None, users: HashMap::from([(pid, path)]) };
+        let mut file = HookedFile { name, cycled_functions: CudaFunctions::new(&path, &cycled), _always: always_hooks, _probes: probes, cycled: None, users: HashMap::from([(pid, path)]) };
         if self.cycled_wanted && (self.duty.is_none() || self.cycled_on_since.is_some()) {
             attach_cycled(sampler, &mut file, &mut self.stats);
         }

@@ -168,20 +168,27 @@ fn draw_device(svg: &mut String, chart: &DeviceChart, top: f64) {
     }
     for oom in &chart.ooms {
         let text = format!("out of memory: {} requested", human_bytes(oom.requested));
+        // The label reads leftwards from the line; an OOM early in the run has no room there
+        // (the label was cut at the chart's edge), and reads rightwards instead.
+        let at = x(oom.t_s);
+        let (anchor, text_x) = if at - 4.0 - text_width(&text) < LEFT { ("start", at + 4.0) } else { ("end", at - 4.0) };
         let _ = writeln!(
             svg,
-            r#"<g class="oom" data-t-s="{:.6}" data-requested="{}"><title>{:.3} s: {}</title><line x1="{x:.1}" x2="{x:.1}" y1="{top}" y2="{bottom}" stroke="red" stroke-width="2"/><text x="{:.1}" y="{:.0}" fill="red" text-anchor="end">{}</text></g>"#,
+            r#"<g class="oom" data-t-s="{:.6}" data-requested="{}"><title>{:.3} s: {}</title><line x1="{at:.1}" x2="{at:.1}" y1="{top}" y2="{bottom}" stroke="red" stroke-width="2"/><text x="{text_x:.1}" y="{:.0}" fill="red" text-anchor="{anchor}">{}</text></g>"#,
             oom.t_s,
             oom.requested,
             oom.t_s,
             escape(&text),
-            x(oom.t_s) - 4.0,
             top + 14.0,
             escape(&text),
-            x = x(oom.t_s)
         );
     }
     svg.push_str("</g>\n");
+}
+
+/// About how wide `text` is drawn at the chart's font size (12 px Verdana: ~7 px a character).
+fn text_width(text: &str) -> f64 {
+    text.chars().count() as f64 * 7.0
 }
 
 /// Text for XML: markup characters escaped, control characters (which XML forbids) dropped.
@@ -220,5 +227,24 @@ mod tests {
         assert!(text.contains("kv &lt;cache&gt; &amp; co") && !text.contains('\u{7}'));
         assert!(text.contains(r#"class="oom" data-t-s="1.000000""#));
         assert!(text.trim_end().ends_with("</svg>"));
+    }
+
+    /// An OOM at the start of the run: its label reads rightwards from the line, whole inside the
+    /// picture (it was cut at the left edge: `…: 30.0 MiB requested`); a late one leftwards.
+    #[test]
+    fn an_early_ooms_label_is_whole() {
+        let points = vec![ChartPoint { t_s: 0.0, total: 100, values: vec![100] }, ChartPoint { t_s: 10.0, total: 100, values: vec![100] }];
+        for (t, anchor) in [(0.05, "start"), (9.0, "end")] {
+            let chart = DeviceChart { device: 0, bands: vec![], points: points.clone(), ooms: vec![ChartOom { t_s: t, requested: 30 << 20 }] };
+            let mut out = Vec::new();
+            write_svg(&[chart], "early", &mut out).unwrap();
+            let text = String::from_utf8(out).unwrap();
+            let label = text.lines().find(|l| l.contains(r#"class="oom""#)).unwrap();
+            assert!(label.contains(&format!(r#"text-anchor="{anchor}""#)), "{label}");
+            let x: f64 = label.split("<text x=\"").nth(1).unwrap().split('"').next().unwrap().parse().unwrap();
+            let width = text_width("out of memory: 30.0 MiB requested");
+            let (left, right) = if anchor == "start" { (x, x + width) } else { (x - width, x) };
+            assert!(left >= 0.0 && right <= WIDTH, "{left}..{right} of {WIDTH}: {label}");
+        }
     }
 }

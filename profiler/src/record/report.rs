@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use gpuflame_bpf::{Counters, UnwindCapacity};
 
-use crate::cuda::hooks::HookStats;
+use crate::cuda::hooks::{AllocatorFollowed, HookStats};
 use crate::cuda::Coverage;
 use crate::output::Format;
 use crate::process::TrackerStats;
@@ -203,13 +203,14 @@ fn report_cuda(s: &HookStats, sources: &SourceStats, coverage: Coverage, counter
 fn memory_lines(hooks: &HookStats, sources: &SourceStats) -> Vec<String> {
     let mut lines: Vec<String> = sources.devices.iter().map(|d| format!("HBM at the end: {}", d)).collect();
     let t = &sources.tensors;
-    for (path, why) in &hooks.allocators {
-        match why {
-            Some(why) => lines.push(format!("tensors not followed in {path}: {why}; hbm-* (segments) still hold")),
-            None if t.allocations == 0 => lines.push(format!(
-                "PyTorch's caching allocator in {path} is hooked but handed out no tensor: another allocator (backend:cudaMallocAsync, a pluggable allocator) is in use, or none ran; hbm-* (segments) hold"
+    for (path, followed) in &hooks.allocators {
+        match followed {
+            AllocatorFollowed::Not(why) => lines.push(format!("tensors not followed in {path}: {why}; hbm-* (segments) still hold")),
+            _ if t.allocations == 0 => lines.push(format!(
+                "PyTorch's caching allocator in {path} is followed but handed out no tensor: another allocator (backend:cudaMallocAsync, a pluggable allocator) is in use, or none ran; hbm-* (segments) hold"
             )),
-            None => {}
+            AllocatorFollowed::ByProbes => lines.push(format!("tensors followed in {path} through its USDT probes (pytorch:malloc, pytorch:free)")),
+            AllocatorFollowed::ByHooks(why) => lines.push(format!("tensors followed in {path} by hooks on its functions ({why})")),
         }
     }
     if t.allocations > 0 || t.unknown_frees > 0 {

@@ -54,16 +54,25 @@ pub fn cxx_in(dir: &Path, args: &[&str]) {
 }
 
 /// Builds the stand-ins of PyTorch's libc10.so and libc10_cuda.so (its CUDA caching allocator,
-/// under the real mangled names, local symbols as in the real library: -fvisibility=hidden) into
-/// `dir`, on the stand-in runtime there (build_stand_ins first), and tensor_app, the C++ program
-/// that allocates tensors through it; returns tensor_app's path.
+/// under the real mangled names, local symbols as in the real library: -fvisibility=hidden; with
+/// PyTorch's USDT probes pytorch:malloc and pytorch:free, as 2.15 has them) into `dir`, on the
+/// stand-in runtime there (build_stand_ins first), and tensor_app, the C++ program that allocates
+/// tensors through it; returns tensor_app's path.
 pub fn build_c10(dir: &Path) -> PathBuf {
+    build_c10_with(dir, true, &[])
+}
+
+/// As build_c10; `notes`: with the USDT probes, or without (an older or a custom build); `defines`
+/// choose among its other shapes (`-DGF_DELETER_CALLS_FREE`).
+pub fn build_c10_with(dir: &Path, notes: bool, defines: &[&str]) -> PathBuf {
     let rpath = format!("-Wl,-rpath,{}", dir.display());
     cxx_in(dir, &["-O2", "-g", "-shared", "-fPIC", "-Wl,-soname,libc10.so", "-o", "libc10.so", &source("fake_c10.cpp")]);
-    cxx_in(dir, &[
-        "-O2", "-g", "-shared", "-fPIC", "-fvisibility=hidden", "-Wl,-soname,libc10_cuda.so", "-o", "libc10_cuda.so", &source("fake_c10_cuda.cpp"), "-L.",
-        "-l:libcudart.so.13", "-l:libc10.so", "-Wl,-rpath,$ORIGIN", "-lpthread",
-    ]);
+    assert!(!notes || Path::new("/usr/include/x86_64-linux-gnu/sys/sdt.h").exists() || Path::new("/usr/include/sys/sdt.h").exists(), "sys/sdt.h is needed for the USDT probes (systemtap-sdt-dev; scripts/setup.sh)");
+    let c10_cuda = source("fake_c10_cuda.cpp");
+    let mut args = vec!["-O2", "-g", "-shared", "-fPIC", "-fvisibility=hidden", if notes { "-DGF_SDT" } else { "-UGF_SDT" }];
+    args.extend_from_slice(defines);
+    args.extend_from_slice(&["-Wl,-soname,libc10_cuda.so", "-o", "libc10_cuda.so", &c10_cuda, "-L.", "-l:libcudart.so.13", "-l:libc10.so", "-Wl,-rpath,$ORIGIN", "-lpthread"]);
+    cxx_in(dir, &args);
     cxx_in(dir, &["-O2", "-g", "-rdynamic", "-o", "tensor_app", &source("tensor_app.cpp"), "-L.", "-l:libc10_cuda.so", &rpath]);
     dir.join("tensor_app")
 }

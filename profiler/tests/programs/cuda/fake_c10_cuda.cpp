@@ -25,6 +25,37 @@
 // blocks (torch's requested_bytes), "reserved" the bytes of the segments.
 //
 // The C functions gf_* (default visibility) are for ctypes and the C++ drivers.
+//
+// Built with -DGF_SDT, it carries PyTorch's USDT probes as the real library (2.15) does, each
+// behind a semaphore that a tracer raises: pytorch:malloc (pointer, device, size, stream) in
+// allocate() once its malloc has returned, and pytorch:free (pointer) at the start of the tensor
+// deleter, local_raw_delete. raw_alloc and raw_delete carry none, as in the real library.
+#ifdef GF_SDT
+#define _SDT_HAS_SEMAPHORES 1
+#include <sys/sdt.h>
+extern "C" {
+__attribute__((visibility("default"), section(".probes"), used)) volatile unsigned short pytorch_malloc_semaphore;
+__attribute__((visibility("default"), section(".probes"), used)) volatile unsigned short pytorch_free_semaphore;
+}
+#define GF_PROBE_MALLOC(ptr, device, size, stream) \
+	do { \
+		if (pytorch_malloc_semaphore) \
+			STAP_PROBE4(pytorch, malloc, ptr, device, size, stream); \
+	} while (0)
+#define GF_PROBE_FREE(ptr) \
+	do { \
+		if (pytorch_free_semaphore) \
+			STAP_PROBE1(pytorch, free, ptr); \
+	} while (0)
+#else
+#define GF_PROBE_MALLOC(ptr, device, size, stream) \
+	do { \
+	} while (0)
+#define GF_PROBE_FREE(ptr) \
+	do { \
+	} while (0)
+#endif
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -395,11 +426,19 @@ void NativeCachingAllocator::raw_delete(void *ptr)
 	d->free_locked(block);
 }
 
-// The deleter of every tensor's DataPtr; internal linkage, as in the real library.
+// The deleter of every tensor's DataPtr; internal linkage, as in the real library. Built with
+// -DGF_DELETER_CALLS_FREE, it frees through NativeCachingAllocator::free, as a build that does
+// not inline does: one free passes two hooked functions.
 static GF_OWN_FUNCTION GF_PROLOGUE_FIRST void local_raw_delete(void *ptr)
 {
 	if (!ptr)
 		return;
+	GF_PROBE_FREE(ptr);
+#ifdef GF_DELETER_CALLS_FREE
+	frees_by_deleter.fetch_add(1, std::memory_order_relaxed);
+	allocator.free(ptr);
+	return;
+#endif
 	Block *block = allocator.get_allocated_block(ptr, true);
 	if (!block)
 		invalid_pointer("local_raw_delete", ptr);
@@ -415,8 +454,10 @@ DataPtr NativeCachingAllocator::allocate(size_t size)
 	int device = 0;
 	cudaGetDevice(&device);
 	void *devPtr = nullptr;
-	if (size != 0)
+	if (size != 0) {
 		malloc(&devPtr, static_cast<DeviceIndex>(device), size, nullptr);
+		GF_PROBE_MALLOC(devPtr, static_cast<DeviceIndex>(device), size, static_cast<long>(0));
+	}
 	return {devPtr, devPtr, &local_raw_delete, Device{DeviceType::CUDA, static_cast<DeviceIndex>(device)}};
 }
 
