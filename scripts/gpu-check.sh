@@ -107,14 +107,31 @@ for round in 1 2; do
 	grep -h "gpu time of" "$out/all$round.err" | cut -c1-300 | sed 's/^/   /'
 done
 
-echo "== tensors (tensor-inuse) against torch's allocator, the recording ending with them live"
-rec tensors 45 tensor-inuse,hbm-inuse -d 20 -- "$py" "$root/scripts/gpu_tensors.py" 30
-pkill -f gpu_tensors.py || true
-o="$out/tensors.out"
-echo "   torch requested_bytes $(val "$o" requested_bytes), gpuflame tensor-inuse $(total "$out/tensors.tensor-inuse.folded");" \
-	"torch memory_reserved $(val "$o" memory_reserved), gpuflame hbm-inuse $(total "$out/tensors.hbm-inuse.folded")"
-for f in load_weights allocate_kv_cache activations small_tensors; do
-	echo "   $f: torch $(sed -n "s/^torch_holder=$f://p" "$o"), gpuflame $(under "$out/tensors.tensor-inuse.folded" "$f (gpu_tensors.py")"
+# Through PyTorch's USDT probes where the wheel has them (2.15 on; the line "tensors followed in
+# … through its USDT probes" says so), by the hooks otherwise; both allocator settings.
+for conf in default expandable; do
+	name=tensors$([ $conf = expandable ] && echo -exp)
+	echo "== tensors (tensor-inuse) against torch's allocator ($conf segments), the recording ending with them live"
+	if [ $conf = expandable ]; then
+		PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True rec "$name" 45 tensor-inuse,hbm-inuse -d 20 -- "$py" "$root/scripts/gpu_tensors.py" 30
+	else
+		rec "$name" 45 tensor-inuse,hbm-inuse -d 20 -- "$py" "$root/scripts/gpu_tensors.py" 30
+	fi
+	pkill -f gpu_tensors.py || true
+	o="$out/$name.out"
+	echo "   torch requested_bytes $(val "$o" requested_bytes), gpuflame tensor-inuse $(total "$out/$name.tensor-inuse.folded");" \
+		"torch memory_reserved $(val "$o" memory_reserved), gpuflame hbm-inuse $(total "$out/$name.hbm-inuse.folded")"
+	for f in load_weights allocate_kv_cache activations small_tensors; do
+		echo "   $f: torch $(sed -n "s/^torch_holder=$f://p" "$o"), gpuflame $(under "$out/$name.tensor-inuse.folded" "$f (gpu_tensors.py")"
+	done
+	grep -h "tensors\|allocator" "$out/$name.err" | head -4 | cut -c1-300 | sed 's/^/   /'
 done
-grep -h "tensors\|allocator" "$out/tensors.err" | head -4 | cut -c1-300 | sed 's/^/   /'
+echo "== a training step's tensors: bare against tensor-inuse"
+for round in 1 2; do
+	step "tensorbare$round" 120 "$py" "$w" train
+	rec "tensortrain$round" 200 tensor-inuse -- "$py" "$w" train
+	k=train_step_ms_median
+	echo "   round $round $k: bare $(val "$out/tensorbare$round.out" $k), tensor-inuse $(val "$out/tensortrain$round.out" $k) ($(ratio "$(val "$out/tensortrain$round.out" $k)" "$(val "$out/tensorbare$round.out" $k)"))"
+	grep -h "tensors: \|tensors followed" "$out/tensortrain$round.err" | cut -c1-300 | sed 's/^/   /'
+done
 echo "profiles in $out"

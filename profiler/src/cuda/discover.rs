@@ -192,6 +192,38 @@ mod tests {
         assert!(why.contains("stripped"), "{why}");
     }
 
+    /// The stand-in libc10_cuda with PyTorch's probes (sys/sdt.h): the probes replace the
+    /// deleter's hook and malloc's return in allocate, which holds the malloc probe; raw_alloc's
+    /// return and malloc's entry stay, for raw_alloc. Without the notes, nothing is replaced.
+    #[test]
+    fn the_probes_replace_the_hooks_of_what_they_see() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/cuda/fake_c10_cuda.cpp");
+        for notes in [true, false] {
+            let lib = dir.path().join(format!("libc10_cuda_{notes}.so"));
+            let out = std::process::Command::new("c++")
+                .args(["-O2", "-g", "-shared", "-fPIC", "-fvisibility=hidden", if notes { "-DGF_SDT" } else { "-UGF_SDT" }, "-o"])
+                .arg(&lib)
+                .arg(&src)
+                .output()
+                .expect("a C++ compiler (c++) is needed");
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            let found = cuda_functions(&lib).unwrap();
+            assert_eq!(found.allocator_missing, None);
+            let Some(replaced) = found.probes_replace else {
+                assert!(!notes, "the probes were not found");
+                continue;
+            };
+            assert!(notes, "probes found in a library built without them");
+            let returns: Vec<u64> = found.functions.iter().filter(|(a, _)| *a == CudaApi::C10MallocReturned).map(|&(_, o)| o).collect();
+            assert_eq!(returns.len(), 2, "malloc is called from allocate and raw_alloc: {:?}", found.functions);
+            let replaced_returns = replaced.iter().filter(|(a, _)| *a == CudaApi::C10MallocReturned).count();
+            assert_eq!(replaced_returns, 1, "allocate's return site, not raw_alloc's: {replaced:?}");
+            assert!(replaced.iter().any(|(a, _)| *a == CudaApi::C10LocalRawDelete));
+            assert!(!replaced.iter().any(|(a, _)| matches!(a, CudaApi::C10Malloc | CudaApi::C10Free | CudaApi::C10RawDelete | CudaApi::C10OutOfMemory)), "{replaced:?}");
+        }
+    }
+
     #[test]
     fn a_file_without_cuda_has_no_functions() {
         let exe = std::env::current_exe().unwrap();
