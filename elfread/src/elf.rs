@@ -5,6 +5,7 @@ use crate::limits::{MAX_BUILD_ID, MAX_HEADERS, MAX_NOTES, MAX_SECTION_NAMES, MAX
 use crate::source::ReadAt;
 use crate::consts;
 use crate::error::ElfError;
+use crate::le::{u32_at, u64_at};
 use crate::symbols::{string_at, Symbols};
 
 const EHDR_SIZE: usize = 64;
@@ -52,13 +53,6 @@ fn u16_at(b: &[u8], at: usize) -> u16 {
     b.get(at..at + 2).map_or(0, |s| u16::from_le_bytes([s[0], s[1]]))
 }
 
-pub(crate) fn u32_at(b: &[u8], at: usize) -> u32 {
-    b.get(at..at + 4).and_then(|s| s.try_into().ok()).map_or(0, u32::from_le_bytes)
-}
-
-pub(crate) fn u64_at(b: &[u8], at: usize) -> u64 {
-    b.get(at..at + 8).and_then(|s| s.try_into().ok()).map_or(0, u64::from_le_bytes)
-}
 
 /// Reads `len` bytes at `offset` into a new buffer, after checking them against `limit` and the
 /// file's length; the allocation itself may fail without aborting.

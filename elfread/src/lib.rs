@@ -10,14 +10,16 @@ pub mod consts;
 mod elf;
 mod error;
 pub mod limits;
+mod le;
 mod notes;
+mod sdt;
 mod open;
 mod source;
 mod symbols;
 
 pub use elf::{ElfFile, Section, Segment};
 pub use error::ElfError;
-pub use notes::{SdtProbe, MAX_SDT_PROBES};
+pub use sdt::{SdtProbe, MAX_SDT_PROBES};
 pub use open::{max_open_files, open_regular, raise_fd_limit, restore_fd_limit, FileId, OpenError};
 pub use source::ReadAt;
 pub use symbols::{Symbol, Symbols};

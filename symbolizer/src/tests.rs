@@ -1,6 +1,6 @@
 use super::*;
 use gpuflame_elfread::{consts, ElfFile};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[inline(never)]
 #[no_mangle]

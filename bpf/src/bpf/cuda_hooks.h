@@ -6,15 +6,12 @@
 #ifndef GPUFLAME_CUDA_HOOKS_H
 #define GPUFLAME_CUDA_HOOKS_H
 
-#include "cuda_api.h"
-#include "cuda_classes.h"
-#include "maps.h"
-#include "native_unwind.h"
+#include "cuda_records.h"
+#include "cupti_transport.h"
 #include "targets.h"
+#include "torch_allocator.h"
 
 #define MAX_CUDA_CALLS 65536
-/* PyTorch's mangled kernel names run past 256 bytes, and a name cut short cannot be demangled. */
-#define CUDA_NAME_MAX 1024
 
 struct cuda_call_key {
 	__u32 tid;
@@ -54,144 +51,6 @@ SEC("uprobe.session")
 int on_calibrate(struct pt_regs *ctx)
 {
 	return 0;
-}
-
-/* An EVENT_CUPTI_KERNELS record: the fixed part of an event_record, then the records, which are
- * too many for the scratch entry's stack. */
-struct cupti_kernels_event {
-	__u8 fixed[EVENT_FIXED_BYTES];
-	__u8 records[CUPTI_BATCH_MASK + 1];
-};
-
-/* The header of a record of the current thread; its stack zeroed, for the kinds that have none
- * (those that have one unwind into it). */
-static __always_inline void cuda_header(struct event_record *e, __u32 kind, __u64 id)
-{
-	e->header.kind = kind;
-	e->header.pid = id >> 32;
-	e->header.tid = (__u32)id;
-	e->header.cpu = bpf_get_smp_processor_id();
-	e->header.timestamp_ns = bpf_ktime_get_boot_ns();
-	bpf_get_current_comm(e->header.comm, sizeof(e->header.comm));
-	__builtin_memset(&e->stack, 0, sizeof(e->stack));
-}
-
-/* The injection library's calls: everything is in their arguments, so they are sent at entry. */
-static __always_inline void cupti_enter(struct pt_regs *ctx, __u64 id, __u32 api)
-{
-	__u32 slot = SCRATCH_CUDA, n, frames, bytes;
-	struct event_record *e = bpf_map_lookup_elem(&sample_scratch, &slot);
-	__u64 size = EVENT_FIXED_BYTES;
-	long len;
-
-	if (!e)
-		return;
-	switch (api) {
-	case CUPTI_LAUNCH:
-		cuda_header(e, EVENT_CUPTI_LAUNCH, id);
-		e->payload.cupti_launch.correlation = PT_REGS_PARM1(ctx);
-		e->payload.cupti_launch.callback = PT_REGS_PARM2(ctx);
-		unwind_user_stack(e, slot);
-		if (e->header.tid != (__u32)id || e->header.kind != EVENT_CUPTI_LAUNCH) {
-			count(COUNTER_CUDA_RACE);
-			return;
-		}
-		frames = e->stack.user_frames;
-		if (frames > MAX_USER_FRAMES)
-			frames = MAX_USER_FRAMES;
-		size += (__u64)frames * sizeof(__u64);
-		break;
-	case CUPTI_KERNELS: {
-		struct cupti_kernels_event *r;
-
-		n = PT_REGS_PARM2(ctx);
-		if (n > CUPTI_BATCH)
-			n = CUPTI_BATCH;
-		if (n == 0)
-			return;
-		/* The mask changes nothing (682 records are 32736 bytes) but shows the verifier a bound. */
-		bytes = (n * sizeof(struct cupti_kernel)) & CUPTI_BATCH_MASK;
-		r = bpf_ringbuf_reserve(&samples, sizeof(*r), 0);
-		if (!r) {
-			count(COUNTER_CUDA_LOST);
-			return;
-		}
-		cuda_header(e, EVENT_CUPTI_KERNELS, id);
-		e->payload.cupti_kernels.count = n;
-		e->payload.cupti_kernels._pad = 0;
-		e->payload.cupti_kernels.dropped_total = PT_REGS_PARM3(ctx);
-		__builtin_memcpy(r->fixed, e, sizeof(r->fixed));
-		if (bpf_probe_read_user(r->records, bytes, (void *)PT_REGS_PARM1(ctx)))
-			((struct event_record *)r)->payload.cupti_kernels.count = 0;
-		bpf_ringbuf_submit(r, 0);
-		return;
-	}
-	case CUPTI_NAME:
-		cuda_header(e, EVENT_CUPTI_NAME, id);
-		e->payload.cupti_name.id = PT_REGS_PARM1(ctx);
-		len = bpf_probe_read_user_str(e->user_stack, CUDA_NAME_MAX, (void *)PT_REGS_PARM2(ctx));
-		if (len <= 1)
-			return;
-		e->payload.cupti_name.name_len = len - 1;
-		size += CUDA_NAME_MAX;
-		break;
-	default: /* CUPTI_STATUS */
-		cuda_header(e, EVENT_CUPTI_STATUS, id);
-		e->payload.cupti_status.code = PT_REGS_PARM1(ctx);
-		e->payload.cupti_status._pad = 0;
-		e->payload.cupti_status.ready_word = PT_REGS_PARM2(ctx);
-		break;
-	}
-	if (bpf_ringbuf_output(&samples, e, size, 0))
-		count(COUNTER_CUDA_LOST);
-}
-
-/* Pointers whose free was sent and that no allocation has handed out again: a free of one of
- * them is the same free seen twice (a deleter that calls NativeCachingAllocator::free where the
- * build did not inline it, or tail-jumps to it), never a second free. */
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 16384);
-	__type(key, __u64);
-	__type(value, __u8);
-} tensor_frees SEC(".maps");
-
-/* PyTorch's allocator: a tensor's free is a pointer and nothing else, sent at once: no stack,
- * no wake-up, one trap (thousands a second). From the entry hooks here and the pytorch:free
- * probe (torch_probes.h); `sp` where it was seen. */
-static __always_inline void send_tensor_free(__u64 id, __u32 api, __u64 ptr)
-{
-	__u32 slot = SCRATCH_CUDA;
-	struct event_record *e = bpf_map_lookup_elem(&sample_scratch, &slot);
-	struct cuda_call_payload *c;
-	__u64 flags = BPF_RB_NO_WAKEUP;
-	__u8 one = 1;
-
-	if (bpf_map_lookup_elem(&tensor_frees, &ptr))
-		return;
-	bpf_map_update_elem(&tensor_frees, &ptr, &one, BPF_ANY);
-	if (!e)
-		return;
-	cuda_header(e, EVENT_CUDA_CALL, id);
-	c = &e->payload.cuda_call;
-	__builtin_memset(c, 0, sizeof(*c));
-	c->api = api;
-	c->addr = ptr;
-	if (bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) > SAMPLES_WAKEUP_BYTES)
-		flags = BPF_RB_FORCE_WAKEUP;
-	count(COUNTER_CUDA_CALLS);
-	if (bpf_ringbuf_output(&samples, e, EVENT_FIXED_BYTES, flags))
-		count(COUNTER_CUDA_LOST);
-}
-
-static __always_inline void tensor_freed(struct pt_regs *ctx, __u64 id, __u32 api)
-{
-	/* Both read first: a load at an offset chosen at run time is not allowed on ctx. */
-	__u64 arg0 = PT_REGS_PARM1(ctx), arg1 = PT_REGS_PARM2(ctx);
-
-	barrier_var(arg0);
-	barrier_var(arg1);
-	send_tensor_free(id, api, api == C10_LOCAL_RAW_DELETE ? arg0 : arg1);
 }
 
 /* The CUfunction (or CUkernel) a driver launch runs; 0 for the others. */
@@ -297,35 +156,6 @@ static __always_inline void send_kernel_name(struct event_record *e, __u64 id, s
 	e->payload.kernel_name.name_len = len - 1;
 	e->payload.kernel_name._pad = 0;
 	if (bpf_ringbuf_output(&samples, e, EVENT_FIXED_BYTES + CUDA_NAME_MAX, 0))
-		count(COUNTER_CUDA_LOST);
-}
-
-/* A call's record, its payload filled in: the caller's user stack unwound into it, then sent.
- * `t0`: when the sending program started; `enter_ns`: what its entry took. */
-static __always_inline void send_call_with_stack(struct event_record *e, __u32 slot, __u32 tid, __u32 api, __u64 t0, __u64 enter_ns)
-{
-	struct cuda_call_payload *c = &e->payload.cuda_call;
-	__u64 size, flags;
-	__u32 frames;
-
-	unwind_user_stack(e, slot);
-	/* A hook on another thread of this CPU may have taken the scratch entry meanwhile (uprobe
-	 * programs can be preempted): such a record is dropped, and counted. */
-	if (e->header.tid != tid || e->header.kind != EVENT_CUDA_CALL || c->api != api) {
-		count(COUNTER_CUDA_RACE);
-		return;
-	}
-	c->hook_ns = bpf_ktime_get_ns() - t0 + enter_ns;
-	frames = e->stack.user_frames;
-	if (frames > MAX_USER_FRAMES)
-		frames = MAX_USER_FRAMES;
-	size = EVENT_FIXED_BYTES + (__u64)frames * sizeof(__u64);
-	/* Memory calls are rare, and user space must name their Python frames while the process
-	 * lives (and hear of an out-of-memory at once): they wake it. */
-	flags = cuda_class_of(api) <= CUDA_CLASS_MAP || cuda_class_of(api) == CUDA_CLASS_TENSOR_OOM ||
-			bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) > SAMPLES_WAKEUP_BYTES
-		? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
-	if (bpf_ringbuf_output(&samples, e, size, flags))
 		count(COUNTER_CUDA_LOST);
 }
 

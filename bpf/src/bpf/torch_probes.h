@@ -12,6 +12,7 @@
 
 #include "cuda_hooks.h"
 #include "targets.h"
+#include "torch_allocator.h"
 
 SEC("usdt")
 int on_torch_malloc(struct pt_regs *ctx)

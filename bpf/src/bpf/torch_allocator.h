@@ -1,0 +1,56 @@
+/* PyTorch's caching allocator: tensors' frees, from the entry hooks on its frees (cuda_hooks.h)
+ * and from its pytorch:free probe (torch_probes.h), sent without a stack. */
+#ifndef GPUFLAME_TORCH_ALLOCATOR_H
+#define GPUFLAME_TORCH_ALLOCATOR_H
+
+#include "cuda_records.h"
+
+/* Pointers whose free was sent and that no allocation has handed out again: a free of one of
+ * them is the same free seen twice (a deleter that calls NativeCachingAllocator::free where the
+ * build did not inline it, or tail-jumps to it), never a second free. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, __u8);
+} tensor_frees SEC(".maps");
+
+/* PyTorch's allocator: a tensor's free is a pointer and nothing else, sent at once: no stack,
+ * no wake-up, one trap (thousands a second). From the entry hooks here and the pytorch:free
+ * probe (torch_probes.h); `sp` where it was seen. */
+static __always_inline void send_tensor_free(__u64 id, __u32 api, __u64 ptr)
+{
+	__u32 slot = SCRATCH_CUDA;
+	struct event_record *e = bpf_map_lookup_elem(&sample_scratch, &slot);
+	struct cuda_call_payload *c;
+	__u64 flags = BPF_RB_NO_WAKEUP;
+	__u8 one = 1;
+
+	if (bpf_map_lookup_elem(&tensor_frees, &ptr))
+		return;
+	bpf_map_update_elem(&tensor_frees, &ptr, &one, BPF_ANY);
+	if (!e)
+		return;
+	cuda_header(e, EVENT_CUDA_CALL, id);
+	c = &e->payload.cuda_call;
+	__builtin_memset(c, 0, sizeof(*c));
+	c->api = api;
+	c->addr = ptr;
+	if (bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) > SAMPLES_WAKEUP_BYTES)
+		flags = BPF_RB_FORCE_WAKEUP;
+	count(COUNTER_CUDA_CALLS);
+	if (bpf_ringbuf_output(&samples, e, EVENT_FIXED_BYTES, flags))
+		count(COUNTER_CUDA_LOST);
+}
+
+static __always_inline void tensor_freed(struct pt_regs *ctx, __u64 id, __u32 api)
+{
+	/* Both read first: a load at an offset chosen at run time is not allowed on ctx. */
+	__u64 arg0 = PT_REGS_PARM1(ctx), arg1 = PT_REGS_PARM2(ctx);
+
+	barrier_var(arg0);
+	barrier_var(arg1);
+	send_tensor_free(id, api, api == C10_LOCAL_RAW_DELETE ? arg0 : arg1);
+}
+
+#endif
