@@ -241,7 +241,7 @@ static __always_inline int cuda_return(struct pt_regs *ctx, __u32 api)
 		c->size = call->args[3];
 		if (bpf_probe_read_user(&c->addr, sizeof(c->addr), (void *)call->args[1]))
 			c->addr = 0;
-		bpf_map_delete_elem(&tensor_frees, &c->addr);
+		tensor_allocated(id >> 32, c->addr);
 		break;
 	case CUDA_CLASS_MAP:
 		c->addr = call->args[0];

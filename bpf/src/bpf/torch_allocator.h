@@ -5,30 +5,46 @@
 
 #include "cuda_records.h"
 
+/* A process's device pointer: processes on one GPU may be handed the same addresses. */
+struct tensor_key {
+	__u32 pid;
+	__u32 _pad;
+	__u64 ptr;
+};
+
 /* Pointers whose free was sent and that no allocation has handed out again: a free of one of
  * them is the same free seen twice (a deleter that calls NativeCachingAllocator::free where the
  * build did not inline it, or tail-jumps to it), never a second free. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 16384);
-	__type(key, __u64);
+	__type(key, struct tensor_key);
 	__type(value, __u8);
 } tensor_frees SEC(".maps");
 
+/* An allocation handed `ptr` out again: its next free is a free. */
+static __always_inline void tensor_allocated(__u32 pid, __u64 ptr)
+{
+	struct tensor_key key = { .pid = pid, .ptr = ptr };
+
+	bpf_map_delete_elem(&tensor_frees, &key);
+}
+
 /* PyTorch's allocator: a tensor's free is a pointer and nothing else, sent at once: no stack,
- * no wake-up, one trap (thousands a second). From the entry hooks here and the pytorch:free
- * probe (torch_probes.h); `sp` where it was seen. */
+ * no wake-up, one trap (thousands a second). From the entry hooks on its frees and the
+ * pytorch:free probe (torch_probes.h). */
 static __always_inline void send_tensor_free(__u64 id, __u32 api, __u64 ptr)
 {
 	__u32 slot = SCRATCH_CUDA;
 	struct event_record *e = bpf_map_lookup_elem(&sample_scratch, &slot);
+	struct tensor_key key = { .pid = id >> 32, .ptr = ptr };
 	struct cuda_call_payload *c;
 	__u64 flags = BPF_RB_NO_WAKEUP;
 	__u8 one = 1;
 
-	if (bpf_map_lookup_elem(&tensor_frees, &ptr))
+	if (bpf_map_lookup_elem(&tensor_frees, &key))
 		return;
-	bpf_map_update_elem(&tensor_frees, &ptr, &one, BPF_ANY);
+	bpf_map_update_elem(&tensor_frees, &key, &one, BPF_ANY);
 	if (!e)
 		return;
 	cuda_header(e, EVENT_CUDA_CALL, id);

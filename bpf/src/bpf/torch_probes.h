@@ -2,9 +2,10 @@
  * pytorch:malloc (pointer, device, size, stream) once an allocation has succeeded, and
  * pytorch:free (pointer) in the deleter of every tensor. libbpf attaches them with the probes'
  * semaphores raised through the uprobe's reference counter, so the program pays for them only
- * while gpuflame is attached. A probe is a nop, which uprobes emulate: ~1 us a hit, against ~6 us
- * for the mov that the return-site hooks of cuda_hooks.h single-step where a library has no
- * notes. Records are those of the hooks: user space cannot tell them apart. */
+ * while gpuflame is attached. A probe is a nop, which uprobes emulate (~0.5-1 us a hit), where
+ * the return-site hooks of cuda_hooks.h, used where a library has no notes, stop at a mov that
+ * the kernel single-steps (6-18 us). Records are those of the hooks: user space cannot tell them
+ * apart. */
 #ifndef GPUFLAME_TORCH_PROBES_H
 #define GPUFLAME_TORCH_PROBES_H
 
@@ -32,7 +33,7 @@ int on_torch_malloc(struct pt_regs *ctx)
 	bpf_map_delete_elem(&cuda_calls, &key);
 	if (bpf_usdt_arg(ctx, 0, &ptr) || bpf_usdt_arg(ctx, 1, &device) || bpf_usdt_arg(ctx, 2, &size))
 		return 0;
-	bpf_map_delete_elem(&tensor_frees, &ptr);
+	tensor_allocated(id >> 32, ptr);
 	e = bpf_map_lookup_elem(&sample_scratch, &slot);
 	if (!e)
 		return 0;
