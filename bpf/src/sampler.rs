@@ -4,7 +4,8 @@ use std::cell::RefCell;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, IntoRawFd};
 use std::path::Path;
-use std::rc::Rc;
+use std::collections::HashMap;
+use std::rc::{Rc, Weak};
 use std::time::Duration;
 
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
@@ -68,14 +69,37 @@ impl CudaHooks {
 /// PyTorch's USDT probes (pytorch:malloc, pytorch:free) in one file, in every process that maps
 /// it, with their semaphores raised while attached. Dropping it detaches them, and the kernel
 /// lowers the semaphores: the program pays nothing for them again.
+///
+/// The links live in the sampler: a USDT link refers to libbpf's USDT manager, which closing the
+/// BPF object frees, so one destroyed after the object would write to freed memory (an agent
+/// whose session dropped its sampler before its hooks aborted with `corrupted double-linked
+/// list`). The sampler destroys the links it still holds before it closes the object; this
+/// handle only asks for them to go sooner.
 pub struct TorchProbes {
-    _links: [Link; 2],
+    id: u64,
+    registry: Weak<RefCell<UsdtLinks>>,
+}
+
+/// The USDT links a sampler holds, by the id of the handle that asked for them.
+#[derive(Default)]
+struct UsdtLinks {
+    next: u64,
+    links: HashMap<u64, [Link; 2]>,
+}
+
+impl Drop for TorchProbes {
+    fn drop(&mut self) {
+        if let Some(registry) = self.registry.upgrade() {
+            registry.borrow_mut().links.remove(&self.id);
+        }
+    }
 }
 
 /// A loaded and attached sampler. Dropping it detaches everything.
 pub struct CpuSampler {
     // Field order is drop order: detach and stop reading before the object goes.
     _links: Vec<Link>,
+    usdt: Rc<RefCell<UsdtLinks>>,
     ring: RingBuffer<'static>,
     inbox: Rc<RefCell<Vec<Event>>>,
     malformed: Rc<RefCell<u64>>,
@@ -156,6 +180,7 @@ impl CpuSampler {
 
         let sampler = CpuSampler {
             _links: sampler_links,
+            usdt: Rc::default(),
             ring,
             inbox,
             malformed,
@@ -355,7 +380,12 @@ impl CpuSampler {
         let attach = |prog: &libbpf_rs::ProgramMut<'_>, name: &str| {
             prog.attach_usdt(-1, path, "pytorch", name).map_err(|source| attach_error(&format!("the probe pytorch:{name} of {}", path.display()), source))
         };
-        Ok(TorchProbes { _links: [attach(&progs.on_torch_malloc, "malloc")?, attach(&progs.on_torch_free, "free")?] })
+        let links = [attach(&progs.on_torch_malloc, "malloc")?, attach(&progs.on_torch_free, "free")?];
+        let mut registry = self.usdt.borrow_mut();
+        let id = registry.next;
+        registry.next += 1;
+        registry.links.insert(id, links);
+        Ok(TorchProbes { id, registry: Rc::downgrade(&self.usdt) })
     }
 
     /// What a hooked call costs on this machine beyond its programs: the entry and return traps,
