@@ -63,6 +63,34 @@ fn correct(s: &Stack) -> bool {
     leaf_ok
 }
 
+/// `pystack.py` under `python` (with `env`), recorded with -p for 2 s of its CPU time (~400
+/// samples at 199 Hz) once the recording has its tables: the stacks and gpuflame's stderr.
+fn record_pystack(python: &Path, dir: &Path, env: &[(&str, &str)]) -> (Vec<Stack>, String) {
+    let gate = Gate::new(dir, &format!("gate-{}", python.to_string_lossy().replace('/', "-")));
+    let child = gate.spawn(Command::new(python).arg(script()).arg("600").envs(env.iter().copied()));
+    let out = dir.join("py.folded");
+    let pid = child.0.id().to_string();
+    let recording = Recording::start(&["record", "--lines", "-F", "199", "-p", &pid, "-o", out.to_str().unwrap()]);
+    gate.open_when_ready(&recording, &[child.0.id()]);
+    wait_cpu(child.0.id(), 2.0);
+    let (status, stderr) = recording.interrupt();
+    drop(child);
+    assert!(status.success(), "{status:?}\n{stderr}");
+    (read_folded(&out), stderr)
+}
+
+/// None when at least 300 samples were taken and 95% of them are right; else what was wrong.
+fn judge(python: &Path, stacks: &[Stack]) -> Option<String> {
+    let all = total(stacks);
+    let good: u64 = stacks.iter().filter(|s| correct(s)).map(|s| s.count).sum();
+    eprintln!("{:<50} {good:>4} of {all:>4} samples right ({:.1}%)", python.display(), 100.0 * good as f64 / all.max(1) as f64);
+    if all < 300 || good * 100 < all * 95 {
+        let bad: Vec<Stack> = stacks.iter().filter(|s| !correct(s)).cloned().collect();
+        return Some(format!("{}: {good} of {all} samples right; wrong ones:\n{}", python.display(), describe(&bad)));
+    }
+    None
+}
+
 #[test]
 fn python_and_native_frames_interleave_on_every_interpreter() {
     require_bpf();
@@ -73,28 +101,37 @@ fn python_and_native_frames_interleave_on_every_interpreter() {
             failures.push(format!("{} is missing (scripts/setup.sh installs the interpreters these tests need)", python.display()));
             continue;
         }
-        // Held at its gate until the recording has its tables, then recorded for 2 s of its
-        // CPU time (~400 samples at 199 Hz).
-        let gate = Gate::new(dir.path(), &format!("gate-{}", python.to_string_lossy().replace('/', "-")));
-        let child = gate.spawn(Command::new(&python).arg(script()).arg("600"));
-        let out = dir.path().join("py.folded");
-        let pid = child.0.id().to_string();
-        let recording = Recording::start(&["record", "--lines", "-F", "199", "-p", &pid, "-o", out.to_str().unwrap()]);
-        gate.open_when_ready(&recording, &[child.0.id()]);
-        wait_cpu(child.0.id(), 2.0);
-        let (status, stderr) = recording.interrupt();
-        drop(child);
-        assert!(status.success(), "{status:?}\n{stderr}");
-        let stacks = read_folded(&out);
-        let all = total(&stacks);
-        let good: u64 = stacks.iter().filter(|s| correct(s)).map(|s| s.count).sum();
-        eprintln!("{:<50} {good:>4} of {all:>4} samples right ({:.1}%)", python.display(), 100.0 * good as f64 / all.max(1) as f64);
-        if all < 300 || good * 100 < all * 95 {
-            let bad: Vec<Stack> = stacks.iter().filter(|s| !correct(s)).cloned().collect();
-            failures.push(format!("{}: {good} of {all} samples right; wrong ones:\n{}", python.display(), describe(&bad)));
-        }
+        let (stacks, _) = record_pystack(&python, dir.path(), &[]);
+        failures.extend(judge(&python, &stacks));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// A CPython newer than gpuflame's tables: Debian's 3.15 as `python3.16`, its `_Py_DebugOffsets`
+/// saying 3.16, is read where the header's sections are found (the search of pyframes' layout.rs,
+/// whose unit tests move them), with one info line and no warning.
+#[test]
+fn a_python_newer_than_the_tables_is_read_where_its_header_says() {
+    require_bpf();
+    let real = interpreters().into_iter().find(|p| p.ends_with("python3.15")).unwrap();
+    assert!(real.exists(), "{} is missing (scripts/setup.sh installs it)", real.display());
+    let mut bytes = std::fs::read(&real).unwrap();
+    let cookies: Vec<usize> = bytes.windows(16).enumerate().filter(|(_, w)| w[..8] == *b"xdebugpy" && w[10] == 15 && w[11] == 3).map(|(i, _)| i).collect();
+    assert_eq!(cookies.len(), 1, "one 3.15 _Py_DebugOffsets header in {}", real.display());
+    bytes[cookies[0] + 8..cookies[0] + 16].copy_from_slice(&0x0310_00a0u64.to_le_bytes());
+    let dir = tempfile::tempdir().unwrap();
+    let newer = dir.path().join("python3.16");
+    std::fs::write(&newer, &bytes).unwrap();
+    std::fs::set_permissions(&newer, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    // Its standard library is 3.15's, which it finds from its home.
+    let home = real.parent().and_then(Path::parent).unwrap().to_str().unwrap().to_string();
+    let (stacks, stderr) = record_pystack(&newer, dir.path(), &[("PYTHONHOME", &home)]);
+    if let Some(failure) = judge(&newer, &stacks) {
+        panic!("{failure}\n{stderr}");
+    }
+    let named: Vec<&str> = stderr.lines().filter(|l| l.contains("Python 3.16 is newer than gpuflame's tables (up to 3.15)")).collect();
+    assert_eq!(named.len(), 1, "one info line names the version:\n{stderr}");
+    assert!(!stderr.contains("WARN"), "no warning:\n{stderr}");
 }
 
 fn py_spy() -> PathBuf {

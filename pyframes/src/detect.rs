@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use gpuflame_elfread::{consts, open_regular, ElfError, ElfFile, OpenError};
 
-use crate::offsets::{DebugOffsetsError, PyOffsets};
+use crate::offsets::{DebugOffsetsError, PyOffsets, DEBUG_OFFSETS_LEN};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PyError {
@@ -16,6 +16,8 @@ pub enum PyError {
     Read { path: String, source: ElfError },
     #[error("Python {0}.{1} is not supported (3.8 to 3.15 are)")]
     Unsupported(u8, u8),
+    #[error("Python {0}.{1} is a free-threaded build ({0}.{1}t), whose frames gpuflame does not read yet")]
+    FreeThreaded(u8, u8),
     #[error("{0} has no _PyRuntime symbol")]
     NoRuntime(String),
     #[error(transparent)]
@@ -133,11 +135,12 @@ pub fn find_interpreter_with(
     };
     let runtime_addr = runtime.wrapping_add(bias);
     let offsets = if version >= (3, 13) {
-        let header = read_memory(runtime_addr, 0x300).ok_or(PyError::Unsupported(version.0, version.1))?;
+        let header = read_memory(runtime_addr, DEBUG_OFFSETS_LEN).ok_or(PyError::Unsupported(version.0, version.1))?;
         match PyOffsets::from_debug_offsets(&header) {
             Ok(o) => o,
-            Err(e @ DebugOffsetsError::Implausible { .. }) => return Err(PyError::DebugOffsets(e)),
-            Err(_) => return Err(PyError::Unsupported(version.0, version.1)),
+            Err(DebugOffsetsError::FreeThreaded) => return Err(PyError::FreeThreaded(version.0, version.1)),
+            Err(DebugOffsetsError::NoCookie | DebugOffsetsError::Version(..)) => return Err(PyError::Unsupported(version.0, version.1)),
+            Err(e) => return Err(PyError::DebugOffsets(e)),
         }
     } else {
         *PyOffsets::for_version(version.0, version.1).ok_or(PyError::Unsupported(version.0, version.1))?

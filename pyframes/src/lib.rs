@@ -7,6 +7,7 @@
 //! `_Py_DebugOffsets` header at the start of `_PyRuntime`, read at run time.
 
 mod detect;
+mod layout;
 mod linetable;
 mod offsets;
 mod tables;
@@ -14,6 +15,7 @@ mod unicode;
 mod versions;
 
 pub use detect::{find_interpreter, find_interpreter_with, Interpreter, Mapping, PyError};
+pub use layout::NEWEST_KNOWN;
 pub use linetable::line_for;
-pub use offsets::{DebugOffsetsError, FrameEntry, PyOffsets, MAX_OBJECT_OFFSET, MAX_STRUCT_OFFSET};
+pub use offsets::{DebugOffsetsError, FrameEntry, PyOffsets, DEBUG_OFFSETS_LEN, MAX_OBJECT_OFFSET, MAX_STRUCT_OFFSET};
 pub use unicode::{decode as decode_str, str_layout, StrLayout};

@@ -2,6 +2,12 @@
 //! at run time; the tables of older versions are looked up in `versions`.
 
 /// How the frames of one `_PyEval_EvalFrameDefault` call are told apart from its caller's.
+use crate::layout::{self, Layout};
+
+/// How many bytes of `_PyRuntime` [`PyOffsets::from_debug_offsets`] reads: the header, with room
+/// for a newer CPython's sections to have moved.
+pub const DEBUG_OFFSETS_LEN: usize = layout::HEADER_WORDS * 8;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FrameEntry {
     /// 3.8–3.10: one PyFrameObject per evaluation-loop call.
@@ -44,9 +50,10 @@ pub struct PyOffsets {
 
 impl PyOffsets {
     /// Offsets from the `_Py_DebugOffsets` header that 3.13+ put at the start of `_PyRuntime`
-    /// (`bytes` from there, at least 0x300 long), for the versions whose header layout is known
-    /// (3.13 to 3.15). The header is in the process's own memory, which the process can write:
-    /// every offset is bounded here, before anything is read or allocated by it.
+    /// (`bytes` from there, [`DEBUG_OFFSETS_LEN`] long). A version past the known layouts is read
+    /// where its sections are found by their shape ([`crate::layout`]). The header is in the
+    /// process's own memory, which the process can write: every offset is bounded here, before
+    /// anything is read or allocated by it.
     pub fn from_debug_offsets(bytes: &[u8]) -> Result<PyOffsets, DebugOffsetsError> {
         if bytes.get(..8) != Some(b"xdebugpy".as_slice()) {
             return Err(DebugOffsetsError::NoCookie);
@@ -57,24 +64,20 @@ impl PyOffsets {
         };
         let version = field(1)?;
         let (major, minor) = (((version >> 24) & 0xff) as u8, ((version >> 16) & 0xff) as u8);
-        if (major, minor) < (3, 13) {
+        if major != 3 || minor < 13 {
             return Err(DebugOffsetsError::Version(major, minor));
         }
         if field(2)? != 0 {
             // Free-threaded builds lay frames out differently: not supported.
             return Err(DebugOffsetsError::FreeThreaded);
         }
-        // Where each section starts (its `size` field, which is the size of the structure it
-        // describes, not of the section: sections cannot be found by walking them), in u64
-        // words: 3.14 added fields to the interpreter and thread sections, so the later ones
-        // moved; 3.15 added three to the thread section before `thread_id` and four to the type
-        // section.
-        let (rt, interp, ts, thread_id, frame, code, ascii_size, cstack) = match minor {
-            13 => (3, 6, 19, 5, 28, 34, 70, 3),
-            14 => (3, 6, 22, 5, 31, 39, 80, 3),
-            15 => (3, 6, 22, 8, 39, 47, 92, 3),
-            _ => return Err(DebugOffsetsError::Version(major, minor)),
+        let layout = match layout::known(minor) {
+            Some(l) => l,
+            None if (major, minor) > layout::NEWEST_KNOWN => layout::find(&|i| field(i).ok()).map_err(|section| DebugOffsetsError::Shape { version: (major, minor), section })?,
+            None => return Err(DebugOffsetsError::Version(major, minor)),
         };
+        let Layout { runtime: rt, interp, thread: ts, thread_id, frame, code, unicode } = layout;
+        let (ascii_size, cstack) = (unicode + 3, 3);
         let bounded = |i: usize, name: &'static str, max: usize| -> Result<usize, DebugOffsetsError> {
             let value = field(i)?;
             usize::try_from(value).ok().filter(|&v| v <= max).ok_or(DebugOffsetsError::Implausible { name, value, max })
@@ -121,8 +124,10 @@ pub enum DebugOffsetsError {
     Short(usize),
     #[error("_Py_DebugOffsets of an unknown layout (Python {0}.{1})")]
     Version(u8, u8),
-    #[error("a free-threaded build")]
+    #[error("a free-threaded build, whose frames gpuflame does not read yet")]
     FreeThreaded,
+    #[error("Python {}.{} is newer than gpuflame knows and its _Py_DebugOffsets header has no {section} section of the known shape", version.0, version.1)]
+    Shape { version: (u8, u8), section: &'static str },
     #[error("_Py_DebugOffsets says {name} is at {value:#x}, beyond {max:#x}: corrupt or forged")]
     Implausible { name: &'static str, value: u64, max: usize },
 }
@@ -167,10 +172,11 @@ mod tests {
         assert_eq!((o.frame_previous, o.frame_code, o.frame_instr, o.frame_entry), (8, 0, 0x38, FrameEntry::Owner { offset: 0x4a, cstack: 3 }));
         assert_eq!((o.code_filename, o.code_name, o.code_qualname, o.code_linetable, o.code_firstlineno, o.code_adaptive), (0x70, 0x78, Some(0x80), 0x88, 0x44, Some(0xd0)));
         assert_eq!(o.ascii_object_size, 0x28);
-        // A version past the known layouts is refused, not read with the last one's.
+        // A version past the known layouts whose sections do not have the shape of the known
+        // ones (here, most words 0) is refused, not read with the last one's.
         words[1] = 0x0310_00a0;
         let newer: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-        assert_eq!(PyOffsets::from_debug_offsets(&newer), Err(DebugOffsetsError::Version(3, 16)));
+        assert!(matches!(PyOffsets::from_debug_offsets(&newer), Err(DebugOffsetsError::Shape { version: (3, 16), .. })));
     }
 
     #[test]

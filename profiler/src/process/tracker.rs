@@ -99,6 +99,8 @@ pub struct ProcessTracker {
     entries: HashMap<u32, Vec<MapsEntry>>,
     entry_keys: HashMap<u32, Vec<Option<ExecutableKey>>>,
     python_warned: HashSet<u32>,
+    /// Pythons newer than the tables, named once each.
+    python_newer_named: HashSet<(u8, u8)>,
     /// Processes whose mappings were read since their tables were last all in ([`Self::take_ready`]).
     unready: HashSet<u32>,
     exited: Vec<(Instant, u32)>,
@@ -139,6 +141,7 @@ impl ProcessTracker {
             entries: HashMap::new(),
             entry_keys: HashMap::new(),
             python_warned: HashSet::new(),
+            python_newer_named: HashSet::new(),
             unready: HashSet::new(),
             exited: Vec::new(),
             read_delay: None,

@@ -1,7 +1,7 @@
 //! The CPython interpreter of each process, for the walker's Python frames.
 
 use gpuflame_bpf::{CpuSampler, PythonProcess};
-use gpuflame_pyframes::{find_interpreter_with, Interpreter, Mapping};
+use gpuflame_pyframes::{find_interpreter_with, Interpreter, Mapping, NEWEST_KNOWN};
 
 use super::ProcessTracker;
 use crate::process::maps::MapsEntry;
@@ -30,6 +30,10 @@ impl ProcessTracker {
                 match sampler.set_python(pid, &py) {
                     Ok(()) => {
                         tracing::debug!(pid, version = ?interp.version, "Python process");
+                        let (major, minor) = interp.version;
+                        if interp.version > NEWEST_KNOWN && self.python_newer_named.insert(interp.version) {
+                            tracing::info!(pid, "Python {major}.{minor} is newer than gpuflame's tables (up to {}.{}): its frames are read where its _Py_DebugOffsets header shows them", NEWEST_KNOWN.0, NEWEST_KNOWN.1);
+                        }
                         self.pythons.insert(pid, interp);
                     }
                     Err(e) => tracing::warn!(pid, error = %e, "cannot describe the Python interpreter to the walker"),
