@@ -66,9 +66,15 @@ fn correct(s: &Stack) -> bool {
 /// `pystack.py` under `python` (with `env`), recorded with -p for 2 s of its CPU time (~400
 /// samples at 199 Hz) once the recording has its tables: the stacks and gpuflame's stderr.
 fn record_pystack(python: &Path, dir: &Path, env: &[(&str, &str)]) -> (Vec<Stack>, String) {
-    let gate = Gate::new(dir, &format!("gate-{}", python.to_string_lossy().replace('/', "-")));
-    let child = gate.spawn(Command::new(python).arg(script()).arg("600").envs(env.iter().copied()));
-    let out = dir.join("py.folded");
+    record_script(python, &script(), dir, env)
+}
+
+/// The same for another script of tests/programs.
+fn record_script(python: &Path, script: &Path, dir: &Path, env: &[(&str, &str)]) -> (Vec<Stack>, String) {
+    let name = format!("{}-{}", script.file_stem().unwrap().to_string_lossy(), python.to_string_lossy().replace('/', "-"));
+    let gate = Gate::new(dir, &format!("gate-{name}"));
+    let child = gate.spawn(Command::new(python).arg(script).arg("600").envs(env.iter().copied()));
+    let out = dir.join(format!("{name}.folded"));
     let pid = child.0.id().to_string();
     let recording = Recording::start(&["record", "--lines", "-F", "199", "-p", &pid, "-o", out.to_str().unwrap()]);
     gate.open_when_ready(&recording, &[child.0.id()]);
@@ -103,6 +109,60 @@ fn python_and_native_frames_interleave_on_every_interpreter() {
         }
         let (stacks, _) = record_pystack(&python, dir.path(), &[]);
         failures.extend(judge(&python, &stacks));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// `record -- python3.15 pystack.py`: from its start, as the matrix's -p is from attaching.
+#[test]
+fn record_runs_the_newest_python_with_its_frames_from_the_start() {
+    require_bpf();
+    let python = interpreters().into_iter().find(|p| p.ends_with("python3.15")).unwrap();
+    assert!(python.exists(), "{} is missing (scripts/setup.sh installs it)", python.display());
+    let dir = tempfile::tempdir().unwrap();
+    let gate = Gate::new(dir.path(), "gate");
+    let out = dir.path().join("py315.folded");
+    // Two threads for 1.5 s of CPU each: ~600 samples at 199 Hz.
+    let (status, stderr) = record_gated(&gate, &["record", "--lines", "-F", "199", "-o", out.to_str().unwrap(), "--", python.to_str().unwrap(), script().to_str().unwrap(), "1.5"], 1);
+    assert!(status.success(), "{status:?}\n{stderr}");
+    if let Some(failure) = judge(&python, &read_folded(&out)) {
+        panic!("{failure}\n{stderr}");
+    }
+}
+
+/// A generator driven by a coroutine that asyncio runs, on every interpreter: the generator's
+/// frame under the coroutine's, the coroutine's under the event loop's and `<module>`, whole down
+/// to `_start`, with the generator's lines.
+#[test]
+fn generators_and_coroutines_on_every_interpreter() {
+    require_bpf();
+    let dir = tempfile::tempdir().unwrap();
+    let script = Path::new(&program_dir()).join("pygen.py");
+    let mut failures = Vec::new();
+    for python in interpreters() {
+        if !python.exists() {
+            failures.push(format!("{} is missing (scripts/setup.sh installs the interpreters these tests need)", python.display()));
+            continue;
+        }
+        let (stacks, _) = record_script(&python, &script, dir.path(), &[]);
+        let ours = |s: &Stack| -> Vec<String> { s.user().iter().filter(|f| f.contains("(pygen.py:")).map(|f| f.split(" (").next().unwrap_or("").to_string()).collect() };
+        // The generator runs at lines 10 to 13; the coroutine resumes it at line 20.
+        let right = |s: &Stack| {
+            let user = s.user();
+            let lines_ok = user.iter().any(|f| f.starts_with("consume (pygen.py:20)")) && user.iter().any(|f| ["10)", "11)", "12)", "13)"].iter().any(|l| f.starts_with("produce (pygen.py:") && f.ends_with(l)));
+            user.first() == Some(&"_start") && ours(s) == ["<module>", "consume", "produce"] && lines_ok && user.iter().any(|f| f.starts_with("run (runners.py:") || f.starts_with("run (asyncio/runners.py:"))
+        };
+        let all = total(&stacks);
+        let good: u64 = stacks.iter().filter(|s| right(s)).map(|s| s.count).sum();
+        // Samples in the event loop between steps have no generator (or no coroutine): fewer
+        // than 1 in 10. Any other sample is a broken walk.
+        let between = |s: &Stack| s.user().first() == Some(&"_start") && (ours(s) == ["<module>"] || ours(s) == ["<module>", "consume"]);
+        let broken: Vec<Stack> = stacks.iter().filter(|s| !right(s) && !between(s)).cloned().collect();
+        let broken_count: u64 = broken.iter().map(|s| s.count).sum();
+        eprintln!("{:<50} {good:>4} of {all:>4} samples in the generator under the coroutine, {broken_count} broken", python.display());
+        if all < 300 || good * 100 < all * 85 || broken_count * 100 > all {
+            failures.push(format!("{}: {good} of {all} right, {broken_count} broken:\n{}", python.display(), describe(&broken)));
+        }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
