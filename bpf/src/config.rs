@@ -29,6 +29,25 @@ pub struct SamplerConfig {
     /// waking it; only a sample's requests wake it. For a reader that reads a new program's maps
     /// only once it lived a while or a sample needs them (`ProcessTracker::read_lazily`).
     pub lazy_process_events: bool,
+    /// Byte sampling of PyTorch tensors' stacks (torch_allocator.h): the interval in bytes, 0 for
+    /// every tensor's stack. Every tensor is still sent; see [`tensor_stack_chance`].
+    pub tensor_sample_bytes: u64,
+}
+
+/// The chance that the stack of a tensor of `size` bytes was taken, under byte sampling with
+/// `interval` (0: none): 1 for a tensor of the interval or more, else 1 - exp(-size / interval).
+/// A drawn tensor stands for 1/chance of its kind.
+pub fn tensor_stack_chance(size: u64, interval: u64) -> f64 {
+    if interval == 0 || size >= interval {
+        return 1.0;
+    }
+    -(-(size as f64) / interval as f64).exp_m1()
+}
+
+/// The countdowns the BPF side restarts at (TENSOR_DRAWS of them): -ln(u) * interval at evenly
+/// spaced u in (0, 1), an exponential distribution of mean `interval` when picked at random.
+pub fn tensor_draws(interval: u64, n: usize) -> Vec<u64> {
+    (0..n).map(|i| ((-((i as f64 + 0.5) / n as f64).ln()) * interval as f64).round().max(1.0) as u64).collect()
 }
 
 /// What the records' ring buffer carries: CPU samples alone come at a rate known ahead
@@ -72,6 +91,25 @@ mod tests {
         assert_eq!(SamplerConfig::samples_ring_bytes(99, 2), 4 << 20);
         assert_eq!(SamplerConfig::samples_ring_bytes(99, 96), 16 << 20);
         assert_eq!(SamplerConfig::samples_ring_bytes(5000, 2), 16 << 20);
+    }
+
+    #[test]
+    fn tensor_draws_are_exponential_with_the_interval_as_mean() {
+        let draws = super::tensor_draws(2 << 20, 1024);
+        let mean = draws.iter().sum::<u64>() as f64 / draws.len() as f64;
+        assert!((mean / f64::from(2u32 << 20) - 1.0).abs() < 0.01, "{mean}");
+        // Half of them below the median of the distribution, I ln 2.
+        let below = draws.iter().filter(|&&d| (d as f64) < f64::from(2u32 << 20) * std::f64::consts::LN_2).count();
+        assert_eq!(below, 512);
+        assert!(draws.iter().all(|&d| d >= 1));
+    }
+
+    #[test]
+    fn a_tensor_is_drawn_with_its_bytes_chance_and_always_from_the_interval() {
+        use super::tensor_stack_chance as chance;
+        assert_eq!((chance(4096, 0), chance(2 << 20, 2 << 20), chance(1 << 30, 2 << 20)), (1.0, 1.0, 1.0));
+        assert!((chance(4096, 2 << 20) - 0.001_951).abs() < 1e-6);
+        assert!((chance(1 << 20, 2 << 20) - 0.393_469).abs() < 1e-6);
     }
 }
 

@@ -21,7 +21,7 @@ mod skel;
 mod unwind_maps;
 
 pub use calibrate::{HookTraps, TrapCost};
-pub use config::{OffCpuSampling, RingUse, SamplerConfig, Targets};
+pub use config::{tensor_stack_chance, OffCpuSampling, RingUse, SamplerConfig, Targets};
 pub use counters::{Counter, Counters, CudaCounters, OffCpuCounters, PythonCounters, UnwindCounters};
 pub use cuda::{CudaApi, CudaClass};
 pub use error::BpfError;

@@ -104,6 +104,7 @@ fn every_record_kind_goes_through_the_loaded_programs_and_decodes() {
         off_cpu: OffCpuSampling::default(),
         ring: RingUse::Any,
         lazy_process_events: false,
+        tensor_sample_bytes: 0,
     };
     // A test that cannot run fails, saying why: a skip would pass for a result.
     // SAFETY: geteuid has no preconditions.

@@ -141,8 +141,15 @@ impl CpuSampler {
         };
         rodata.samples_wakeup_bytes = u64::from(ring / 4);
         rodata.process_events_lazy = u8::from(config.lazy_process_events);
+        rodata.tensor_sample_bytes = config.tensor_sample_bytes;
         open.maps.samples.set_max_entries(ring).map_err(BpfError::load)?;
         let skel = open.load().map_err(BpfError::load)?;
+        if config.tensor_sample_bytes > 0 {
+            let n = skel.maps.tensor_draws.max_entries() as usize;
+            for (i, draw) in crate::config::tensor_draws(config.tensor_sample_bytes, n).into_iter().enumerate() {
+                skel.maps.tensor_draws.update(&(i as u32).to_ne_bytes(), &draw.to_ne_bytes(), MapFlags::ANY).map_err(BpfError::load)?;
+            }
+        }
 
         let mut sampler_links = Vec::new();
         // Fork in every mode: besides following a command's descendants, it gives a forked child

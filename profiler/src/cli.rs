@@ -124,6 +124,12 @@ pub struct RecordArgs {
     /// `.memory-timeline.svg`; `none` draws none.
     #[arg(long, value_name = "FILE")]
     pub memory_timeline: Option<PathBuf>,
+    /// Byte sampling of PyTorch tensors' stacks, as the agent does it: a tensor of this many
+    /// bytes or more always has its stack taken, a smaller one with probability
+    /// 1 - exp(-size / BYTES), weighed by the inverse; every tensor is still counted. 0 (the
+    /// default) takes every stack: exact bytes per stack.
+    #[arg(long, value_name = "BYTES", default_value_t = 0)]
+    pub tensor_sample_bytes: u64,
     /// A sample label read from each process's environment, from the first of the variables
     /// that holds a number (repeatable; replaces the default list of rank, local_rank,
     /// world_size and group_rank; `none` reads none).
@@ -163,6 +169,7 @@ impl RecordArgs {
             cuda_window: Duration::from_millis(self.cuda_window_ms),
             detail: detail(self.lines),
             memory_timeline: self.memory_timeline.clone(),
+            tensor_sample_bytes: self.tensor_sample_bytes,
             rank_labels: crate::workload::rank::RankLabels::parse(&self.rank_labels).map_err(crate::UserError)?,
         })
     }

@@ -52,6 +52,7 @@ fn call(api: CudaApi, user: &[u64], size: u64, addr: u64, result: i32, duration_
         hook_ns: 500,
         traps: HookTraps::default(),
         in_allocator: false,
+        stack_sampled_out: false,
     })
 }
 
@@ -158,7 +159,7 @@ pub(crate) fn hand_built() -> Profile {
 /// and the out-of-memory snapshot.
 fn recorded() -> Vec<(String, Profile)> {
     let files: &[gpuflame_symbolizer::MappedFile] = &[];
-    let mut collector = Collector::new(&ProfileKind::ALL, 99, TrapCost::default());
+    let mut collector = Collector::new(&ProfileKind::ALL, 99, TrapCost::default(), 0);
     for event in events() {
         collector.record(&event, Some(files), None);
     }

@@ -122,6 +122,38 @@ fn tensor_stacks_are_exact(notes: bool) {
     assert_eq!(total(&read_folded(Path::new(&fx.path("t.hbm-inuse.folded")))), num(&kv, "reserved") + num(&kv, "reserved_dev2"));
 }
 
+/// Byte sampling (the agent's default, here through record's flag): tensors of the interval or
+/// more keep exact stacks, smaller ones are drawn and weighed, every tensor is counted.
+#[test]
+fn byte_sampling_keeps_big_tensors_exact_and_counts_every_tensor() {
+    let fx = Fixture::build();
+    let out = fx.path("s.folded");
+    let app = fx.app.display().to_string();
+    let interval = (2 * MIB).to_string();
+    let (stderr, kv) = fx.record(&["--profiles", "tensor-inuse,tensor-alloc", "--tensor-sample-bytes", &interval, "-o", &out], &[], &[&app, "sampled"]);
+    let inuse = read_folded(Path::new(&fx.path("s.tensor-inuse.folded")));
+    let alloc = read_folded(Path::new(&fx.path("s.tensor-alloc.folded")));
+    let ctx = format!("{}\n{}\n{stderr}", describe(&inuse), describe(&alloc));
+    // 4 MiB tensors: always drawn, weight 1.
+    assert_eq!(under(&inuse, "keep_big"), num(&kv, "live_keep_big_bytes"), "{ctx}");
+    assert_eq!(under(&alloc, "keep_big"), num(&kv, "live_keep_big_bytes"), "{ctx}");
+    // 800 MiB in 4 KiB tensors: each drawn with a chance of 1 - exp(-4096 / 2 MiB) = 0.195%,
+    // about 400 of them, weighed 512.5 each: the estimate's standard error is 5%.
+    let churned = num(&kv, "churned_bytes") as f64;
+    let estimate = under(&alloc, "churn_small") as f64;
+    assert!((estimate / churned - 1.0).abs() < 0.25, "churn_small: {estimate} estimated for {churned}: {ctx}");
+    // 20 MiB kept in 4 KiB tensors: about 10 drawn; only that the estimate is of that order.
+    let small = under(&inuse, "keep_small") as f64;
+    assert!(small < 5.0 * num(&kv, "live_keep_small_bytes") as f64, "keep_small: {small}: {ctx}");
+    // Every tensor counted, and the totals exact.
+    assert!(stderr.contains("tensors: 205008 allocated, 200000 freed"), "{stderr}");
+    let drawn: u64 = stderr.split("byte sampling took the stacks of ").nth(1).and_then(|r| r.split(' ').next()).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{stderr}"));
+    eprintln!("byte sampling: churn_small {estimate} for {churned} ({:+.1}%), keep_small {small} for {}, {drawn} stacks taken", 100.0 * (estimate / churned - 1.0), num(&kv, "live_keep_small_bytes"));
+    assert!((8 + 250..=8 + 600).contains(&drawn), "{drawn} stacks taken of 205,008 tensors (8 big, ~410 small expected): {stderr}");
+    let dev0 = device_line(0, num(&kv, "reserved"), num(&kv, "allocated"), 0);
+    assert!(stderr.contains(&format!("HBM at the end: {dev0}")), "{dev0}\n{stderr}");
+}
+
 #[test]
 fn tensor_pprof_has_objects_devices_and_reserved_against_allocated() {
     let fx = Fixture::build();

@@ -113,6 +113,7 @@ enum cuda_class {
 enum cuda_call_flags {
 	CUDA_CALL_IN_ALLOCATOR = 1, /* a segment call made inside a hooked tensor allocation */
 	CUDA_CALL_STEPPED = 2,      /* its function's first instruction is stepped out of line */
+	CUDA_CALL_SAMPLED_OUT = 4,  /* a tensor whose stack byte sampling passed over (torch_allocator.h) */
 	/* Bits 8-15: hooked calls nested in this one (a runtime launch's driver launch), each an
 	 * entry trap that hooking cost the caller besides this call's own; bits 16-23: those of
 	 * them whose first instruction was stepped out of line, a trap more. */

@@ -242,6 +242,10 @@ static __always_inline int cuda_return(struct pt_regs *ctx, __u32 api)
 		if (bpf_probe_read_user(&c->addr, sizeof(c->addr), (void *)call->args[1]))
 			c->addr = 0;
 		tensor_allocated(id >> 32, c->addr);
+		if (c->addr && !tensor_stack_drawn(c->size)) {
+			send_tensor_without_stack(e, bpf_ktime_get_ns() - now + call->enter_ns);
+			return forget_call(&key);
+		}
 		break;
 	case CUDA_CLASS_MAP:
 		c->addr = call->args[0];

@@ -45,6 +45,10 @@ int on_torch_malloc(struct pt_regs *ctx)
 	c->size = size;
 	c->addr = ptr;
 	count(COUNTER_CUDA_CALLS);
+	if (!tensor_stack_drawn(size)) {
+		send_tensor_without_stack(e, bpf_ktime_get_ns() - t0);
+		return 0;
+	}
 	send_call_with_stack(e, slot, tid, C10_MALLOC, t0, 0);
 	return 0;
 }

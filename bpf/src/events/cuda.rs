@@ -69,6 +69,9 @@ pub struct CudaCall {
     /// A segment (cudaMalloc and the like) that PyTorch's caching allocator asked for while a
     /// hooked tensor allocation was under way.
     pub in_allocator: bool,
+    /// A tensor whose stack byte sampling passed over ([`crate::SamplerConfig::tensor_sample_bytes`]):
+    /// counted, with no stack.
+    pub stack_sampled_out: bool,
 }
 
 /// A kernel handle that cuModuleGetFunction returned, and the kernel's name.
@@ -98,11 +101,13 @@ pub(super) fn decode_call(r: &Record) -> Option<CudaCall> {
             nested_stepped: (flags >> NESTED_STEPPED_SHIFT) & NESTED_MAX,
         },
         in_allocator: flags & IN_ALLOCATOR != 0,
+        stack_sampled_out: flags & SAMPLED_OUT != 0,
     })
 }
 
 const IN_ALLOCATOR: u32 = types::cuda_call_flags::CUDA_CALL_IN_ALLOCATOR.0 as u32;
 const STEPPED: u32 = types::cuda_call_flags::CUDA_CALL_STEPPED.0 as u32;
+const SAMPLED_OUT: u32 = types::cuda_call_flags::CUDA_CALL_SAMPLED_OUT.0 as u32;
 const NESTED_SHIFT: u32 = types::cuda_call_flags::CUDA_CALL_NESTED_SHIFT.0 as u32;
 const NESTED_STEPPED_SHIFT: u32 = types::cuda_call_flags::CUDA_CALL_NESTED_STEPPED_SHIFT.0 as u32;
 const NESTED_MAX: u32 = types::cuda_call_flags::CUDA_CALL_NESTED_MAX.0 as u32;
@@ -127,7 +132,7 @@ pub(super) fn decode_cupti_status(r: &Record) -> CudaCall {
 
 /// A call of one of the injection library's functions: what its payload does not carry is 0.
 fn cupti_call(api: CudaApi, sample: Sample) -> CudaCall {
-    CudaCall { sample, api, result: 0, device: 0, duration_ns: 0, size: 0, addr: 0, handle: 0, hook_ns: 0, traps: HookTraps::default(), in_allocator: false }
+    CudaCall { sample, api, result: 0, device: 0, duration_ns: 0, size: 0, addr: 0, handle: 0, hook_ns: 0, traps: HookTraps::default(), in_allocator: false, stack_sampled_out: false }
 }
 
 /// EVENT_CUDA_KERNEL: the handle, and the name after the fixed part.

@@ -81,8 +81,13 @@ pub struct AgentArgs {
     #[arg(long, env = "GPUFLAME_HOSTNAME")]
     pub hostname: Option<String>,
     // Its help comes from the profiles' descriptors (profile_kind.rs).
-    #[arg(long, value_name = "LIST", env = "GPUFLAME_PROFILES", help = format!("{} [default: cpu]", profiles_help("push")), long_help = profiles_long_help("push"))]
+    #[arg(long, value_name = "LIST", env = "GPUFLAME_PROFILES", help = format!("{} [default: {DEFAULT_PROFILES}]", profiles_help("push")), long_help = profiles_long_help("push"))]
     pub profiles: Option<String>,
+    /// Byte sampling of PyTorch tensors' stacks: a tensor of this many bytes or more always has
+    /// its stack taken, a smaller one with probability 1 - exp(-size / BYTES), weighed by the
+    /// inverse; every tensor is still counted. 0 takes every stack [default: 2097152, 2 MiB].
+    #[arg(long, value_name = "BYTES", env = "GPUFLAME_TENSOR_SAMPLE_BYTES")]
+    pub tensor_sample_bytes: Option<u64>,
     /// Push one window and exit.
     #[arg(long)]
     pub once: bool,
@@ -145,6 +150,7 @@ struct FileConfig {
     unwind_memory: Option<u64>,
     hostname: Option<String>,
     profiles: Option<String>,
+    tensor_sample_bytes: Option<u64>,
     kernel_threads: Option<bool>,
     thread_names: Option<ThreadNames>,
     device_label: Option<DeviceLabel>,
@@ -183,6 +189,8 @@ pub struct AgentConfig {
     pub unwind_memory: u64,
     pub hostname: String,
     pub profiles: Vec<crate::profile_kind::ProfileKind>,
+    /// 0: every tensor's stack.
+    pub tensor_sample_bytes: u64,
     pub once: bool,
     pub kernel_threads: bool,
     pub thread_names: ThreadNames,
@@ -194,6 +202,19 @@ pub struct AgentConfig {
 }
 
 pub const DEFAULT_FREQUENCY_HZ: u64 = 19;
+
+/// CPU time, and device memory wherever CUDA is seen: segments (hbm-inuse: cudaMalloc and the
+/// driver's allocations, a few calls a second) and PyTorch's tensors, through its USDT probes
+/// (libraries without them are not hooked for tensors by default: their hooks cost 16-22 us a
+/// tensor). Launches, CUDA API time and off-CPU time cost per launch or per switch, at rates no
+/// continuous profile should pay: asked for, not defaults.
+pub const DEFAULT_PROFILES: &str = "cpu,hbm-inuse,tensor-alloc,tensor-inuse";
+
+/// The interval of tensors' byte sampling: the allocator's small-pool segments are 2 MiB, and
+/// the tensors in them (under 1 MiB: most tensors, few of the bytes) are sampled, each of the
+/// large pool's drawn with a chance of 39% or more and all of those of 2 MiB or more, which hold
+/// the memory an out-of-memory failure is about.
+pub const DEFAULT_TENSOR_SAMPLE_BYTES: u64 = 2 << 20;
 
 fn err(msg: impl Into<String>) -> UserError {
     UserError(msg.into())
@@ -285,7 +306,7 @@ impl AgentConfig {
         if frequency_hz == 0 || frequency_hz > 10_000 {
             return Err(err(format!("frequency {frequency_hz} Hz is out of range (1 to 10000)")));
         }
-        let profiles = crate::profile_kind::ProfileKind::parse_list(&args.profiles.clone().or(file.profiles).unwrap_or_else(|| "cpu".into())).map_err(err)?;
+        let profiles = crate::profile_kind::ProfileKind::parse_list(&args.profiles.clone().or(file.profiles).unwrap_or_else(|| DEFAULT_PROFILES.into())).map_err(err)?;
         if let Some(k) = profiles.iter().find(|k| k.descriptor().needs.cupti) {
             // The agent starts no program, so it cannot load the injection library into one; a
             // program started with it has kernel records all the same.
@@ -331,6 +352,10 @@ impl AgentConfig {
                 None => std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "unknown".into()),
             },
             profiles,
+            tensor_sample_bytes: match args.tensor_sample_bytes.or(file.tensor_sample_bytes).unwrap_or(DEFAULT_TENSOR_SAMPLE_BYTES) {
+                b if b <= 1 << 40 => b,
+                b => return Err(err(format!("tensor_sample_bytes {b} is out of range (0 to 1 TiB)"))),
+            },
             once: args.once,
             kernel_threads: !args.no_kernel_threads && file.kernel_threads.unwrap_or(true),
             thread_names: args.thread_names.or(file.thread_names).unwrap_or(ThreadNames::Frame),

@@ -139,6 +139,7 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
         cuda_duty: Some(DutyCycle::DEFAULT),
         rank_labels: cfg.rank_labels.clone(),
         memory_timeline: false,
+        tensor_sample_bytes: cfg.tensor_sample_bytes,
     })?;
     eprintln!(
         "gpuflame agent: profiling the whole machine ({} processes) at {} Hz, pushing every {} s to {}",

@@ -27,6 +27,26 @@ pub struct Site {
 struct Block {
     site: Rc<Site>,
     size: u64,
+    /// What it stands for in its site's bytes and objects: 1, or under byte sampling 1/chance
+    /// for a tensor whose stack was drawn and 0 for one passed over (its site is no stack).
+    weight: f64,
+}
+
+/// `size` bytes of an allocation that stands for `weight` of its kind.
+pub fn weighed(size: u64, weight: f64) -> i64 {
+    if weight == 1.0 {
+        size as i64
+    } else {
+        (size as f64 * weight).round() as i64
+    }
+}
+
+fn weighed_count(weight: f64) -> i64 {
+    if weight == 1.0 {
+        1
+    } else {
+        weight.round() as i64
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -49,6 +69,8 @@ pub struct HbmStats {
     pub failed_allocations: u64,
     /// Allocations at an address that was live: its free was not seen.
     pub overwritten: u64,
+    /// Allocations whose stack byte sampling passed over (tensors under the agent's defaults).
+    pub without_stack: u64,
 }
 
 #[derive(Default)]
@@ -66,23 +88,37 @@ pub struct Hbm {
 impl Hbm {
     /// A successful allocation of `size` bytes at `addr` (or physical handle `addr`).
     pub fn allocated(&mut self, pid: u32, api: CudaApi, addr: u64, size: u64, site: Rc<Site>) {
+        self.allocated_weighed(pid, api, addr, size, site, 1.0);
+    }
+
+    /// The same for an allocation that stands for `weight` of its kind in its site (see [`Block`]).
+    pub fn allocated_weighed(&mut self, pid: u32, api: CudaApi, addr: u64, size: u64, site: Rc<Site>, weight: f64) {
         self.stats.allocations += 1;
-        let t = self.window_allocs.entry(Rc::clone(&site)).or_default();
-        t.0 += size as i64;
-        t.1 += 1;
+        if weight == 0.0 {
+            self.stats.without_stack += 1;
+        } else {
+            let t = self.window_allocs.entry(Rc::clone(&site)).or_default();
+            t.0 += weighed(size, weight);
+            t.1 += weighed_count(weight);
+        }
         if api == CudaApi::CuMemCreate {
             self.physical.insert((pid, addr), Physical { site, size, released: false, mappings: 0 });
-        } else if self.blocks.insert((pid, addr), Block { site, size }).is_some() {
+        } else if self.blocks.insert((pid, addr), Block { site, size, weight }).is_some() {
             self.stats.overwritten += 1;
         }
     }
 
     /// A block at `addr` freed; what it was, if it was known.
     pub fn freed(&mut self, pid: u32, addr: u64) -> Option<(Rc<Site>, u64)> {
+        self.freed_weighed(pid, addr).map(|(site, size, _)| (site, size))
+    }
+
+    /// The same, with what the block stood for.
+    pub fn freed_weighed(&mut self, pid: u32, addr: u64) -> Option<(Rc<Site>, u64, f64)> {
         match self.blocks.remove(&(pid, addr)) {
             Some(b) => {
                 self.stats.frees += 1;
-                Some((b.site, b.size))
+                Some((b.site, b.size, b.weight))
             }
             None => {
                 self.stats.unknown_frees += 1;
@@ -149,18 +185,19 @@ impl Hbm {
         self.mapped.retain(|&(p, _), _| p != pid);
     }
 
-    /// Live bytes and objects per site, of one process or of all.
+    /// Live bytes and objects per site, of one process or of all; under byte sampling, what the
+    /// drawn blocks stand for.
     pub fn in_use_of(&self, pid: Option<u32>) -> SiteTotals {
         let mut out: SiteTotals = HashMap::new();
-        let blocks = self.blocks.iter().map(|(k, b)| (k.0, &b.site, b.size));
-        let physical = self.physical.iter().map(|(k, p)| (k.0, &p.site, p.size));
-        for (p, site, size) in blocks.chain(physical) {
-            if pid.is_some_and(|want| want != p) {
+        let blocks = self.blocks.iter().map(|(k, b)| (k.0, &b.site, b.size, b.weight));
+        let physical = self.physical.iter().map(|(k, p)| (k.0, &p.site, p.size, 1.0));
+        for (p, site, size, weight) in blocks.chain(physical) {
+            if pid.is_some_and(|want| want != p) || weight == 0.0 {
                 continue;
             }
             let t = out.entry(Rc::clone(site)).or_default();
-            t.0 += size as i64;
-            t.1 += 1;
+            t.0 += weighed(size, weight);
+            t.1 += weighed_count(weight);
         }
         out
     }
@@ -226,6 +263,21 @@ mod tests {
         let (allocs, in_use) = h.take_window();
         assert!(allocs.is_empty());
         assert_eq!(in_use[&site(1)], (50, 1));
+    }
+
+    #[test]
+    fn sampled_blocks_count_what_they_stand_for_and_passed_over_ones_nothing() {
+        let mut h = Hbm::default();
+        h.allocated_weighed(1, CudaApi::C10Malloc, 0x1000, 4096, site(1), 512.5);
+        h.allocated_weighed(1, CudaApi::C10Malloc, 0x2000, 4096, site(1), 0.0);
+        h.allocated_weighed(1, CudaApi::C10Malloc, 0x3000, 8 << 20, site(2), 1.0);
+        assert_eq!((h.stats.allocations, h.stats.without_stack), (3, 1));
+        let (allocs, in_use) = h.take_window();
+        assert_eq!(allocs[&site(1)], (2_099_200, 513));
+        assert_eq!(in_use[&site(2)], (8 << 20, 1));
+        // Totals by device count every block once, by its size.
+        assert_eq!(h.by_device(None)[&0], (4096 + 4096 + (8 << 20), 0));
+        assert_eq!(h.freed_weighed(1, 0x1000).map(|(_, size, w)| (size, w)), Some((4096, 512.5)));
     }
 
     #[test]

@@ -93,21 +93,24 @@ impl DeviceMemory {
         }
     }
 
-    pub fn tensor_allocated(&mut self, t_ns: u64, pid: u32, api: CudaApi, addr: u64, size: u64, site: Rc<Site>) {
+    /// `weight`: what the tensor stands for in its stack's bytes (byte sampling: 1/chance for a
+    /// drawn one, 0 for one passed over; 1 without sampling). Totals count its size.
+    #[allow(clippy::too_many_arguments)]
+    pub fn tensor_allocated(&mut self, t_ns: u64, pid: u32, api: CudaApi, addr: u64, size: u64, site: Rc<Site>, weight: f64) {
         self.next_window();
         self.allocator_pids.insert(pid);
-        self.track(t_ns, &site, size as i64);
-        self.tensors.allocated(pid, api, addr, size, site);
+        self.track(t_ns, &site, super::hbm::weighed(size, weight));
+        self.tensors.allocated_weighed(pid, api, addr, size, site, weight);
     }
 
     pub fn tensor_freed(&mut self, t_ns: u64, pid: u32, addr: u64) {
-        if let Some((site, size)) = self.tensors.freed(pid, addr) {
-            self.track(t_ns, &site, -(size as i64));
+        if let Some((site, size, weight)) = self.tensors.freed_weighed(pid, addr) {
+            self.track(t_ns, &site, -super::hbm::weighed(size, weight));
         }
     }
 
     fn track(&mut self, t_ns: u64, site: &Rc<Site>, delta: i64) {
-        if self.timeline_on {
+        if self.timeline_on && delta != 0 {
             self.timeline.change(t_ns, site, delta);
         }
     }
@@ -225,8 +228,8 @@ mod tests {
     fn reserved_allocated_and_cached_per_device() {
         let mut m = DeviceMemory { timeline_on: true, ..Default::default() };
         m.segment_allocated(1, 1, CudaApi::CudaMalloc, 0x1000, 20 << 20, site(1, true));
-        m.tensor_allocated(1, 1, CudaApi::C10Malloc, 0x1000, 4 << 20, site(2, false));
-        m.tensor_allocated(2, 1, CudaApi::C10Malloc, 0x2000, 6 << 20, site(3, false));
+        m.tensor_allocated(1, 1, CudaApi::C10Malloc, 0x1000, 4 << 20, site(2, false), 1.0);
+        m.tensor_allocated(2, 1, CudaApi::C10Malloc, 0x2000, 6 << 20, site(3, false), 1.0);
         m.segment_allocated(3, 1, CudaApi::CudaMalloc, 0x9000, 1 << 20, site(4, false));
         m.tensor_freed(4, 1, 0x2000);
         m.tensor_freed(4, 1, 0x7777);

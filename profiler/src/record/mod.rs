@@ -51,6 +51,8 @@ pub struct RecordOptions {
     pub rank_labels: RankLabels,
     /// `--memory-timeline`: None for the default.
     pub memory_timeline: Option<PathBuf>,
+    /// Byte sampling of tensors' stacks: the interval, 0 for every stack.
+    pub tensor_sample_bytes: u64,
 }
 
 impl RecordOptions {
@@ -166,6 +168,7 @@ fn record(opts: &RecordOptions, format: Format, outputs: &[(ProfileKind, Output)
         cuda_duty: (!opts.cuda_exact).then_some(DutyCycle { on: opts.cuda_window, ..DutyCycle::DEFAULT }),
         rank_labels: opts.rank_labels.clone(),
         memory_timeline: opts.memory_timeline_path().is_some(),
+        tensor_sample_bytes: opts.tensor_sample_bytes,
     })?;
     let mut ooms = OomWriter { output: opts.output.clone(), format, detail: opts.detail, count: 0 };
     let mut child = start_command(opts, &mut session)?;

@@ -215,6 +215,12 @@ fn memory_lines(hooks: &HookStats, sources: &SourceStats) -> Vec<String> {
     }
     if t.allocations > 0 || t.unknown_frees > 0 {
         let mut line = format!("tensors: {} allocated, {} freed", t.allocations, t.frees);
+        if t.without_stack > 0 {
+            line.push_str(&format!(
+                "; byte sampling took the stacks of {} of them (the others count in the totals, and in their stacks' bytes through the ones drawn)",
+                t.allocations - t.without_stack
+            ));
+        }
         if t.unknown_frees > 0 {
             line.push_str(&format!(
                 ", {} frees of tensors allocated before gpuflame attached (their bytes are unknown, and not in any profile)",

@@ -12,7 +12,7 @@ use crate::cuda::Coverage;
 use crate::profile::Profile;
 use crate::profile_kind::ProfileKind;
 use crate::sources::{self, Input, OomReport, Source, SourceStats, WindowInfo};
-use crate::stacks::Stacks;
+use crate::stacks::{StackKey, Stacks};
 
 pub struct Collector {
     stacks: Stacks,
@@ -24,10 +24,11 @@ pub struct Collector {
 
 impl Collector {
     /// `trap_cost`: what the traps of one hooked CUDA call cost, as calibrated.
-    pub fn new(profiles: &[ProfileKind], frequency_hz: u64, trap_cost: TrapCost) -> Self {
+    /// `tensor_sample_bytes`: the interval of tensors' byte sampling (0: every stack).
+    pub fn new(profiles: &[ProfileKind], frequency_hz: u64, trap_cost: TrapCost, tensor_sample_bytes: u64) -> Self {
         Collector {
             stacks: Stacks::new(),
-            sources: sources::for_profiles(profiles, trap_cost),
+            sources: sources::for_profiles(profiles, trap_cost, tensor_sample_bytes),
             profiles: profiles.to_vec(),
             frequency_hz,
             stats: WindowStats::default(),
@@ -50,7 +51,12 @@ impl Collector {
             // Thousands a second, and nothing but a pointer.
             Event::Cuda(call) if call.api.class() == CudaClass::TensorFree => self.offer(&Input::TensorFreed(call)),
             Event::Cuda(call) => {
-                let stack = stacks.call_stack(&call.sample, files, python);
+                // A tensor byte sampling passed over: counted in the totals, under no stack.
+                let stack = if call.stack_sampled_out {
+                    StackKey::marker(call.sample.pid, call.sample.comm.clone(), Vec::new())
+                } else {
+                    stacks.call_stack(&call.sample, files, python)
+                };
                 sources.iter_mut().for_each(|s| s.add(&Input::CudaCall { call, stack: &stack, files }, stacks));
             }
             Event::OffCpuEnd(e) => self.offer(&Input::OffCpuEnd(e)),

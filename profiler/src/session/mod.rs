@@ -48,6 +48,8 @@ pub struct SessionConfig {
     pub rank_labels: RankLabels,
     /// Keep device memory over time, to draw it at the end.
     pub memory_timeline: bool,
+    /// Byte sampling of tensors' stacks: the interval, 0 for every stack (`SamplerConfig`).
+    pub tensor_sample_bytes: u64,
 }
 
 pub struct CudaState {
@@ -82,9 +84,11 @@ impl Session {
         // CPU samples alone come at a rate known now; switches and CUDA calls at any.
         let ring = if needs.switches || needs.cuda.is_some() { RingUse::Any } else { RingUse::CpuSamplesOnly };
         // A whole machine at a low frequency reads a new program only once its samples may need
-        // it; CUDA's hooks need a program's libraries as soon as they are mapped.
+        // it. Launch hooks need a program's libraries as soon as they are mapped; memory's (the
+        // agent's defaults) are hooked when it is read, a fifth of a sample later, long before a
+        // program that just mapped CUDA allocates.
         let whole_machine = matches!(config.targets, Targets::All);
-        let read_delay = ProcessTracker::read_delay(frequency_hz).filter(|_| whole_machine && needs.cuda.is_none());
+        let read_delay = ProcessTracker::read_delay(frequency_hz).filter(|_| whole_machine && needs.cuda != Some(CudaHooks::DutyCycled));
         let sampler_config = SamplerConfig {
             frequency_hz,
             targets: config.targets,
@@ -92,6 +96,7 @@ impl Session {
             off_cpu: OffCpuSampling::at(frequency_hz),
             ring,
             lazy_process_events: read_delay.is_some(),
+            tensor_sample_bytes: config.tensor_sample_bytes,
         };
         let mut sampler = CpuSampler::start(&sampler_config).map_err(user_facing)?;
         let mut tracker = ProcessTracker::new();
@@ -136,7 +141,7 @@ impl Session {
             sampler.enable_off_cpu()?;
         }
         let trap_cost = cuda.as_ref().map_or(TrapCost::default(), |c| c.hooks.trap_cost());
-        let mut collector = Collector::new(&config.profiles, frequency_hz, trap_cost);
+        let mut collector = Collector::new(&config.profiles, frequency_hz, trap_cost, config.tensor_sample_bytes);
         if config.memory_timeline {
             collector.keep_memory_timeline();
         }
@@ -173,6 +178,12 @@ impl Session {
             for pid in self.tracker.read_due(&mut self.sampler) {
                 if let Some(labels) = self.ranks.exec(pid) {
                     self.collector.label_process(pid, labels);
+                }
+                if let (Some(c), Some(entries)) = (self.cuda.as_mut(), self.tracker.exec_entries(pid)) {
+                    c.hooks.process_mapped(&self.sampler, pid, entries, Instant::now());
+                    if c.hooks.maps_cuda(pid) {
+                        self.tracker.build_soon(pid);
+                    }
                 }
             }
             self.tracker.poll_tables(&mut self.sampler);

@@ -6,7 +6,7 @@
 
 use std::rc::Rc;
 
-use gpuflame_bpf::{CudaCall, CudaClass};
+use gpuflame_bpf::{tensor_stack_chance, CudaCall, CudaClass};
 
 use super::oom::{site_values, OomReport};
 use super::source::{Closed, Input, Source, SourceStats, WindowInfo};
@@ -24,12 +24,14 @@ pub struct HbmSource {
     memory: DeviceMemory,
     wants: [bool; 4],
     ooms: Vec<OomReport>,
+    tensor_sample_bytes: u64,
 }
 
 impl HbmSource {
-    /// Which of hbm-alloc, hbm-inuse, tensor-alloc and tensor-inuse to make.
-    pub fn new(wants: [bool; 4]) -> Self {
-        HbmSource { memory: DeviceMemory::default(), wants, ooms: Vec::new() }
+    /// Which of hbm-alloc, hbm-inuse, tensor-alloc and tensor-inuse to make; the interval of
+    /// tensors' byte sampling (0: every tensor has its stack).
+    pub fn new(wants: [bool; 4], tensor_sample_bytes: u64) -> Self {
+        HbmSource { memory: DeviceMemory::default(), wants, ooms: Vec::new(), tensor_sample_bytes }
     }
 
     fn call(&mut self, call: &CudaCall, stack: &StackKey) {
@@ -55,7 +57,11 @@ impl HbmSource {
                 }
             }
             CudaClass::Free | CudaClass::Map if ok => m.segment_changed(t, pid, call.api, call.addr, call.size, call.handle),
-            CudaClass::TensorAlloc if call.addr != 0 => m.tensor_allocated(t, pid, call.api, call.addr, call.size, site()),
+            CudaClass::TensorAlloc if call.addr != 0 => {
+                // A drawn tensor stands for 1/chance of its kind; one passed over, for none.
+                let weight = if call.stack_sampled_out { 0.0 } else { 1.0 / tensor_stack_chance(call.size, self.tensor_sample_bytes) };
+                m.tensor_allocated(t, pid, call.api, call.addr, call.size, site(), weight)
+            }
             CudaClass::TensorAlloc => m.tensors.failed(),
             CudaClass::TensorOom => {
                 m.tensors.failed();

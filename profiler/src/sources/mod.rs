@@ -26,8 +26,9 @@ pub use oom::OomReport;
 pub use source::{Closed, Input, Source, SourceStats, WindowInfo};
 
 /// The sources that make `kinds`. `trap_cost`: what the traps of one hooked call cost, as
-/// calibrated, to correct the counts of duty-cycled hooks.
-pub fn for_profiles(kinds: &[ProfileKind], trap_cost: TrapCost) -> Vec<Box<dyn Source>> {
+/// calibrated, to correct the counts of duty-cycled hooks; `tensor_sample_bytes`: the interval
+/// of tensors' byte sampling, by which their stacks are weighed (0: every stack taken).
+pub fn for_profiles(kinds: &[ProfileKind], trap_cost: TrapCost, tensor_sample_bytes: u64) -> Vec<Box<dyn Source>> {
     let wants = |k| kinds.contains(&k);
     let mut out: Vec<Box<dyn Source>> = Vec::new();
     if wants(ProfileKind::Cpu) {
@@ -40,7 +41,7 @@ pub fn for_profiles(kinds: &[ProfileKind], trap_cost: TrapCost) -> Vec<Box<dyn S
     // what was in use, whatever the profiles.
     if kinds.iter().any(|k| k.descriptor().needs.cuda.is_some()) {
         let memory = ProfileKind::MEMORY.map(wants);
-        out.push(Box::new(hbm::HbmSource::new(memory)));
+        out.push(Box::new(hbm::HbmSource::new(memory, tensor_sample_bytes)));
     }
     if wants(ProfileKind::GpuLaunches) || wants(ProfileKind::CudaApi) {
         out.push(Box::new(cycled::CycledHooks::new(trap_cost, wants(ProfileKind::GpuLaunches), wants(ProfileKind::CudaApi))));

@@ -6,6 +6,8 @@
 //                    wait; prints the time the allocator itself took per iteration
 //   oom              weights, a KV cache, then decode steps until an allocation fails (run under
 //                    FAKE_CUDA_BUDGET, or C10_LIMIT: the allocator's own limit, in bytes)
+//   sampled          what byte sampling estimates: 200,000 tensors of 4 KiB allocated and freed
+//                    (churn_small), 8 of 4 MiB kept (keep_big), 5,000 of 4 KiB kept (keep_small)
 //   late             5 tensors of 1 MiB before the gate (a profiler attaching with -p), then
 //                    frees them and keeps 2 of 2 MiB
 // With GPUFLAME_TEST_GATE set, waits at the gate (../gate.h) first, or in `late` after its
@@ -293,6 +295,36 @@ static void late()
 	after_attach(kept);
 }
 
+// --- sampled -------------------------------------------------------------------------------------
+
+static std::vector<void *> kept_sampled;
+
+NOINLINE void churn_small(int n)
+{
+	for (int i = 0; i < n; i++)
+		gf_tensor_free(tensor(4096));
+}
+
+NOINLINE void keep_big()
+{
+	for (int i = 0; i < 8; i++)
+		kept_sampled.push_back(tensor(4 * MiB));
+}
+
+NOINLINE void keep_small()
+{
+	for (int i = 0; i < 5000; i++)
+		kept_sampled.push_back(tensor(4096));
+}
+
+static void sampled()
+{
+	churn_small(200000);
+	keep_big();
+	keep_small();
+	printf("churned_bytes=%zu\nlive_keep_big_bytes=%zu\nlive_keep_small_bytes=%zu\n", (size_t)200000 * 4096, 8 * 4 * MiB, (size_t)5000 * 4096);
+}
+
 int main(int argc, char **argv)
 {
 	const char *mode = argc > 1 ? argv[1] : "exact";
@@ -306,6 +338,8 @@ int main(int argc, char **argv)
 		loop(argc > 2 ? atof(argv[2]) : 1.0, argc > 3 ? atof(argv[3]) : 1000.0);
 	} else if (!strcmp(mode, "oom")) {
 		oom();
+	} else if (!strcmp(mode, "sampled")) {
+		sampled();
 	} else {
 		fprintf(stderr, "usage: tensor_app exact | loop SECONDS RATE | oom\n");
 		return 2;
