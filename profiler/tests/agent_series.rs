@@ -375,7 +375,8 @@ fn tensor_profiles_are_pushed_as_series_of_their_own() {
     let app = common::cuda::build_c10(dir.path());
     let receiver = Receiver::start(Box::new(|_| 200));
     let url = receiver.url();
-    let agent = agent(&["--server", &url, "--once", "--window", "4", "--profiles", "tensor-inuse,tensor-alloc", "-v"]);
+    // Every stack taken: exact bytes per stack (the defaults sample them, below).
+    let agent = agent(&["--server", &url, "--once", "--window", "4", "--profiles", "tensor-inuse,tensor-alloc", "--tensor-sample-bytes", "0", "-v"]);
     let gate = Gate::new(dir.path(), "gate");
     let (var, path) = gate.env();
     let app = Workload(Command::new(&app).arg("exact").env("LINGER_MS", "8000").env("GPUFLAME_SERVICE_NAME", "trainer").env(var, path).stdout(Stdio::null()).spawn().unwrap());
@@ -408,4 +409,56 @@ fn tensor_profiles_are_pushed_as_series_of_their_own() {
     assert_eq!(series("tensor_inuse"), [("0".to_string(), 39_845_888), ("2".to_string(), 12_582_912)], "{all:#?}\n{log}");
     assert_eq!(series("tensor_alloc").iter().map(|s| s.1).sum::<i64>(), 72 << 20, "{all:#?}");
     assert!(series("hbm_inuse").is_empty(), "hbm-inuse was not asked for");
+}
+
+/// Bytes of the samples of `profile` whose stack holds a function starting with `function`.
+fn bytes_under(profile: &gpuflame::profile::Profile, function: &str) -> i64 {
+    profile
+        .samples
+        .iter()
+        .filter(|s| s.stack.iter().any(|&l| profile.locations[l].lines.iter().any(|line| line.function.starts_with(function))))
+        .map(|s| s.value())
+        .sum()
+}
+
+/// At its defaults the agent follows tensors wherever PyTorch's allocator is, their stacks sampled
+/// by bytes: the big ones exact, every tensor counted in the device's figures.
+#[test]
+fn the_agent_follows_tensors_at_its_defaults() {
+    require_bpf();
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    common::cuda::build_stand_ins(dir.path());
+    let app = common::cuda::build_c10(dir.path());
+    let receiver = Receiver::start(Box::new(|_| 200));
+    let url = receiver.url();
+    let agent = agent(&["--server", &url, "--once", "--window", "4", "-v"]);
+    let gate = Gate::new(dir.path(), "gate");
+    let (var, path) = gate.env();
+    let app = Workload(Command::new(&app).arg("sampled").env("LINGER_MS", "8000").env("GPUFLAME_SERVICE_NAME", "trainer").env(var, path).stdout(Stdio::null()).spawn().unwrap());
+    let hooked = format!("CUDA found and hooked pid={}", app.0.id());
+    let started = Instant::now();
+    while !agent.lines.lock().unwrap().iter().any(|l| l.contains(&hooked) && l.contains("libc10_cuda.so")) {
+        assert!(started.elapsed() < HANG, "libc10_cuda.so was not hooked at the defaults:\n{}", agent.lines.lock().unwrap().join("\n"));
+        sleep(Duration::from_millis(20));
+    }
+    std::fs::write(&gate.path, b"").unwrap();
+    while receiver.received().is_empty() && started.elapsed() < HANG {
+        sleep(Duration::from_millis(100));
+    }
+    let log = agent.stop();
+    drop(app);
+    assert_clean(&receiver);
+    let got = receiver.received();
+    let of = |name: &str| service(&got, "trainer").into_iter().filter(|r| r.labels.get("__name__").map(String::as_str) == Some(name)).collect::<Vec<_>>();
+    let names: Vec<_> = got.iter().map(|r| (&r.labels["service_name"], &r.labels["__name__"])).collect();
+    let inuse = of("tensor_inuse");
+    assert_eq!(inuse.len(), 1, "one tensor_inuse series, device 0: {names:?}\n{log}");
+    // tensor_app sampled: 8 tensors of 4 MiB kept, drawn every one.
+    assert_eq!(bytes_under(&inuse[0].profile, "keep_big"), 32 << 20, "{log}");
+    // 800 MiB allocated in 4 KiB tensors: estimated from the ~410 drawn.
+    let churned = bytes_under(&of("tensor_alloc")[0].profile, "churn_small") as f64;
+    assert!((churned / 819_200_000.0 - 1.0).abs() < 0.25, "churn_small: {churned}\n{log}");
+    assert!(!of("hbm_inuse").is_empty(), "hbm-inuse is a default too: {names:?}");
+    assert!(!of("process_cpu").is_empty(), "{names:?}");
 }

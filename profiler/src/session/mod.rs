@@ -82,7 +82,13 @@ impl Session {
         let command = matches!(config.targets, Targets::Processes { follow_forks: true, .. });
         let needs = needs_of(&config.profiles);
         // CPU samples alone come at a rate known now; switches and CUDA calls at any.
-        let ring = if needs.switches || needs.cuda.is_some() { RingUse::Any } else { RingUse::CpuSamplesOnly };
+        // Memory's calls with every tensor's stack (~1 KiB a record) take the largest ring.
+        let ring = match needs.cuda {
+            _ if needs.switches => RingUse::Any,
+            Some(CudaHooks::Memory) if config.tensor_sample_bytes > 0 => RingUse::CpuSamplesAndMemory,
+            Some(_) => RingUse::Any,
+            None => RingUse::CpuSamplesOnly,
+        };
         // A whole machine at a low frequency reads a new program only once its samples may need
         // it. Launch hooks need a program's libraries as soon as they are mapped; memory's (the
         // agent's defaults) are hooked when it is read, a fifth of a sample later, long before a
