@@ -462,3 +462,38 @@ fn the_agent_follows_tensors_at_its_defaults() {
     assert!(!of("hbm_inuse").is_empty(), "hbm-inuse is a default too: {names:?}");
     assert!(!of("process_cpu").is_empty(), "{names:?}");
 }
+
+/// Where the allocator has no USDT probes, its hooks (16-22 us a tensor) are not the agent's
+/// default: one line says so, and segments are still followed.
+#[test]
+fn an_allocator_without_probes_is_not_hooked_at_the_agents_defaults() {
+    require_bpf();
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    common::cuda::build_stand_ins(dir.path());
+    let app = common::cuda::build_c10_with(dir.path(), false, &[]);
+    let receiver = Receiver::start(Box::new(|_| 200));
+    let url = receiver.url();
+    let agent = agent(&["--server", &url, "--once", "--window", "4", "-v"]);
+    let gate = Gate::new(dir.path(), "gate");
+    let (var, path) = gate.env();
+    let app = Workload(Command::new(&app).arg("exact").env("LINGER_MS", "8000").env("GPUFLAME_SERVICE_NAME", "trainer").env(var, path).stdout(Stdio::null()).spawn().unwrap());
+    let hooked = format!("CUDA found and hooked pid={}", app.0.id());
+    let started = Instant::now();
+    while !agent.lines.lock().unwrap().iter().any(|l| l.contains(&hooked)) {
+        assert!(started.elapsed() < HANG, "the stand-ins were not hooked:\n{}", agent.lines.lock().unwrap().join("\n"));
+        sleep(Duration::from_millis(20));
+    }
+    std::fs::write(&gate.path, b"").unwrap();
+    while receiver.received().is_empty() && started.elapsed() < HANG {
+        sleep(Duration::from_millis(100));
+    }
+    let log = agent.stop();
+    drop(app);
+    let got = receiver.received();
+    let of = |name: &str| service(&got, "trainer").into_iter().filter(|r| r.labels.get("__name__").map(String::as_str) == Some(name)).map(|r| r.profile.total()).sum::<i64>();
+    let said: Vec<&str> = log.lines().filter(|l| l.contains("not followed for tensors") && l.contains("libc10_cuda.so") && l.contains("no USDT probes")).collect();
+    assert_eq!(said.len(), 1, "one line says why:\n{log}");
+    assert_eq!(of("tensor_inuse") + of("tensor_alloc"), 0, "{log}");
+    assert!(of("hbm_inuse") > 0, "segments are followed: {log}");
+}

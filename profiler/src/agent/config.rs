@@ -191,6 +191,9 @@ pub struct AgentConfig {
     pub profiles: Vec<crate::profile_kind::ProfileKind>,
     /// 0: every tensor's stack.
     pub tensor_sample_bytes: u64,
+    /// The profiles were asked for (not the defaults): tensors are then followed by hooks too
+    /// where an allocator has no USDT probes.
+    pub profiles_asked: bool,
     pub once: bool,
     pub kernel_threads: bool,
     pub thread_names: ThreadNames,
@@ -306,7 +309,9 @@ impl AgentConfig {
         if frequency_hz == 0 || frequency_hz > 10_000 {
             return Err(err(format!("frequency {frequency_hz} Hz is out of range (1 to 10000)")));
         }
-        let profiles = crate::profile_kind::ProfileKind::parse_list(&args.profiles.clone().or(file.profiles).unwrap_or_else(|| DEFAULT_PROFILES.into())).map_err(err)?;
+        let asked = args.profiles.clone().or(file.profiles);
+        let profiles_asked = asked.is_some();
+        let profiles = crate::profile_kind::ProfileKind::parse_list(&asked.unwrap_or_else(|| DEFAULT_PROFILES.into())).map_err(err)?;
         if let Some(k) = profiles.iter().find(|k| k.descriptor().needs.cupti) {
             // The agent starts no program, so it cannot load the injection library into one; a
             // program started with it has kernel records all the same.
@@ -352,6 +357,7 @@ impl AgentConfig {
                 None => std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "unknown".into()),
             },
             profiles,
+            profiles_asked,
             tensor_sample_bytes: match args.tensor_sample_bytes.or(file.tensor_sample_bytes).unwrap_or(DEFAULT_TENSOR_SAMPLE_BYTES) {
                 b if b <= 1 << 40 => b,
                 b => return Err(err(format!("tensor_sample_bytes {b} is out of range (0 to 1 TiB)"))),

@@ -140,6 +140,7 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
         rank_labels: cfg.rank_labels.clone(),
         memory_timeline: false,
         tensor_sample_bytes: cfg.tensor_sample_bytes,
+        tensors_by_hooks: cfg.profiles_asked,
     })?;
     eprintln!(
         "gpuflame agent: profiling the whole machine ({} processes) at {} Hz, pushing every {} s to {}",

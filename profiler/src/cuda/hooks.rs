@@ -40,12 +40,18 @@ struct HookedFile {
     users: HashMap<u32, PathBuf>,
 }
 
+/// Why an allocator without probes is not followed at the agent's defaults.
+const NO_PROBES_AT_DEFAULTS: &str =
+    "it has no USDT probes (torch 2.15 on has them), and the hooks that stand in for them (16-22 us a tensor) are not the agent's default: ask for tensor-inuse with --profiles to have them";
+
 pub struct CudaHookManager {
     /// Hook launches and synchronisations at all (the gpu-launches or cuda-api profile is on).
     cycled_wanted: bool,
     /// Hook PyTorch's caching allocator (a tensor profile is on): three traps per tensor, tens
     /// of microseconds on a VM, which a program that asked only for segments does not pay.
     tensors_wanted: bool,
+    /// Tensors followed by hooks on the allocator's functions where its library has no probes.
+    tensors_by_hooks: bool,
     /// None: exact, always attached.
     duty: Option<DutyCycle>,
     files: HashMap<(String, u64), HookedFile>,
@@ -88,6 +94,7 @@ impl CudaHookManager {
         CudaHookManager {
             cycled_wanted,
             tensors_wanted: false,
+            tensors_by_hooks: true,
             duty,
             files: HashMap::new(),
             without_cuda: HashSet::new(),
@@ -100,8 +107,12 @@ impl CudaHookManager {
         }
     }
 
-    pub fn with_tensors(mut self, wanted: bool) -> Self {
+    /// `by_hooks`: also where the allocator has no USDT probes, by hooks on its functions (16-22
+    /// us a tensor against 3-6 through the probes): what `record` does, and the agent when its
+    /// profiles were asked for rather than its defaults.
+    pub fn with_tensors(mut self, wanted: bool, by_hooks: bool) -> Self {
         self.tensors_wanted = wanted;
+        self.tensors_by_hooks = by_hooks;
         self
     }
 
@@ -183,12 +194,21 @@ impl CudaHookManager {
                     probes = Some(attached);
                     AllocatorFollowed::ByProbes
                 }
-                Err(e) => {
+                Err(e) if self.tensors_by_hooks => {
                     tracing::warn!(path = %entry.path, error = %e, "cannot attach to PyTorch's allocator probes; its functions are hooked instead");
                     AllocatorFollowed::ByHooks("its probes could not be attached")
                 }
+                Err(e) => {
+                    found.functions.retain(|(api, _)| !api.is_pytorch());
+                    AllocatorFollowed::Not(format!("its USDT probes could not be attached ({e})"))
+                }
             },
-            (None, None) => AllocatorFollowed::ByHooks("it has no USDT notes"),
+            (None, None) if self.tensors_by_hooks => AllocatorFollowed::ByHooks("it has no USDT notes"),
+            (None, None) => {
+                found.functions.retain(|(api, _)| !api.is_pytorch());
+                tracing::info!(path = %entry.path, "PyTorch's caching allocator not followed for tensors: {NO_PROBES_AT_DEFAULTS}");
+                AllocatorFollowed::Not(NO_PROBES_AT_DEFAULTS.to_string())
+            }
         };
         if is_allocator {
             match &followed {

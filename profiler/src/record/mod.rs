@@ -169,6 +169,7 @@ fn record(opts: &RecordOptions, format: Format, outputs: &[(ProfileKind, Output)
         rank_labels: opts.rank_labels.clone(),
         memory_timeline: opts.memory_timeline_path().is_some(),
         tensor_sample_bytes: opts.tensor_sample_bytes,
+        tensors_by_hooks: true,
     })?;
     let mut ooms = OomWriter { output: opts.output.clone(), format, detail: opts.detail, count: 0 };
     let mut child = start_command(opts, &mut session)?;

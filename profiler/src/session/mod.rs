@@ -50,6 +50,8 @@ pub struct SessionConfig {
     pub memory_timeline: bool,
     /// Byte sampling of tensors' stacks: the interval, 0 for every stack (`SamplerConfig`).
     pub tensor_sample_bytes: u64,
+    /// Follow tensors by hooks on the allocator's functions where it has no USDT probes.
+    pub tensors_by_hooks: bool,
 }
 
 pub struct CudaState {
@@ -121,7 +123,7 @@ impl Session {
         tracker.wait_for_tables(&mut sampler, PRELOAD_WAIT);
         let mut cuda = needs.cuda.map(|hooks| CudaState {
             hooks: CudaHookManager::new(hooks == CudaHooks::DutyCycled, config.cuda_duty)
-                .with_tensors(config.profiles.iter().any(|k| matches!(k, ProfileKind::TensorAlloc | ProfileKind::TensorInUse))),
+                .with_tensors(config.profiles.iter().any(|k| matches!(k, ProfileKind::TensorAlloc | ProfileKind::TensorInUse)), config.tensors_by_hooks),
             waiting: WaitingProcesses::default(),
         });
         if let Some(c) = cuda.as_mut() {
