@@ -2,10 +2,13 @@
 # What following PyTorch's caching allocator costs a program (issues #23, #37): the stand-in
 # libc10_cuda.so (profiler/tests/programs/cuda) driven by tensor_app's loop, which allocates and
 # frees one 64 KiB tensor RATE times a second, paced by a busy wait, and reports the time the
-# allocator calls themselves took per iteration. Three ways, alternating, ROUNDS each: bare; under
+# allocator calls themselves took per iteration. Five ways, alternating, ROUNDS each: bare; under
 # `gpuflame record --profiles tensor-inuse` (its defaults otherwise) on the library with PyTorch's
-# USDT probes (pytorch:malloc, pytorch:free; followed through them); and on the same library
-# built without the notes (followed by hooks on its functions, as before the probes). Then the
+# USDT probes (pytorch:malloc, pytorch:free; followed through them), every stack taken; the same
+# with the agent's byte sampling (`--tensor-sample-bytes 2097152`: a 64 KiB tensor's stack is
+# taken with a chance of 3.1%); beside `gpuflame agent` at its defaults (whole machine, pushing
+# to benches/push_sink.py); and on the library built without the notes (followed by hooks on its
+# functions, as before the probes). Then the
 # same from Python (ctypes, as torch's Python calls reach the allocator). The slowdown is the added
 # time per iteration times RATE. Also checks that in-use bytes stayed exact: every tensor seen
 # allocated was seen freed, and tensor-inuse ends empty.
@@ -63,19 +66,30 @@ EOF
 # One run (HOW: bare, probes or hooks; WHAT: cpp or py); prints the ns per iteration the
 # allocator calls took.
 run() {
-  local how=$1 what=$2 out lib=probes
+  local how=$1 what=$2 out lib=probes sample=0
   [ "$how" = hooks ] && lib=hooks
   case $what in
     cpp) cmd=("./$lib/tensor_app" loop "$secs" "$rate") ;;
     py) cmd=(env C10_CUDA="$tmp/$lib/libc10_cuda.so" WAIT=0.5 python3 pyloop.py "$secs" "$rate") ;;
   esac
+  [ "$how" = sampled ] && sample=2097152
   if [ "$how" = bare ]; then
     out=$("${cmd[@]}")
+  elif [ "$how" = agent ]; then
+    python3 "$root/benches/push_sink.py" 14061 >/dev/null 2>&1 &
+    local sink=$!
+    "$exe" agent -v --server http://127.0.0.1:14061 --window 5 >"$tmp/agent-$what.log" 2>&1 &
+    local agent=$!
+    sleep 3
+    out=$("${cmd[@]}")
+    kill -TERM $agent $sink
+    wait $agent $sink 2>/dev/null || true
+    grep -q "allocator followed through its USDT probes" "$tmp/agent-$what.log" || { echo "the agent did not follow the allocator:" >&2; cat "$tmp/agent-$what.log" >&2; exit 1; }
   else
     # The command waits at CUDA's first call for nothing here: WAIT gives the hooks time in
     # the Python run; the C++ loop's first allocation is untimed.
-    out=$("$exe" record --profiles tensor-inuse -o "$tmp/t-$what.folded" --memory-timeline none -- "${cmd[@]}" 2>"$tmp/rec-$what.log")
-    way=$([ "$how" = probes ] && echo "through its USDT probes" || echo "by hooks")
+    out=$("$exe" record --profiles tensor-inuse --tensor-sample-bytes $sample -o "$tmp/t-$what.folded" --memory-timeline none -- "${cmd[@]}" 2>"$tmp/rec-$what.log")
+    way=$([ "$how" = hooks ] && echo "by hooks" || echo "through its USDT probes")
     grep -q "tensors followed in .* $way" "$tmp/rec-$what.log" || { echo "not followed $way:" >&2; cat "$tmp/rec-$what.log" >&2; exit 1; }
     if [ -s "$tmp/t-$what.folded" ]; then
       echo "in-use not exact: tensor-inuse is not empty at the end" >&2
@@ -89,19 +103,22 @@ run() {
 }
 
 for what in cpp py; do
-  bare=() probes=() hooks=()
+  bare=() probes=() sampled=() agent=() hooks=()
   for r in $(seq 1 "$rounds"); do
     bare+=("$(run bare $what)")
     probes+=("$(run probes $what)")
+    sampled+=("$(run sampled $what)")
+    agent+=("$(run agent $what)")
     hooks+=("$(run hooks $what)")
   done
-  python3 - "$what" "$rate" "${bare[*]}" "${probes[*]}" "${hooks[*]}" <<'EOF'
+  python3 - "$what" "$rate" "${bare[*]}" "${probes[*]}" "${sampled[*]}" "${agent[*]}" "${hooks[*]}" <<'EOF'
 import statistics, sys
 what, rate = sys.argv[1], float(sys.argv[2])
-runs = {k: [float(x) for x in v.split()] for k, v in zip(["bare", "probes", "hooks"], sys.argv[3:6])}
+ways = ["bare", "probes", "sampled", "agent", "hooks"]
+runs = {k: [float(x) for x in v.split()] for k, v in zip(ways, sys.argv[3:8])}
 b = statistics.median(runs["bare"])
 print(f"{what}: allocator calls per tensor (alloc+free), bare {b:.0f} ns {runs['bare']}")
-for way in ["probes", "hooks"]:
+for way in ways[1:]:
     h = statistics.median(runs[way])
     print(f"{what}:   {way}: {h:.0f} ns {runs[way]}; added {h - b:.0f} ns per tensor; "
           f"at {rate:.0f} tensors/s the program slows down {(h - b) * rate / 1e9 * 100:.1f}%")

@@ -497,3 +497,49 @@ fn an_allocator_without_probes_is_not_hooked_at_the_agents_defaults() {
     assert_eq!(of("tensor_inuse") + of("tensor_alloc"), 0, "{log}");
     assert!(of("hbm_inuse") > 0, "segments are followed: {log}");
 }
+
+/// An out-of-memory failure the agent sees at its defaults: logged with what held the memory, and
+/// its in-use picture pushed as a series of its own, the KV cache (8 MiB tensors: always drawn)
+/// exact in it.
+#[test]
+fn the_agent_pushes_what_was_in_use_at_an_oom() {
+    require_bpf();
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    common::cuda::build_stand_ins(dir.path());
+    let app = common::cuda::build_c10(dir.path());
+    let receiver = Receiver::start(Box::new(|_| 200));
+    let url = receiver.url();
+    let agent = agent(&["--server", &url, "--once", "--window", "4", "-v"]);
+    let gate = Gate::new(dir.path(), "gate");
+    let (var, path) = gate.env();
+    let limit = (300u64 << 20).to_string();
+    let app = Workload(
+        Command::new(&app).arg("oom").env("C10_LIMIT", &limit).env("LINGER_MS", "8000").env("GPUFLAME_SERVICE_NAME", "trainer").env(var, path).stdout(Stdio::null()).spawn().unwrap(),
+    );
+    let hooked = format!("CUDA found and hooked pid={}", app.0.id());
+    let started = Instant::now();
+    while !agent.lines.lock().unwrap().iter().any(|l| l.contains(&hooked) && l.contains("libc10_cuda.so")) {
+        assert!(started.elapsed() < HANG, "libc10_cuda.so was not hooked:\n{}", agent.lines.lock().unwrap().join("\n"));
+        sleep(Duration::from_millis(20));
+    }
+    std::fs::write(&gate.path, b"").unwrap();
+    while receiver.received().is_empty() && started.elapsed() < HANG {
+        sleep(Duration::from_millis(100));
+    }
+    let log = agent.stop();
+    drop(app);
+    assert_clean(&receiver);
+    let logged: Vec<&str> = log.lines().filter(|l| l.contains("out of memory")).collect();
+    let names: Vec<_> = receiver.received().iter().map(|r| (r.labels["service_name"].clone(), r.labels["__name__"].clone(), r.profile.total())).collect();
+    assert_eq!(logged.len(), 1, "{log}\n{names:?}");
+    assert!(logged[0].contains("128.0 MiB allocate_kv_cache"), "the KV cache first among the holders: {}", logged[0]);
+    let got = receiver.received();
+    let at_oom: Vec<_> = service(&got, "trainer").into_iter().filter(|r| r.labels.get("__name__").map(String::as_str) == Some("memory_at_oom")).collect();
+    assert_eq!(at_oom.len(), 1, "one memory_at_oom series: {:?}", got.iter().map(|r| &r.labels).collect::<Vec<_>>());
+    let p = &at_oom[0].profile;
+    assert_eq!(at_oom[0].labels.get("device").map(String::as_str), Some("0"));
+    assert_eq!(bytes_under(p, "allocate_kv_cache"), 128 << 20);
+    assert_eq!(bytes_under(p, "load_weights"), 64 << 20);
+    assert_eq!(bytes_under(p, "[out of memory] 30.0 MiB requested"), 30 << 20, "the failing call, with what it asked for");
+}

@@ -20,7 +20,7 @@ use prost::Message;
 use tokio::sync::watch;
 
 use crate::cuda::DutyCycle;
-use crate::session::{Flow, Session, SessionConfig};
+use crate::session::{Flow, Oom, Session, SessionConfig};
 use crate::workload::service::ServiceNamer;
 use crate::workload::{kube, pods};
 use crate::{preflight, UserError};
@@ -177,6 +177,7 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
     let mut windows = 0u64;
     let mut total_samples = 0u64;
     let mut last_metrics = Instant::now();
+    let mut ooms = Vec::new();
     loop {
         let window = session.window(Some(cfg.window), |session| {
             // Processes are named while they live: a short one is gone by the end of the window.
@@ -185,7 +186,7 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
                     namer.observe(pid);
                 }
             }
-            log_ooms(session);
+            ooms.extend(log_ooms(session));
             let stopping = stop.load(Ordering::SeqCst);
             if stopping || last_metrics.elapsed() >= Duration::from_secs(1) {
                 last_metrics = Instant::now();
@@ -205,10 +206,20 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
             }
             Ok(if stopping { Flow::Stop } else { Flow::Continue })
         })?;
-        log_ooms(&mut session);
+        ooms.extend(log_ooms(&mut session));
         total_samples += window.stats.samples;
         let id = format!("{run_id}-{windows}");
         windows += 1;
+        // What was in use when memory ran out, by stack, with the failing call: a profile type
+        // of its own, found in Grafana beside the process's other series.
+        for oom in ooms.drain(..) {
+            for s in series::split(&oom.snapshot, &mut namer, &options, &mut stats) {
+                if let Some(body) = request(&s, MEMORY_AT_OOM, cfg, &hostname, &id) {
+                    queue.push(PushItem::new(*seq, body));
+                    *seq += 1;
+                }
+            }
+        }
         for (kind, profile) in &window.profiles {
             for s in series::split(profile, &mut namer, &options, &mut stats) {
                 if let Some(body) = request(&s, kind.descriptor().pyroscope, cfg, &hostname, &id) {
@@ -225,9 +236,14 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
     }
 }
 
-/// The agent writes no files: an out-of-memory failure is a warning with its stack.
-fn log_ooms(session: &mut Session) {
-    for oom in session.take_ooms() {
+/// The series name of the in-use snapshot of an out-of-memory failure.
+pub const MEMORY_AT_OOM: &str = "memory_at_oom";
+
+/// The agent writes no files: an out-of-memory failure is a warning with its stack, and its
+/// snapshot is pushed (returned here) as a series of its own.
+fn log_ooms(session: &mut Session) -> Vec<Oom> {
+    let ooms = session.take_ooms();
+    for oom in &ooms {
         let r = &oom.report;
         let holders: Vec<String> = oom.holders.iter().map(|(bytes, label, _)| format!("{} {label}", crate::cuda::human_bytes(*bytes))).collect();
         tracing::warn!(
@@ -243,6 +259,7 @@ fn log_ooms(session: &mut Session) {
             r.failed_call()
         );
     }
+    ooms
 }
 
 /// The push request of one series; none when its labels would have it refused (which the checks

@@ -40,6 +40,12 @@ struct HookedFile {
     users: HashMap<u32, PathBuf>,
 }
 
+/// The allocator's functions that follow tensors; its out-of-memory report is not one of them
+/// (libc10, not libc10_cuda): an OOM is seen however tensors are followed.
+fn follows_tensors(api: CudaApi) -> bool {
+    api.is_pytorch() && api != CudaApi::C10OutOfMemory
+}
+
 /// Why an allocator without probes is not followed at the agent's defaults.
 const NO_PROBES_AT_DEFAULTS: &str =
     "it has no USDT probes (torch 2.15 on has them), and the hooks that stand in for them (16-22 us a tensor) are not the agent's default: ask for tensor-inuse with --profiles to have them";
@@ -199,14 +205,16 @@ impl CudaHookManager {
                     AllocatorFollowed::ByHooks("its probes could not be attached")
                 }
                 Err(e) => {
-                    found.functions.retain(|(api, _)| !api.is_pytorch());
+                    found.functions.retain(|(api, _)| !follows_tensors(*api));
                     AllocatorFollowed::Not(format!("its USDT probes could not be attached ({e})"))
                 }
             },
             (None, None) if self.tensors_by_hooks => AllocatorFollowed::ByHooks("it has no USDT notes"),
             (None, None) => {
-                found.functions.retain(|(api, _)| !api.is_pytorch());
-                tracing::info!(path = %entry.path, "PyTorch's caching allocator not followed for tensors: {NO_PROBES_AT_DEFAULTS}");
+                found.functions.retain(|(api, _)| !follows_tensors(*api));
+                if is_allocator {
+                    tracing::info!(path = %entry.path, "PyTorch's caching allocator not followed for tensors: {NO_PROBES_AT_DEFAULTS}");
+                }
                 AllocatorFollowed::Not(NO_PROBES_AT_DEFAULTS.to_string())
             }
         };
