@@ -193,4 +193,77 @@ mod tests {
         }
         assert_eq!(PyOffsets::from_debug_offsets(&good[..0x100]), Err(DebugOffsetsError::Short(0x100)));
     }
+
+    // A CPython newer than the table: its sections found by their shape (crate::layout).
+    use crate::layout::tests::REAL_3_15;
+
+    fn bytes(words: &[u64]) -> Vec<u8> {
+        let mut b: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        b.resize(crate::layout::HEADER_WORDS * 8, 0);
+        b
+    }
+
+    fn as_version(mut words: Vec<u64>, minor: u64) -> Vec<u64> {
+        words[1] = 0x0300_00f0 | minor << 16;
+        words
+    }
+
+    #[test]
+    fn the_newest_known_layout_is_found_where_the_table_puts_it() {
+        let table = PyOffsets::from_debug_offsets(&bytes(&REAL_3_15)).unwrap();
+        let found = PyOffsets::from_debug_offsets(&bytes(&as_version(REAL_3_15.to_vec(), 16))).unwrap();
+        assert_eq!(found, PyOffsets { version: (3, 16), ..table });
+        assert_eq!((table.tstate_thread_id, table.code_filename, table.ascii_object_size), (0xb0, 0x70, 0x28));
+    }
+
+    /// 3.16 as a later CPython would change the header: a field appended to the thread and code
+    /// sections, a section added before the unicode one and one at the end.
+    fn header_3_16() -> Vec<u64> {
+        let mut w = as_version(REAL_3_15.to_vec(), 16);
+        w.insert(39, 0x130); // thread_state's new last field
+        w.insert(59, 0xb8); // code_object's
+        w.splice(89..89, [0x48, 0x10, 0x18, 0x20]); // a new section before unicode_object (at 87 in 3.15)
+        w.extend([0x30, 0x8, 0x10]);
+        w
+    }
+
+    #[test]
+    fn a_later_python_that_appended_fields_and_sections_is_read() {
+        let table = PyOffsets::from_debug_offsets(&bytes(&REAL_3_15)).unwrap();
+        let found = PyOffsets::from_debug_offsets(&bytes(&header_3_16())).unwrap();
+        assert_eq!(found, PyOffsets { version: (3, 16), ..table });
+    }
+
+    #[test]
+    fn a_later_python_with_a_field_out_of_its_structure_is_refused() {
+        // Each refused: where a section's shape breaks, the search may take later words for it,
+        // and then the next section is not found.
+        for (word, value) in [(50, 0x2000), (26, 0x1000), (95, 0x50), (6, 0x10), (42, 0x60)] {
+            let mut w = header_3_16();
+            w[word] = value;
+            let got = PyOffsets::from_debug_offsets(&bytes(&w));
+            assert!(matches!(got, Err(DebugOffsetsError::Shape { version: (3, 16), .. })), "word {word} = {value:#x}: {got:?}");
+        }
+        // Cut before its last section: the search reads no further than the bytes it has.
+        let cut = bytes(&header_3_16());
+        assert!(matches!(PyOffsets::from_debug_offsets(&cut[..90 * 8]), Err(DebugOffsetsError::Shape { .. })));
+    }
+
+    #[test]
+    fn free_threaded_builds_are_refused_whatever_their_version() {
+        for minor in [15, 16] {
+            let mut w = as_version(REAL_3_15.to_vec(), minor);
+            w[2] = 1;
+            assert_eq!(PyOffsets::from_debug_offsets(&bytes(&w)), Err(DebugOffsetsError::FreeThreaded));
+        }
+    }
+
+    #[test]
+    fn versions_before_the_header_or_of_another_major_are_refused() {
+        for (version, want) in [(0x030c_00f0, (3, 12)), (0x0400_00f0, (4, 0))] {
+            let mut w = REAL_3_15.to_vec();
+            w[1] = version;
+            assert_eq!(PyOffsets::from_debug_offsets(&bytes(&w)), Err(DebugOffsetsError::Version(want.0, want.1)));
+        }
+    }
 }
