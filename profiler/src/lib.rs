@@ -6,8 +6,6 @@ pub mod cli;
 pub mod convert;
 pub mod cuda;
 pub mod frame;
-#[cfg(test)]
-mod golden;
 pub mod names;
 pub mod outfile;
 pub mod output;

@@ -1,6 +1,6 @@
 //! The folded, pprof and SVG output of a fixed recording, against files kept in
 //! `profiler/tests/golden/`: what the writers make of the same events may not change when the
-//! code that aggregates them does. `GPUFLAME_BLESS=1 cargo test -p gpuflame --lib golden` writes
+//! code that aggregates them does. `GPUFLAME_BLESS=1 cargo test -p gpuflame --test golden_outputs` writes
 //! the files anew (only when a change of output is meant).
 //!
 //! The events name no file and no live process, so that nothing on the machine changes them:
@@ -12,12 +12,12 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use gpuflame_bpf::{CudaApi, CudaCall, Event, GpuKernel, HookTraps, TrapCost, GpuKernelBatch, GpuKernelName, KernelName, OffCpuEnd, OffCpuStack, OffCpuState, Sample, StackRead, UnwindStatus, UserFrame};
 
-use crate::cuda::Coverage;
-use crate::frame::FrameKind;
-use crate::output::{self, Detail, Format, Rendering};
-use crate::profile::{Labels, Line, Location, Mapping, Profile, ProfileBuilder, KERNEL_MAPPING, PYTHON_MAPPING};
-use crate::profile_kind::ProfileKind;
-use crate::session::Collector;
+use gpuflame::cuda::Coverage;
+use gpuflame::frame::FrameKind;
+use gpuflame::output::{self, Detail, Format, Rendering};
+use gpuflame::profile::{Labels, Line, Location, Mapping, Profile, ProfileBuilder, KERNEL_MAPPING, PYTHON_MAPPING};
+use gpuflame::profile_kind::ProfileKind;
+use gpuflame::session::Collector;
 
 /// No process has this PID (above the kernel's largest, 2^22).
 const PID: u32 = 4_300_001;
