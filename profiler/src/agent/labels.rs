@@ -9,6 +9,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::workload::label_name::valid_name;
+
 /// Pyroscope's default `validation.max-length-label-name`.
 pub const MAX_NAME_BYTES: usize = 1024;
 /// Pyroscope's default `validation.max-length-label-value`.
@@ -42,14 +44,6 @@ pub const RESERVED: &[(&str, &str)] = &[
 /// label) and a workload's five at most (`namespace`, `pod`, `container` or `container_id`,
 /// `node`, `app`). The user's labels get what the rank labels leave of the rest.
 pub const AGENT_NAMES: usize = 10;
-
-/// Whether `name` is a label name that every Pyroscope version takes as it is: Pyroscope 1.x
-/// wants Prometheus' classic names (`[a-zA-Z_][a-zA-Z0-9_]*`), later versions turn dots into
-/// underscores or take any UTF-8; the classic form is the one that means the same everywhere.
-pub fn valid_name(name: &str) -> bool {
-    let mut bytes = name.bytes();
-    matches!(bytes.next(), Some(b'a'..=b'z' | b'A'..=b'Z' | b'_')) && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
-}
 
 /// Checks the user's labels (`--label`, the config file's `[labels]`) as Pyroscope would, and
 /// that they leave the agent's own labels alone, the rank labels `rank_names` among them.

@@ -6,6 +6,8 @@
 pub mod cgroup;
 pub mod environ;
 pub mod kube;
+pub mod label_name;
 pub mod pods;
 pub mod rank;
+pub mod rank_labels;
 pub mod service;
