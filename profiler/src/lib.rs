@@ -20,6 +20,7 @@ pub mod sources;
 pub mod stacks;
 pub mod status;
 pub mod target;
+pub mod units;
 pub mod workload;
 
 /// A failure the user caused or can fix (bad flag, missing privilege, unknown PID): reported as

@@ -381,3 +381,57 @@ fn a_parent_and_its_child_are_a_cycle_only_when_both_name_each_other() {
     assert_eq!(found.len(), 1, "{found:?}");
     assert!(found[0].starts_with("p/inner.rs <-> p/mod.rs"), "{found:?}");
 }
+
+/// The profiler's modules from the bottom of the house up: a module uses its own layer and the
+/// ones below, never one above. Data flows up (BPF events → sources → stacks → profiles →
+/// writers), and what a lower layer needs of a higher one belongs lower.
+const LAYERS: &[&[&str]] = &[
+    // The model and the small things everything uses.
+    &["lib", "frame", "names", "units", "profile", "profile_kind", "target", "outfile", "status", "preflight"],
+    // Writers over the profile model, and the samples they read back.
+    &["samples", "output"],
+    // What gpuflame knows of processes: their maps, tables, Python, and who they are.
+    &["process", "workload"],
+    &["stacks"],
+    &["cuda"],
+    &["sources"],
+    &["session"],
+    // The commands.
+    &["record", "agent", "convert", "cli", "main"],
+];
+
+/// Each use of a module of a higher layer, described for a person.
+fn uses_up_the_house(refs: &References) -> Vec<String> {
+    let top = |f: &str| f.split('/').next().unwrap_or("").trim_end_matches(".rs").to_string();
+    let layer = |m: &str| LAYERS.iter().position(|l| l.contains(&m));
+    let mut out = Vec::new();
+    for (from, targets) in refs {
+        for (to, path) in targets {
+            match (layer(&top(from)), layer(&top(to))) {
+                (Some(a), Some(b)) if b > a => out.push(format!("{from} (layer {a}) uses {path} ({to}, layer {b})")),
+                (None, _) => out.push(format!("{from}: its module {} is in no layer of LAYERS", top(from))),
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn no_module_uses_one_above_it() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut sources = Vec::new();
+    rust_files(&src, &src, &mut sources);
+    let found = uses_up_the_house(&references(&sources));
+    assert!(found.is_empty(), "{} uses up the house:\n{}", found.len(), found.join("\n"));
+}
+
+#[test]
+fn a_use_up_the_house_is_seen() {
+    let refs = references(&fake(&[
+        ("stacks/mod.rs", "use crate::output::Detail; pub struct X;"),
+        ("output/mod.rs", "pub enum Detail { A } fn f() { crate::stacks::X; }"),
+        ("record/mod.rs", "use crate::stacks::X;"),
+    ]));
+    assert_eq!(uses_up_the_house(&refs), ["output/mod.rs (layer 1) uses crate::stacks::X (stacks/mod.rs, layer 3)"]);
+}

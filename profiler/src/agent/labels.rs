@@ -11,10 +11,8 @@ use std::collections::BTreeMap;
 
 use crate::workload::label_name::valid_name;
 
-/// Pyroscope's default `validation.max-length-label-name`.
-pub const MAX_NAME_BYTES: usize = 1024;
-/// Pyroscope's default `validation.max-length-label-value`.
-pub const MAX_VALUE_BYTES: usize = 2048;
+pub use crate::workload::label_name::{fit_value, MAX_NAME_BYTES, MAX_VALUE_BYTES};
+
 /// Pyroscope's default `validation.max-label-names-per-series`, `__name__` included.
 pub const MAX_NAMES: usize = 30;
 
@@ -88,19 +86,6 @@ pub fn check_user_labels(labels: &BTreeMap<String, String>, rank_names: &[&str])
 
 fn short(s: &str) -> String {
     s.chars().take(40).collect()
-}
-
-/// `value` cut to at most [`MAX_VALUE_BYTES`], at a character boundary, ending in `…` when cut.
-pub fn fit_value(value: &str) -> String {
-    if value.len() <= MAX_VALUE_BYTES {
-        return value.to_string();
-    }
-    const CUT: &str = "…";
-    let mut end = MAX_VALUE_BYTES - CUT.len();
-    while !value.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}{CUT}", &value[..end])
 }
 
 /// The first rule of Pyroscope's that `labels` break, if any: the last check before a series is

@@ -18,18 +18,4 @@ pub mod timeline;
 pub use discover::{cuda_functions, CudaSearch, DiscoverError};
 pub use coverage::{Coverage, ThreadRate};
 pub use hooks::{CudaHookManager, DutyCycle};
-
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut unit = 0;
-    while v >= 1024.0 && unit < UNITS.len() - 1 {
-        v /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[unit])
-    }
-}
+pub use crate::units::human_bytes;

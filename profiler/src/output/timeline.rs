@@ -10,7 +10,7 @@
 use std::fmt::Write as _;
 use std::io::{self, Write};
 
-use crate::cuda::human_bytes;
+use crate::units::human_bytes;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Band {

@@ -196,7 +196,7 @@ impl ServiceNamer {
     /// a pod's process, `NAMESPACE/CONTAINER` (see [`ServiceNamer::owner`]).
     fn resolve(&self, pid: u32, comm: &str) -> (Option<String>, String) {
         // Twice the longest label value: a longer name is cut to it by `finish` all the same.
-        let env = environ::read(pid, &[SERVICE_NAME_ENV], 2 * crate::agent::labels::MAX_VALUE_BYTES);
+        let env = environ::read(pid, &[SERVICE_NAME_ENV], 2 * super::label_name::MAX_VALUE_BYTES);
         if let Some(v) = env.as_ref().ok().and_then(|e| e.get(SERVICE_NAME_ENV)).filter(|v| !v.bytes.is_empty()) {
             return (Some(finish(&String::from_utf8_lossy(&v.bytes))), String::new());
         }
@@ -231,7 +231,7 @@ impl ServiceNamer {
 /// A service name Pyroscope takes: sanitized like every name, within the label value limit, and
 /// never empty (a process may clear its own comm).
 fn finish(name: &str) -> String {
-    let name = crate::agent::labels::fit_value(&crate::names::sanitize(name));
+    let name = super::label_name::fit_value(&crate::names::sanitize(name));
     if name.is_empty() {
         "unknown".to_string()
     } else {
