@@ -55,9 +55,6 @@ pub fn tensor_draws(interval: u64, n: usize) -> Vec<u64> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RingUse {
     CpuSamplesOnly,
-    /// CPU samples, and device memory's calls: tensors come thousands a second, most of them
-    /// without a stack under byte sampling (~130 bytes each), drained every 100 ms at the latest.
-    CpuSamplesAndMemory,
     Any,
 }
 
@@ -71,9 +68,6 @@ impl SamplerConfig {
     /// known ahead (switches, CUDA calls).
     pub const MAX_RING_BYTES: u32 = 16 << 20;
     const MIN_RING_BYTES: u32 = 1 << 20;
-    /// The least ring for [`RingUse::CpuSamplesAndMemory`]: 10,000 tensors a second fill a
-    /// quarter of it (the wake-up mark) in about 0.7 s.
-    pub const MEMORY_RING_BYTES: u32 = 4 << 20;
 
     /// A ring for CPU samples alone, at `frequency_hz` on `cpus` CPUs: room for 4 s of them
     /// (a window's close may keep the reader away that long), between 1 and 16 MiB. The reader

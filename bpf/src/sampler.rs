@@ -137,7 +137,6 @@ impl CpuSampler {
         let blocks = u32::try_from(rows.div_ceil(16).max(1)).unwrap_or(u32::MAX);
         let ring = match config.ring {
             RingUse::CpuSamplesOnly => SamplerConfig::samples_ring_bytes(config.frequency_hz, perf::online_cpus().map_or(1, |c| c.len() as u64)),
-            RingUse::CpuSamplesAndMemory => SamplerConfig::samples_ring_bytes(config.frequency_hz, perf::online_cpus().map_or(1, |c| c.len() as u64)).max(SamplerConfig::MEMORY_RING_BYTES),
             RingUse::Any => SamplerConfig::MAX_RING_BYTES,
         };
         rodata.samples_wakeup_bytes = u64::from(ring / 4);

@@ -57,8 +57,23 @@ pub struct Needs {
 
 const NOTHING: Needs = Needs { cpu_samples: false, switches: false, cuda: None, cupti: false };
 
+/// The source that makes a profile (`sources/`): some make two, from one state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SourceKind {
+    Cpu,
+    OffCpu,
+    /// hbm-alloc, hbm-inuse, tensor-alloc, tensor-inuse: made whenever CUDA is hooked, since an
+    /// out-of-memory failure is reported with what held the memory whatever the profiles.
+    DeviceMemory,
+    /// gpu-launches and cuda-api: the duty-cycled hooks' calls.
+    CudaCalls,
+    GpuTime,
+    Collectives,
+}
+
 pub struct Descriptor {
     pub kind: ProfileKind,
+    pub source: SourceKind,
     /// On the command line and in file names.
     pub name: &'static str,
     /// The `__name__` it is pushed to Pyroscope under.
@@ -79,6 +94,7 @@ pub struct Descriptor {
 pub const DESCRIPTORS: [Descriptor; 12] = [
     Descriptor {
         kind: ProfileKind::Cpu,
+        source: SourceKind::Cpu,
         name: "cpu",
         pyroscope: "process_cpu",
         about: "CPU time, sampled",
@@ -90,6 +106,7 @@ pub const DESCRIPTORS: [Descriptor; 12] = [
     },
     Descriptor {
         kind: ProfileKind::HbmAlloc,
+        source: SourceKind::DeviceMemory,
         name: "hbm-alloc",
         pyroscope: "hbm_alloc",
         about: "device memory allocated per stack during the window",
@@ -101,6 +118,7 @@ pub const DESCRIPTORS: [Descriptor; 12] = [
     },
     Descriptor {
         kind: ProfileKind::HbmInUse,
+        source: SourceKind::DeviceMemory,
         name: "hbm-inuse",
         pyroscope: "hbm_inuse",
         about: "device memory live per stack at the end of the window",
@@ -112,6 +130,7 @@ pub const DESCRIPTORS: [Descriptor; 12] = [
     },
     Descriptor {
         kind: ProfileKind::TensorAlloc,
+        source: SourceKind::DeviceMemory,
         name: "tensor-alloc",
         pyroscope: "tensor_alloc",
         about: "PyTorch tensors' device memory allocated per stack during the window",
@@ -123,6 +142,7 @@ pub const DESCRIPTORS: [Descriptor; 12] = [
     },
     Descriptor {
         kind: ProfileKind::TensorInUse,
+        source: SourceKind::DeviceMemory,
         name: "tensor-inuse",
         pyroscope: "tensor_inuse",
         about: "PyTorch tensors' device memory live per stack at the end of the window",
@@ -134,6 +154,7 @@ pub const DESCRIPTORS: [Descriptor; 12] = [
     },
     Descriptor {
         kind: ProfileKind::GpuLaunches,
+        source: SourceKind::CudaCalls,
         name: "gpu-launches",
         pyroscope: "gpu_launches",
         about: "kernel launches per stack",
@@ -145,6 +166,7 @@ pub const DESCRIPTORS: [Descriptor; 12] = [
     },
     Descriptor {
         kind: ProfileKind::CudaApi,
+        source: SourceKind::CudaCalls,
         name: "cuda-api",
         pyroscope: "cuda_api",
         about: "wall time inside CUDA calls per stack",
@@ -156,6 +178,7 @@ pub const DESCRIPTORS: [Descriptor; 12] = [
     },
     Descriptor {
         kind: ProfileKind::GpuTime,
+        source: SourceKind::GpuTime,
         name: "gpu-time",
         pyroscope: "gpu_time",
         about: "kernel execution time on the device per launching stack (CUPTI)",
@@ -169,6 +192,7 @@ pub const DESCRIPTORS: [Descriptor; 12] = [
     },
     Descriptor {
         kind: ProfileKind::OffCpu,
+        source: SourceKind::OffCpu,
         name: "off-cpu",
         // Pyroscope has no standard name for off-CPU time: its sample type's, as for the others.
         pyroscope: "off_cpu",
@@ -181,6 +205,7 @@ pub const DESCRIPTORS: [Descriptor; 12] = [
     },
     Descriptor {
         kind: ProfileKind::Wall,
+        source: SourceKind::OffCpu,
         name: "wall",
         // The Java, .NET, Python and Ruby agents push `wall` too.
         pyroscope: "wall",
@@ -193,6 +218,7 @@ pub const DESCRIPTORS: [Descriptor; 12] = [
     },
     Descriptor {
         kind: ProfileKind::Collectives,
+        source: SourceKind::Collectives,
         name: "collectives",
         pyroscope: "nccl_collectives",
         about: "NCCL collective and point-to-point calls per stack, and the bytes each moved",
@@ -205,6 +231,7 @@ pub const DESCRIPTORS: [Descriptor; 12] = [
     },
     Descriptor {
         kind: ProfileKind::CollectiveTime,
+        source: SourceKind::Collectives,
         name: "collective-time",
         pyroscope: "nccl_collective_time",
         about: "device time of NCCL's kernels per collective call stack (CUPTI): where a rank waits for the others",

@@ -74,7 +74,7 @@ fn under(stacks: &[Stack], function: &str) -> u64 {
         .sum()
 }
 
-/// What record's summary says of a device, as `sources::hbm::describe_use` words it.
+/// What record's summary says of a device, as `DeviceUse` words it.
 fn device_line(device: u32, reserved: u64, allocated: u64, outside: u64) -> String {
     use gpuflame::cuda::human_bytes as h;
     format!("device {device}: reserved {}, allocated {}, cached {}; outside the allocator {}", h(reserved), h(allocated), h(reserved - allocated), h(outside))

@@ -11,12 +11,12 @@ use super::window::{Oom, WindowStats};
 use crate::cuda::Coverage;
 use crate::profile::Profile;
 use crate::profile_kind::ProfileKind;
-use crate::sources::{self, Input, OomReport, Source, SourceStats, WindowInfo};
+use crate::sources::{self, Input, OomReport, Sources, SourceStats, WindowInfo};
 use crate::stacks::{StackKey, Stacks};
 
 pub struct Collector {
     stacks: Stacks,
-    sources: Vec<Box<dyn Source>>,
+    sources: Sources,
     profiles: Vec<ProfileKind>,
     frequency_hz: u64,
     stats: WindowStats,
@@ -42,11 +42,11 @@ impl Collector {
             Event::Sample(sample) => {
                 let stack = stacks.stack(sample, files, python, false);
                 self.stats.sample(sample);
-                sources.iter_mut().for_each(|s| s.add(&Input::Sample { sample, stack: &stack }, stacks));
+                sources.all().for_each(|s| s.add(&Input::Sample { sample, stack: &stack }, stacks));
             }
             Event::OffCpu(record) => {
                 let stack = stacks.wait_stack(&record.sample, files, python);
-                sources.iter_mut().for_each(|s| s.add(&Input::OffCpu { record, stack: &stack }, stacks));
+                sources.all().for_each(|s| s.add(&Input::OffCpu { record, stack: &stack }, stacks));
             }
             // Thousands a second, and nothing but a pointer.
             Event::Cuda(call) if call.api.class() == CudaClass::TensorFree => self.offer(&Input::TensorFreed(call)),
@@ -57,7 +57,7 @@ impl Collector {
                 } else {
                     stacks.call_stack(&call.sample, files, python)
                 };
-                sources.iter_mut().for_each(|s| s.add(&Input::CudaCall { call, stack: &stack, files }, stacks));
+                sources.all().for_each(|s| s.add(&Input::CudaCall { call, stack: &stack, files }, stacks));
             }
             Event::OffCpuEnd(e) => self.offer(&Input::OffCpuEnd(e)),
             Event::KernelName(k) => self.offer(&Input::KernelName(k)),
@@ -69,7 +69,7 @@ impl Collector {
 
     /// A record without a stack.
     pub fn offer(&mut self, input: &Input<'_>) {
-        for s in self.sources.iter_mut() {
+        for s in self.sources.all() {
             s.add(input, &mut self.stacks);
         }
     }
@@ -90,7 +90,7 @@ impl Collector {
         let exact = Coverage { attached: duration, elapsed: duration, exact: true, trap_cost: TrapCost::default(), window: Duration::ZERO };
         let info = WindowInfo { frequency_hz: self.frequency_hz, coverage: coverage.unwrap_or(exact), length: duration };
         let mut profiles = Vec::new();
-        for source in self.sources.iter_mut() {
+        for source in self.sources.all() {
             for closed in source.close(&info, &mut self.stacks) {
                 if !self.profiles.contains(&closed.kind) {
                     continue;
@@ -109,7 +109,7 @@ impl Collector {
 
     /// The out-of-memory failures seen since the last call, with their snapshots as of `at`.
     pub fn take_ooms(&mut self, at: SystemTime) -> Vec<Oom> {
-        let reports: Vec<OomReport> = self.sources.iter_mut().flat_map(|s| s.take_ooms()).collect();
+        let reports: Vec<OomReport> = self.sources.memory.as_mut().map(|m| m.take_ooms()).unwrap_or_default();
         reports
             .into_iter()
             .map(|report| {
@@ -123,13 +123,15 @@ impl Collector {
 
     /// Keep device memory over time, for [`Collector::memory_timeline`].
     pub fn keep_memory_timeline(&mut self) {
-        self.sources.iter_mut().for_each(|s| s.keep_memory_timeline());
+        if let Some(m) = self.sources.memory.as_mut() {
+            m.keep_memory_timeline();
+        }
     }
 
     /// Device memory over time, per device, drawn up to `end_ns` (boot time).
     pub fn memory_timeline(&mut self, end_ns: u64) -> Vec<crate::output::timeline::DeviceChart> {
         let stacks = &mut self.stacks;
-        self.sources.iter_mut().flat_map(|s| s.memory_timeline(end_ns, stacks)).collect()
+        self.sources.memory.as_mut().map(|m| m.memory_timeline(end_ns, stacks)).unwrap_or_default()
     }
 
     pub fn samples(&self) -> u64 {
@@ -138,7 +140,10 @@ impl Collector {
 
     pub fn stats(&self) -> SourceStats {
         let mut stats = SourceStats::default();
-        self.sources.iter().for_each(|s| s.stats(&mut stats));
+        self.sources.others.iter().for_each(|s| s.stats(&mut stats));
+        if let Some(m) = &self.sources.memory {
+            sources::Source::stats(m, &mut stats);
+        }
         stats
     }
 

@@ -84,13 +84,11 @@ impl Session {
         let command = matches!(config.targets, Targets::Processes { follow_forks: true, .. });
         let needs = needs_of(&config.profiles);
         // CPU samples alone come at a rate known now; switches and CUDA calls at any.
-        // Memory's calls with every tensor's stack (~1 KiB a record) take the largest ring.
-        let ring = match needs.cuda {
-            _ if needs.switches => RingUse::Any,
-            Some(CudaHooks::Memory) if config.tensor_sample_bytes > 0 => RingUse::CpuSamplesAndMemory,
-            Some(_) => RingUse::Any,
-            None => RingUse::CpuSamplesOnly,
-        };
+        // CPU samples alone come at a rate known now; switches and CUDA calls at any. Tensors
+        // come in bursts (a training step's thousands in milliseconds, each malloc and free a
+        // record even under byte sampling): a 4 MiB ring lost records of a 205,000-tensor burst
+        // on the stand-in, so memory takes the largest ring too.
+        let ring = if needs.switches || needs.cuda.is_some() { RingUse::Any } else { RingUse::CpuSamplesOnly };
         // A whole machine at a low frequency reads a new program only once its samples may need
         // it. Launch hooks need a program's libraries as soon as they are mapped; memory's (the
         // agent's defaults) are hooked when it is read, a fifth of a sample later, long before a

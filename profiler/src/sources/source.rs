@@ -6,10 +6,8 @@ use std::time::Duration;
 use gpuflame_bpf::{CudaCall, GpuKernelBatch, GpuKernelName, KernelName, OffCpuEnd, OffCpuStack, Sample};
 use gpuflame_symbolizer::MappedFile;
 
-use super::oom::OomReport;
 use crate::cuda::hbm::HbmStats;
 use crate::cuda::memory::DeviceUse;
-use crate::output::timeline::DeviceChart;
 use crate::cuda::Coverage;
 use crate::profile_kind::ProfileKind;
 use crate::stacks::{StackKey, StackValues, Stacks};
@@ -68,20 +66,13 @@ pub struct SourceStats {
     pub launches_seen: u64,
 }
 
+/// A source: records in, a window's profiles out. Device memory's out-of-memory reports and
+/// timeline are its own (`DeviceMemorySource`), not every source's.
 pub trait Source {
     /// Takes one record.
     fn add(&mut self, input: &Input<'_>, stacks: &mut Stacks);
     /// The window's profiles of the kinds asked for; a new window starts.
     fn close(&mut self, window: &WindowInfo, stacks: &mut Stacks) -> Vec<Closed>;
+    /// What it counted, for `-v` and the agent's metrics.
     fn stats(&self, _into: &mut SourceStats) {}
-    /// Allocations that failed for lack of memory since the last call.
-    fn take_ooms(&mut self) -> Vec<OomReport> {
-        Vec::new()
-    }
-    /// Keep what the memory timeline needs (`record` draws one; the agent does not).
-    fn keep_memory_timeline(&mut self) {}
-    /// Device memory over time, drawn up to `end_ns` (boot time), per device.
-    fn memory_timeline(&mut self, _end_ns: u64, _stacks: &mut Stacks) -> Vec<DeviceChart> {
-        Vec::new()
-    }
 }

@@ -20,18 +20,18 @@ use crate::stacks::{StackKey, Stacks, TailFrame};
 /// cudaErrorMemoryAllocation and CUDA_ERROR_OUT_OF_MEMORY are both 2.
 const OUT_OF_MEMORY: i32 = 2;
 
-pub struct HbmSource {
+pub struct DeviceMemorySource {
     memory: DeviceMemory,
     wants: [bool; 4],
     ooms: Vec<OomReport>,
     tensor_sample_bytes: u64,
 }
 
-impl HbmSource {
+impl DeviceMemorySource {
     /// Which of hbm-alloc, hbm-inuse, tensor-alloc and tensor-inuse to make; the interval of
     /// tensors' byte sampling (0: every tensor has its stack).
     pub fn new(wants: [bool; 4], tensor_sample_bytes: u64) -> Self {
-        HbmSource { memory: DeviceMemory::default(), wants, ooms: Vec::new(), tensor_sample_bytes }
+        DeviceMemorySource { memory: DeviceMemory::default(), wants, ooms: Vec::new(), tensor_sample_bytes }
     }
 
     fn call(&mut self, call: &CudaCall, stack: &StackKey) {
@@ -97,7 +97,7 @@ impl HbmSource {
     }
 }
 
-impl Source for HbmSource {
+impl Source for DeviceMemorySource {
     fn add(&mut self, input: &Input<'_>, _: &mut Stacks) {
         match input {
             Input::CudaCall { call, stack, .. } => self.call(call, stack),
@@ -132,16 +132,22 @@ impl Source for HbmSource {
         into.allocator_retries = self.memory.allocator_retries;
         into.devices = self.memory.window_by_device();
     }
+}
 
-    fn take_ooms(&mut self) -> Vec<OomReport> {
+/// What only device memory has: its out-of-memory failures and its timeline.
+impl DeviceMemorySource {
+    /// Allocations that failed for lack of memory since the last call.
+    pub fn take_ooms(&mut self) -> Vec<OomReport> {
         std::mem::take(&mut self.ooms)
     }
 
-    fn keep_memory_timeline(&mut self) {
+    /// Keep what the memory timeline needs (`record` draws one; the agent does not).
+    pub fn keep_memory_timeline(&mut self) {
         self.memory.timeline_on = true;
     }
 
-    fn memory_timeline(&mut self, end_ns: u64, stacks: &mut Stacks) -> Vec<DeviceChart> {
+    /// Device memory over time, drawn up to `end_ns` (boot time), per device.
+    pub fn memory_timeline(&mut self, end_ns: u64, stacks: &mut Stacks) -> Vec<DeviceChart> {
         chart(&mut self.memory.timeline, end_ns, stacks)
     }
 }
