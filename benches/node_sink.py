@@ -12,12 +12,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_stacks import _fields  # noqa: E402  (the protobuf reader the torch bench has)
-
-
-def fields(buf):
-    """(field number, value) of a protobuf message's fields."""
-    return ((number, value) for number, _, value in _fields(buf))
+from torch_stacks import push_series  # noqa: E402  (the protobuf reader the torch bench has)
 
 
 class Sink(BaseHTTPRequestHandler):
@@ -27,16 +22,7 @@ class Sink(BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         Sink.pushes += 1
         kept = 0
-        for k, (number, series) in enumerate(fields(body)):
-            if number != 1:
-                continue
-            labels, raws = {}, []
-            for n, v in fields(series):
-                if n == 1:
-                    pair = dict(fields(v))
-                    labels[pair.get(1, b"").decode()] = pair.get(2, b"").decode()
-                elif n == 2:
-                    raws += [r for m, r in fields(v) if m == 1]
+        for k, (labels, raws) in enumerate(push_series(body)):
             if labels.get("__name__") == "process_cpu":
                 for j, raw in enumerate(raws):
                     with open(os.path.join(DIR, f"{Sink.pushes:04d}-{k:03d}-{j}.pb.gz"), "wb") as f:

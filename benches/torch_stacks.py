@@ -252,6 +252,22 @@ def _fields(b):
         yield f, wt, v
 
 
+def push_series(body):
+    """The series of a Pyroscope push request (PushRequest.series): (labels, raw profiles) each,
+    the labels as a dict, the profiles as sent (gzipped pprof)."""
+    for number, _, series in _fields(body):
+        if number != 1:
+            continue
+        labels, raws = {}, []
+        for n, _, v in _fields(series):
+            if n == 1:
+                pair = {k: val for k, _, val in _fields(v)}
+                labels[pair.get(1, b"").decode()] = pair.get(2, b"").decode()
+            elif n == 2:
+                raws += [r for m, _, r in _fields(v) if m == 1]
+        yield labels, raws
+
+
 def _ints(wt, v):
     """A repeated integer field's values, packed or not."""
     if wt == 0:

@@ -44,6 +44,9 @@ export PYTHONUNBUFFERED=1
 has() { [[ ",$sections," == *",$1,"* ]]; }
 val() { sed -n "s/^$2=//p" "$1" | head -1; }
 now() { date +%s%N; }
+# Stops a Python program by its command line: "$py" may be a shim (pyenv) whose pid is not the
+# interpreter's, and a kill of the shim leaves the program running.
+stop_py() { pkill -TERM -f "$1" 2>/dev/null; sleep 0.5; pkill -KILL -f "$1" 2>/dev/null; true; }
 cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15) / hz }' "/proc/$1/stat" 2>/dev/null || echo 0; }
 
 echo "== $(uname -r), $ncpu CPUs; workload on CPU $work_cpu, gpuflame on $tool_cpus; device $dev; $(date -u +%FT%TZ)"
@@ -76,7 +79,7 @@ ab() {
 	local s=$(now)
 	sleep "$win"
 	echo "bare $s $(now)" >>"$marks"
-	kill $pid 2>/dev/null
+	stop_py "gpu_cost.py ticks $kind"
 	wait $pid 2>/dev/null
 	"$py" "$root/scripts/ab_windows.py" "$ticks" "$marks" "$settle" >"$out/$name.ab"
 	echo "   $name ($*): slowdown median $(val "$out/$name.ab" slowdown_pct_median)%, 95% interval $(val "$out/$name.ab" slowdown_pct_ci95) (width $(val "$out/$name.ab" ci95_width_points) points), $(val "$out/$name.ab" pairs) pairs"
@@ -131,8 +134,10 @@ if has decode; then
 				agent=$!
 				sleep 3
 				taskset -c "$work_cpu" "$py" "$w" decode "$secs" --device "$dev" >"$o" 2>&1
-				kill -TERM $agent $sink 2>/dev/null
-				wait $agent $sink 2>/dev/null
+				kill -TERM $agent 2>/dev/null
+				wait $agent 2>/dev/null
+				stop_py "push_sink.py 14051"
+				wait $sink 2>/dev/null
 				;;
 			esac
 		done
@@ -177,9 +182,12 @@ if has agent; then
 	hwm=$(awk '/VmHWM/ { print $2 }' "/proc/$agent/status")
 	kill -TERM $agent
 	wait $agent
-	kill $work 2>/dev/null
-	sleep 1
-	kill -TERM $sink
+	stop_py "gpu_cost.py ticks train"
+	wait $work 2>/dev/null
+	# SIGTERM makes the receiver print what it decoded; no KILL after it until it has.
+	pkill -TERM -f "series_sink.py 14052"
+	for _ in $(seq 20); do grep -q '^pushes=' "$out/sink.out" && break; sleep 0.2; done
+	stop_py "series_sink.py 14052"
 	wait $sink 2>/dev/null
 	awk -v c0="$c0" -v c1="$c1" -v t0="$t0" -v t1="$t1" -v rss="$rss" -v hwm="$hwm" 'BEGIN {
 		w = (t1 - t0) / 1e9; printf "   agent: CPU %.2f s over %.0f s = %.2f%% of one CPU; RSS %.1f MiB (peak %.1f MiB)\n", c1 - c0, w, 100 * (c1 - c0) / w, rss / 1024, hwm / 1024 }'

@@ -13,7 +13,7 @@ from collections import defaultdict
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benches"))
-from torch_stacks import _fields  # noqa: E402  (the protobuf reader the torch bench has)
+from torch_stacks import _fields, push_series  # noqa: E402  (the protobuf reader the torch bench has)
 
 SEEN = defaultdict(lambda: {"pushes": 0, "samples": 0, "types": set(), "bad": 0})
 PUSHES = [0]
@@ -44,16 +44,7 @@ class Sink(BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         PUSHES[0] += 1
         try:
-            for number, series in fields(body):
-                if number != 1:
-                    continue
-                labels, raws = {}, []
-                for n, v in fields(series):
-                    if n == 1:
-                        pair = dict(fields(v))
-                        labels[pair.get(1, b"").decode()] = pair.get(2, b"").decode()
-                    elif n == 2:
-                        raws += [r for m, r in fields(v) if m == 1]
+            for labels, raws in push_series(body):
                 name = f"{labels.get('__name__', '?')}{{service_name={labels.get('service_name', '?')}}}"
                 for raw in raws:
                     tally(name, raw)

@@ -364,27 +364,29 @@ fn five_thousand_hertz_for_a_minute_ten_times() {
     high_frequency_runs(10, 60);
 }
 
-/// PyTorch's tensors (the stand-in caching allocator) under the agent: their own series,
-/// `tensor_inuse` and `tensor_alloc`, per device.
-#[test]
-fn tensor_profiles_are_pushed_as_series_of_their_own() {
-    require_bpf();
-    let _serial = serial();
+/// One window of the agent (`args` after its server and `--once --window 4 -v`) beside tensor_app
+/// `mode` on the stand-in allocator (`notes`: with PyTorch's USDT probes), named `trainer` and
+/// held at its gate until the agent has hooked `hooked_file`: what the receiver got (checked
+/// clean) and the agent's log.
+fn agent_beside_tensor_app(args: &[&str], mode: &str, env: &[(&str, &str)], notes: bool, hooked_file: &str) -> (Vec<Received>, String) {
     let dir = tempfile::tempdir().unwrap();
     common::cuda::build_stand_ins(dir.path());
-    let app = common::cuda::build_c10(dir.path());
+    let app = common::cuda::build_c10_with(dir.path(), notes, &[]);
     let receiver = Receiver::start(Box::new(|_| 200));
     let url = receiver.url();
-    // Every stack taken: exact bytes per stack (the defaults sample them, below).
-    let agent = agent(&["--server", &url, "--once", "--window", "4", "--profiles", "tensor-inuse,tensor-alloc", "--tensor-sample-bytes", "0", "-v"]);
+    let mut all = vec!["--server", url.as_str(), "--once", "--window", "4", "-v"];
+    all.extend_from_slice(args);
+    let agent = agent(&all);
     let gate = Gate::new(dir.path(), "gate");
     let (var, path) = gate.env();
-    let app = Workload(Command::new(&app).arg("exact").env("LINGER_MS", "8000").env("GPUFLAME_SERVICE_NAME", "trainer").env(var, path).stdout(Stdio::null()).spawn().unwrap());
+    let app = Workload(
+        Command::new(&app).arg(mode).envs(env.iter().copied()).env("LINGER_MS", "8000").env("GPUFLAME_SERVICE_NAME", "trainer").env(var, path).stdout(Stdio::null()).spawn().unwrap(),
+    );
     // Its first tensor comes as soon as the gate opens: once the allocator is hooked.
     let hooked = format!("CUDA found and hooked pid={}", app.0.id());
     let started = Instant::now();
-    while !agent.lines.lock().unwrap().iter().any(|l| l.contains(&hooked) && l.contains("libc10_cuda.so")) {
-        assert!(started.elapsed() < HANG, "libc10_cuda.so was not hooked:\n{}", agent.lines.lock().unwrap().join("\n"));
+    while !agent.lines.lock().unwrap().iter().any(|l| l.contains(&hooked) && l.contains(hooked_file)) {
+        assert!(started.elapsed() < HANG, "{hooked_file} was not hooked:\n{}", agent.lines.lock().unwrap().join("\n"));
         sleep(Duration::from_millis(20));
     }
     std::fs::write(&gate.path, b"").unwrap();
@@ -394,7 +396,22 @@ fn tensor_profiles_are_pushed_as_series_of_their_own() {
     let log = agent.stop();
     drop(app);
     assert_clean(&receiver);
-    let got = receiver.received();
+    (receiver.received(), log)
+}
+
+/// The profiles of series `name` of the service `trainer`.
+fn trainer_series<'a>(got: &'a [Received], name: &str) -> Vec<&'a Received> {
+    service(got, "trainer").into_iter().filter(|r| r.labels.get("__name__").map(String::as_str) == Some(name)).collect()
+}
+
+/// PyTorch's tensors (the stand-in caching allocator) under the agent: their own series,
+/// `tensor_inuse` and `tensor_alloc`, per device.
+#[test]
+fn tensor_profiles_are_pushed_as_series_of_their_own() {
+    require_bpf();
+    let _serial = serial();
+    // Every stack taken: exact bytes per stack (the defaults sample them, below).
+    let (got, log) = agent_beside_tensor_app(&["--profiles", "tensor-inuse,tensor-alloc", "--tensor-sample-bytes", "0"], "exact", &[], true, "libc10_cuda.so");
     let series = |name: &str| -> Vec<(String, i64)> {
         let mut out: Vec<(String, i64)> = service(&got, "trainer")
             .into_iter()
@@ -427,30 +444,8 @@ fn bytes_under(profile: &gpuflame::profile::Profile, function: &str) -> i64 {
 fn the_agent_follows_tensors_at_its_defaults() {
     require_bpf();
     let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    common::cuda::build_stand_ins(dir.path());
-    let app = common::cuda::build_c10(dir.path());
-    let receiver = Receiver::start(Box::new(|_| 200));
-    let url = receiver.url();
-    let agent = agent(&["--server", &url, "--once", "--window", "4", "-v"]);
-    let gate = Gate::new(dir.path(), "gate");
-    let (var, path) = gate.env();
-    let app = Workload(Command::new(&app).arg("sampled").env("LINGER_MS", "8000").env("GPUFLAME_SERVICE_NAME", "trainer").env(var, path).stdout(Stdio::null()).spawn().unwrap());
-    let hooked = format!("CUDA found and hooked pid={}", app.0.id());
-    let started = Instant::now();
-    while !agent.lines.lock().unwrap().iter().any(|l| l.contains(&hooked) && l.contains("libc10_cuda.so")) {
-        assert!(started.elapsed() < HANG, "libc10_cuda.so was not hooked at the defaults:\n{}", agent.lines.lock().unwrap().join("\n"));
-        sleep(Duration::from_millis(20));
-    }
-    std::fs::write(&gate.path, b"").unwrap();
-    while receiver.received().is_empty() && started.elapsed() < HANG {
-        sleep(Duration::from_millis(100));
-    }
-    let log = agent.stop();
-    drop(app);
-    assert_clean(&receiver);
-    let got = receiver.received();
-    let of = |name: &str| service(&got, "trainer").into_iter().filter(|r| r.labels.get("__name__").map(String::as_str) == Some(name)).collect::<Vec<_>>();
+    let (got, log) = agent_beside_tensor_app(&[], "sampled", &[], true, "libc10_cuda.so");
+    let of = |name: &str| trainer_series(&got, name);
     let names: Vec<_> = got.iter().map(|r| (&r.labels["service_name"], &r.labels["__name__"])).collect();
     let inuse = of("tensor_inuse");
     assert_eq!(inuse.len(), 1, "one tensor_inuse series, device 0: {names:?}\n{log}");
@@ -469,29 +464,8 @@ fn the_agent_follows_tensors_at_its_defaults() {
 fn an_allocator_without_probes_is_not_hooked_at_the_agents_defaults() {
     require_bpf();
     let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    common::cuda::build_stand_ins(dir.path());
-    let app = common::cuda::build_c10_with(dir.path(), false, &[]);
-    let receiver = Receiver::start(Box::new(|_| 200));
-    let url = receiver.url();
-    let agent = agent(&["--server", &url, "--once", "--window", "4", "-v"]);
-    let gate = Gate::new(dir.path(), "gate");
-    let (var, path) = gate.env();
-    let app = Workload(Command::new(&app).arg("exact").env("LINGER_MS", "8000").env("GPUFLAME_SERVICE_NAME", "trainer").env(var, path).stdout(Stdio::null()).spawn().unwrap());
-    let hooked = format!("CUDA found and hooked pid={}", app.0.id());
-    let started = Instant::now();
-    while !agent.lines.lock().unwrap().iter().any(|l| l.contains(&hooked)) {
-        assert!(started.elapsed() < HANG, "the stand-ins were not hooked:\n{}", agent.lines.lock().unwrap().join("\n"));
-        sleep(Duration::from_millis(20));
-    }
-    std::fs::write(&gate.path, b"").unwrap();
-    while receiver.received().is_empty() && started.elapsed() < HANG {
-        sleep(Duration::from_millis(100));
-    }
-    let log = agent.stop();
-    drop(app);
-    let got = receiver.received();
-    let of = |name: &str| service(&got, "trainer").into_iter().filter(|r| r.labels.get("__name__").map(String::as_str) == Some(name)).map(|r| r.profile.total()).sum::<i64>();
+    let (got, log) = agent_beside_tensor_app(&[], "exact", &[], false, "");
+    let of = |name: &str| trainer_series(&got, name).iter().map(|r| r.profile.total()).sum::<i64>();
     let said: Vec<&str> = log.lines().filter(|l| l.contains("not followed for tensors") && l.contains("libc10_cuda.so") && l.contains("no USDT probes")).collect();
     assert_eq!(said.len(), 1, "one line says why:\n{log}");
     assert_eq!(of("tensor_inuse") + of("tensor_alloc"), 0, "{log}");
@@ -505,37 +479,13 @@ fn an_allocator_without_probes_is_not_hooked_at_the_agents_defaults() {
 fn the_agent_pushes_what_was_in_use_at_an_oom() {
     require_bpf();
     let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    common::cuda::build_stand_ins(dir.path());
-    let app = common::cuda::build_c10(dir.path());
-    let receiver = Receiver::start(Box::new(|_| 200));
-    let url = receiver.url();
-    let agent = agent(&["--server", &url, "--once", "--window", "4", "-v"]);
-    let gate = Gate::new(dir.path(), "gate");
-    let (var, path) = gate.env();
     let limit = (300u64 << 20).to_string();
-    let app = Workload(
-        Command::new(&app).arg("oom").env("C10_LIMIT", &limit).env("LINGER_MS", "8000").env("GPUFLAME_SERVICE_NAME", "trainer").env(var, path).stdout(Stdio::null()).spawn().unwrap(),
-    );
-    let hooked = format!("CUDA found and hooked pid={}", app.0.id());
-    let started = Instant::now();
-    while !agent.lines.lock().unwrap().iter().any(|l| l.contains(&hooked) && l.contains("libc10_cuda.so")) {
-        assert!(started.elapsed() < HANG, "libc10_cuda.so was not hooked:\n{}", agent.lines.lock().unwrap().join("\n"));
-        sleep(Duration::from_millis(20));
-    }
-    std::fs::write(&gate.path, b"").unwrap();
-    while receiver.received().is_empty() && started.elapsed() < HANG {
-        sleep(Duration::from_millis(100));
-    }
-    let log = agent.stop();
-    drop(app);
-    assert_clean(&receiver);
+    let (got, log) = agent_beside_tensor_app(&[], "oom", &[("C10_LIMIT", &limit)], true, "libc10_cuda.so");
     let logged: Vec<&str> = log.lines().filter(|l| l.contains("out of memory")).collect();
-    let names: Vec<_> = receiver.received().iter().map(|r| (r.labels["service_name"].clone(), r.labels["__name__"].clone(), r.profile.total())).collect();
+    let names: Vec<_> = got.iter().map(|r| (r.labels["service_name"].clone(), r.labels["__name__"].clone(), r.profile.total())).collect();
     assert_eq!(logged.len(), 1, "{log}\n{names:?}");
     assert!(logged[0].contains("128.0 MiB allocate_kv_cache"), "the KV cache first among the holders: {}", logged[0]);
-    let got = receiver.received();
-    let at_oom: Vec<_> = service(&got, "trainer").into_iter().filter(|r| r.labels.get("__name__").map(String::as_str) == Some("memory_at_oom")).collect();
+    let at_oom = trainer_series(&got, "memory_at_oom");
     assert_eq!(at_oom.len(), 1, "one memory_at_oom series: {:?}", got.iter().map(|r| &r.labels).collect::<Vec<_>>());
     let p = &at_oom[0].profile;
     assert_eq!(at_oom[0].labels.get("device").map(String::as_str), Some("0"));
