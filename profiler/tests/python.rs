@@ -25,6 +25,13 @@ fn interpreters() -> Vec<PathBuf> {
     v
 }
 
+/// Debian's python3.15, the newest of the matrix.
+fn python_3_15() -> PathBuf {
+    let python = interpreters().into_iter().find(|p| p.ends_with("python3.15")).expect("3.15 is in the matrix");
+    assert!(python.exists(), "{} is missing (scripts/setup.sh installs it)", python.display());
+    python
+}
+
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/pystack.py")
 }
@@ -117,8 +124,7 @@ fn python_and_native_frames_interleave_on_every_interpreter() {
 #[test]
 fn record_runs_the_newest_python_with_its_frames_from_the_start() {
     require_bpf();
-    let python = interpreters().into_iter().find(|p| p.ends_with("python3.15")).unwrap();
-    assert!(python.exists(), "{} is missing (scripts/setup.sh installs it)", python.display());
+    let python = python_3_15();
     let dir = tempfile::tempdir().unwrap();
     let gate = Gate::new(dir.path(), "gate");
     let out = dir.path().join("py315.folded");
@@ -173,8 +179,7 @@ fn generators_and_coroutines_on_every_interpreter() {
 #[test]
 fn a_python_newer_than_the_tables_is_read_where_its_header_says() {
     require_bpf();
-    let real = interpreters().into_iter().find(|p| p.ends_with("python3.15")).unwrap();
-    assert!(real.exists(), "{} is missing (scripts/setup.sh installs it)", real.display());
+    let real = python_3_15();
     let mut bytes = std::fs::read(&real).unwrap();
     let cookies: Vec<usize> = bytes.windows(16).enumerate().filter(|(_, w)| w[..8] == *b"xdebugpy" && w[10] == 15 && w[11] == 3).map(|(i, _)| i).collect();
     assert_eq!(cookies.len(), 1, "one 3.15 _Py_DebugOffsets header in {}", real.display());

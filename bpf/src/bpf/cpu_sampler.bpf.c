@@ -74,9 +74,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 		count(COUNTER_KSTACK_FAILED);
 	unwind_user_stack(e, slot);
 
-	/* Waking the reader costs more than the whole sample (an IPI, ~12 us in a VM): user space
-	 * drains the buffer every 100 ms anyway, and is only woken when the buffer fills up. */
-	flags = bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) > SAMPLES_WAKEUP_BYTES ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
+	flags = wake_when_filling();
 	if (bpf_ringbuf_output(&samples, e, sizeof(*e), flags))
 		count(COUNTER_LOST);
 	return 0;

@@ -46,9 +46,7 @@ static __always_inline void send_call_with_stack(struct event_record *e, __u32 s
 	size = EVENT_FIXED_BYTES + (__u64)frames * sizeof(__u64);
 	/* Memory calls are rare, and user space must name their Python frames while the process
 	 * lives (and hear of an out-of-memory at once): they wake it. */
-	flags = cuda_class_of(api) <= CUDA_CLASS_MAP || cuda_class_of(api) == CUDA_CLASS_TENSOR_OOM ||
-			bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) > SAMPLES_WAKEUP_BYTES
-		? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
+	flags = cuda_class_of(api) <= CUDA_CLASS_MAP || cuda_class_of(api) == CUDA_CLASS_TENSOR_OOM ? BPF_RB_FORCE_WAKEUP : wake_when_filling();
 	if (bpf_ringbuf_output(&samples, e, size, flags))
 		count(COUNTER_CUDA_LOST);
 }

@@ -1,5 +1,6 @@
-/* PyTorch's caching allocator: tensors' frees, from the entry hooks on its frees (cuda_hooks.h)
- * and from its pytorch:free probe (torch_probes.h), sent without a stack. */
+/* PyTorch's caching allocator: which tensors' stacks are taken (byte sampling) and how the others
+ * are sent; tensors' frees, from the entry hooks on its frees (cuda_hooks.h) and from its
+ * pytorch:free probe (torch_probes.h), sent without a stack. */
 #ifndef GPUFLAME_TORCH_ALLOCATOR_H
 #define GPUFLAME_TORCH_ALLOCATOR_H
 
@@ -76,19 +77,15 @@ static __always_inline bool tensor_stack_drawn(__u64 size)
 	return true;
 }
 
-/* A tensor's allocation, its payload filled in, sent without its stack: no unwinding, no
- * wake-up. `hook_ns`: what the programs took. */
+/* A tensor's allocation, its header (whose stack cuda_header zeroed) and payload filled in,
+ * sent without its stack: no unwinding, no wake-up. `hook_ns`: what the programs took. */
 static __always_inline void send_tensor_without_stack(struct event_record *e, __u64 hook_ns)
 {
 	struct cuda_call_payload *c = &e->payload.cuda_call;
-	__u64 flags = BPF_RB_NO_WAKEUP;
 
 	c->flags |= CUDA_CALL_SAMPLED_OUT;
 	c->hook_ns = hook_ns;
-	__builtin_memset(&e->stack, 0, sizeof(e->stack));
-	if (bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) > SAMPLES_WAKEUP_BYTES)
-		flags = BPF_RB_FORCE_WAKEUP;
-	if (bpf_ringbuf_output(&samples, e, EVENT_FIXED_BYTES, flags))
+	if (bpf_ringbuf_output(&samples, e, EVENT_FIXED_BYTES, wake_when_filling()))
 		count(COUNTER_CUDA_LOST);
 }
 
@@ -109,7 +106,6 @@ static __always_inline void send_tensor_free(__u64 id, __u32 api, __u64 ptr)
 	struct event_record *e = bpf_map_lookup_elem(&sample_scratch, &slot);
 	struct tensor_key key = { .pid = id >> 32, .ptr = ptr };
 	struct cuda_call_payload *c;
-	__u64 flags = BPF_RB_NO_WAKEUP;
 	__u8 one = 1;
 
 	if (bpf_map_lookup_elem(&tensor_frees, &key))
@@ -122,10 +118,8 @@ static __always_inline void send_tensor_free(__u64 id, __u32 api, __u64 ptr)
 	__builtin_memset(c, 0, sizeof(*c));
 	c->api = api;
 	c->addr = ptr;
-	if (bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) > SAMPLES_WAKEUP_BYTES)
-		flags = BPF_RB_FORCE_WAKEUP;
 	count(COUNTER_CUDA_CALLS);
-	if (bpf_ringbuf_output(&samples, e, EVENT_FIXED_BYTES, flags))
+	if (bpf_ringbuf_output(&samples, e, EVENT_FIXED_BYTES, wake_when_filling()))
 		count(COUNTER_CUDA_LOST);
 }
 

@@ -185,12 +185,7 @@ impl Session {
                 if let Some(labels) = self.ranks.exec(pid) {
                     self.collector.label_process(pid, labels);
                 }
-                if let (Some(c), Some(entries)) = (self.cuda.as_mut(), self.tracker.exec_entries(pid)) {
-                    c.hooks.process_mapped(&self.sampler, pid, entries, Instant::now());
-                    if c.hooks.maps_cuda(pid) {
-                        self.tracker.build_soon(pid);
-                    }
-                }
+                self.hook_cuda(pid, Instant::now());
             }
             self.tracker.poll_tables(&mut self.sampler);
             self.report_ready();
@@ -201,6 +196,16 @@ impl Session {
             if Instant::now() >= deadline {
                 return Ok(());
             }
+        }
+    }
+
+    /// Hooks the CUDA libraries that `pid` maps, once its maps are read (at a process event, or
+    /// late under lazy reads); a program that maps CUDA has its tables built soon.
+    fn hook_cuda(&mut self, pid: u32, seen: Instant) {
+        let (Some(c), Some(entries)) = (self.cuda.as_mut(), self.tracker.exec_entries(pid)) else { return };
+        c.hooks.process_mapped(&self.sampler, pid, entries, seen);
+        if c.hooks.maps_cuda(pid) {
+            self.tracker.build_soon(pid);
         }
     }
 
@@ -263,14 +268,10 @@ impl Session {
                         _ if self.tracker.deferred(ev.pid) => {}
                         _ => refreshed.push(ev.pid),
                     }
-                    let Some(c) = self.cuda.as_mut() else { continue };
-                    if ev.kind == ProcessEventKind::Exit {
-                        c.hooks.process_exited(ev.pid);
-                    } else if let Some(entries) = self.tracker.exec_entries(ev.pid) {
-                        c.hooks.process_mapped(&self.sampler, ev.pid, entries, seen);
-                        if c.hooks.maps_cuda(ev.pid) {
-                            self.tracker.build_soon(ev.pid);
-                        }
+                    match (ev.kind, self.cuda.as_mut()) {
+                        (_, None) => {}
+                        (ProcessEventKind::Exit, Some(c)) => c.hooks.process_exited(ev.pid),
+                        _ => self.hook_cuda(ev.pid, seen),
                     }
                 }
                 Event::Cuda(call) if call.api == CudaApi::CuptiStatus => {
