@@ -17,7 +17,7 @@ use gpuflame::frame::FrameKind;
 use gpuflame::output::{self, Detail, Format, Rendering};
 use gpuflame::profile::{Labels, Line, Location, Mapping, Profile, ProfileBuilder, KERNEL_MAPPING, PYTHON_MAPPING};
 use gpuflame::profile_kind::ProfileKind;
-use gpuflame::session::Collector;
+use gpuflame::session::{Collector, ProcessView};
 
 /// No process has this PID (above the kernel's largest, 2^22).
 const PID: u32 = 4_300_001;
@@ -160,14 +160,15 @@ pub(crate) fn hand_built() -> Profile {
 fn recorded() -> Vec<(String, Profile)> {
     let files: &[gpuflame_symbolizer::MappedFile] = &[];
     let mut collector = Collector::new(&ProfileKind::ALL, 99, TrapCost::default(), 0);
+    let no_labels = Default::default();
     for event in events() {
-        collector.record(&event, Some(files), None);
+        collector.record(&event, ProcessView { files: Some(files), python: None });
     }
     let start = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
     let duration = Duration::from_secs(5);
     let coverage = Coverage { attached: duration, elapsed: duration, exact: true, trap_cost: TrapCost { emulated: Duration::from_nanos(700), stepped: Duration::from_nanos(2_000) }, window: Duration::ZERO };
-    let mut out: Vec<(String, Profile)> = collector.take_ooms(start).into_iter().map(|oom| ("oom".to_string(), oom.snapshot)).collect();
-    let (profiles, _) = collector.close(Some(coverage), start, duration);
+    let mut out: Vec<(String, Profile)> = collector.take_ooms(start, &no_labels).into_iter().map(|oom| ("oom".to_string(), oom.snapshot)).collect();
+    let (profiles, _) = collector.close(Some(coverage), start, duration, &no_labels);
     out.extend(profiles.into_iter().map(|(k, p)| (k.name().to_string(), p)));
     out
 }

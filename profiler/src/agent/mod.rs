@@ -131,24 +131,6 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
 
 /// Samples in windows until stopped; returns the number of windows.
 fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &Mutex<AgentMetrics>, seq: &mut u64) -> anyhow::Result<u64> {
-    let mut session = Session::start(SessionConfig {
-        targets: Targets::All,
-        frequency_hz: cfg.frequency_hz,
-        unwind_memory: cfg.unwind_memory << 20,
-        profiles: cfg.profiles.clone(),
-        cuda_duty: Some(DutyCycle::DEFAULT),
-        rank_labels: cfg.rank_labels.clone(),
-        memory_timeline: false,
-        tensor_sample_bytes: cfg.tensor_sample_bytes,
-        tensors_by_hooks: cfg.profiles_asked,
-    })?;
-    eprintln!(
-        "gpuflame agent: profiling the whole machine ({} processes) at {} Hz, pushing every {} s to {}",
-        session.tracker.processes(),
-        cfg.frequency_hz,
-        cfg.window.as_secs_f64(),
-        gpuflame_server_upload::redact_url(&cfg.server)
-    );
     let mut namer = ServiceNamer::new(cfg.service_name_from, cfg.service_names.clone());
     // In a Kubernetes pod (the DaemonSet): this node's pods name and label their processes.
     match kube::KubeConfig::from_env(&cfg.hostname) {
@@ -163,6 +145,25 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
             }
         }
     }
+    let mut session = Session::start(SessionConfig {
+        targets: Targets::All,
+        frequency_hz: cfg.frequency_hz,
+        unwind_memory: cfg.unwind_memory << 20,
+        profiles: cfg.profiles.clone(),
+        cuda_duty: Some(DutyCycle::DEFAULT),
+        rank_labels: cfg.rank_labels.clone(),
+        memory_timeline: false,
+        tensor_sample_bytes: cfg.tensor_sample_bytes,
+        tensors_by_hooks: cfg.profiles_asked,
+        service_names: Some(namer),
+    })?;
+    eprintln!(
+        "gpuflame agent: profiling the whole machine ({} processes) at {} Hz, pushing every {} s to {}",
+        session.processes().tracker().processes(),
+        cfg.frequency_hz,
+        cfg.window.as_secs_f64(),
+        gpuflame_server_upload::redact_url(&cfg.server)
+    );
     let options = series::Options {
         thread_names: cfg.thread_names,
         device: cfg.device_label,
@@ -180,24 +181,18 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
     let mut ooms = Vec::new();
     loop {
         let window = session.window(Some(cfg.window), |session| {
-            // Processes are named while they live: a short one is gone by the end of the window.
-            for pid in session.pids() {
-                if !namer.knows(pid) {
-                    namer.observe(pid);
-                }
-            }
             ooms.extend(log_ooms(session));
             let stopping = stop.load(Ordering::SeqCst);
             if stopping || last_metrics.elapsed() >= Duration::from_secs(1) {
                 last_metrics = Instant::now();
                 let mut m = metrics.lock().unwrap_or_else(|p| p.into_inner());
                 m.samples = total_samples + session.samples_in_window();
-                m.counters = session.sampler.counters()?;
-                m.capacity = session.sampler.unwind_capacity();
+                m.counters = session.programs().counters()?;
+                m.capacity = session.programs().unwind_capacity();
                 m.windows = windows;
-                m.processes_tracked = session.tracker.processes();
-                m.maps_read = session.tracker.stats.maps_read;
-                m.maps_reads_saved = session.tracker.stats.reads_saved;
+                m.processes_tracked = session.processes().tracker().processes();
+                m.maps_read = session.processes().tracker().stats.maps_read;
+                m.maps_reads_saved = session.processes().tracker().stats.reads_saved;
                 m.series = stats;
                 m.ranks = session.rank_stats();
                 let sources = session.source_stats();
@@ -210,10 +205,11 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
         total_samples += window.stats.samples;
         let id = format!("{run_id}-{windows}");
         windows += 1;
+        let namer = session.service_names().context("the agent's session names services")?;
         // What was in use when memory ran out, by stack, with the failing call: a profile type
         // of its own, found in Grafana beside the process's other series.
         for oom in ooms.drain(..) {
-            for s in series::split(&oom.snapshot, &mut namer, &options, &mut stats) {
+            for s in series::split(&oom.snapshot, namer, &options, &mut stats) {
                 if let Some(body) = request(&s, MEMORY_AT_OOM, cfg, &hostname, &id) {
                     queue.push(PushItem::new(*seq, body));
                     *seq += 1;
@@ -221,7 +217,7 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
             }
         }
         for (kind, profile) in &window.profiles {
-            for s in series::split(profile, &mut namer, &options, &mut stats) {
+            for s in series::split(profile, namer, &options, &mut stats) {
                 if let Some(body) = request(&s, kind.descriptor().pyroscope, cfg, &hostname, &id) {
                     queue.push(PushItem::new(*seq, body));
                     *seq += 1;
@@ -229,7 +225,6 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
             }
         }
         metrics.lock().unwrap_or_else(|p| p.into_inner()).series = stats;
-        namer.retain(crate::target::process_alive);
         if window.stopped || cfg.once {
             return Ok(windows);
         }

@@ -170,6 +170,7 @@ fn record(opts: &RecordOptions, format: Format, outputs: &[(ProfileKind, Output)
         memory_timeline: opts.memory_timeline_path().is_some(),
         tensor_sample_bytes: opts.tensor_sample_bytes,
         tensors_by_hooks: true,
+        service_names: None,
     })?;
     let mut ooms = OomWriter { output: opts.output.clone(), format, detail: opts.detail, count: 0 };
     let mut child = start_command(opts, &mut session)?;
@@ -181,7 +182,7 @@ fn record(opts: &RecordOptions, format: Format, outputs: &[(ProfileKind, Output)
     let window = session.window(opts.duration, |session| {
         ooms.write_all(session);
         if status.due() {
-            status.show(start.elapsed(), session.samples_in_window(), session.sampler.counters()?.lost);
+            status.show(start.elapsed(), session.samples_in_window(), session.programs().counters()?.lost);
         }
         if stop.load(Ordering::SeqCst) {
             return Ok(Flow::Stop);
@@ -262,9 +263,7 @@ fn start_command(opts: &RecordOptions, session: &mut Session) -> anyhow::Result<
             let lib = injection::install_default().map_err(|e| UserError(format!("cannot write the CUPTI injection library: {e}")))?;
             // Hooked before the command runs: the driver loads it during cuInit and calls it
             // at once.
-            if let Some(c) = session.cuda.as_mut() {
-                c.hooks.hook_path(&session.sampler, &lib);
-            }
+            session.hook_library(&lib);
             env.push((injection::INJECTION_VAR.to_string(), lib.display().to_string()));
             if std::env::var_os(ready::WAIT_VAR).is_none() {
                 env.push((ready::WAIT_VAR.to_string(), ready::WAIT_MS.to_string()));
@@ -276,12 +275,12 @@ fn start_command(opts: &RecordOptions, session: &mut Session) -> anyhow::Result<
         }
     }
     let gated = GatedChild::spawn(&opts.command, &env)?;
-    session.sampler.add_target(gated.pid())?;
+    session.add_target(gated.pid())?;
     // The tables of what the command maps first, in before it runs: its stacks are whole from
     // its first sample, not from the first read of its maps.
     let started = Instant::now();
     let files = command_files::command_files(&opts.command, &env);
-    let ready = session.tracker.preload(&mut session.sampler, gated.pid(), &files, PRELOAD_WAIT);
+    let ready = session.preload(gated.pid(), &files, PRELOAD_WAIT);
     tracing::debug!(files = files.len(), ready, ms = started.elapsed().as_millis() as u64, "the command's tables built before it runs");
     Ok(Some(gated.release()?))
 }
@@ -315,7 +314,7 @@ impl OomWriter {
                     pid = report.pid,
                     unplaced,
                     frames = report.stack.user.len(),
-                    files_known = session.tracker.files(report.pid).map_or(0, <[_]>::len),
+                    files_known = session.processes().tracker().files(report.pid).map_or(0, <[_]>::len),
                     "the out-of-memory stack has frames in no known file: anonymous code, or the process's mappings were not read while it lived"
                 );
             }

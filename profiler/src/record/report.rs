@@ -29,25 +29,25 @@ pub(super) struct End {
 impl End {
     /// Reads the counters; says at once what the BPF programs and the CUDA hooks cost and saw.
     pub(super) fn of(session: &Session, window: &Window) -> anyhow::Result<End> {
-        let counters = session.sampler.counters()?;
-        if let Some((runs, ns)) = session.sampler.sampler_run_stats().filter(|&(runs, _)| runs > 0) {
+        let counters = session.programs().counters()?;
+        if let Some((runs, ns)) = session.programs().sampler_run_stats().filter(|&(runs, _)| runs > 0) {
             tracing::info!(runs, avg_ns = ns / runs, "BPF sampling program cost (kernel.bpf_stats_enabled=1)");
         }
         let off_cpu = session.off_cpu();
-        if let Some((runs, ns)) = off_cpu.then(|| session.sampler.off_cpu_run_stats()).flatten().filter(|&(runs, _)| runs > 0) {
+        if let Some((runs, ns)) = off_cpu.then(|| session.programs().off_cpu_run_stats()).flatten().filter(|&(runs, _)| runs > 0) {
             tracing::info!(runs, avg_ns = ns / runs, "BPF context-switch program cost (kernel.bpf_stats_enabled=1)");
         }
-        if let (Some(c), Some(coverage)) = (session.cuda.as_ref(), window.coverage) {
+        if let (Some(c), Some(coverage)) = (session.processes().cuda(), window.coverage) {
             report_cuda(&c.hooks.stats, &session.source_stats(), coverage, &counters.cuda);
         }
-        let memory = session.cuda.as_ref().map(|c| memory_lines(&c.hooks.stats, &session.source_stats())).unwrap_or_default();
+        let memory = session.processes().cuda().map(|c| memory_lines(&c.hooks.stats, &session.source_stats())).unwrap_or_default();
         Ok(End {
             memory,
-            malformed: session.sampler.malformed_records(),
-            capacity: session.sampler.unwind_capacity(),
-            tracker: TrackerStats { rows_unaccounted: session.tracker.rows_unaccounted(&session.sampler), ..session.tracker.stats.clone() },
+            malformed: session.programs().malformed_records(),
+            capacity: session.programs().unwind_capacity(),
+            tracker: TrackerStats { rows_unaccounted: session.processes().tracker().rows_unaccounted(session.programs()), ..session.processes().tracker().stats.clone() },
             unknown_python: session.unknown_python_frames(),
-            off_cpu_threads_left: off_cpu.then(|| session.sampler.off_cpu_threads().ok()).flatten(),
+            off_cpu_threads_left: off_cpu.then(|| session.programs().off_cpu_threads().ok()).flatten(),
             ranks: session.rank_stats(),
             counters,
         })

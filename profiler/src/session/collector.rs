@@ -4,15 +4,14 @@
 use std::time::{Duration, SystemTime};
 
 use gpuflame_bpf::{CudaClass, Event, TrapCost};
-use gpuflame_pyframes::Interpreter;
-use gpuflame_symbolizer::MappedFile;
-
+use super::processes::{Gone, ProcessView};
 use super::window::{Oom, WindowStats};
 use crate::cuda::Coverage;
 use crate::profile::Profile;
 use crate::profile_kind::ProfileKind;
 use crate::sources::{self, Input, OomReport, Sources, SourceStats, WindowInfo};
 use crate::stacks::{StackKey, Stacks};
+use crate::workload::rank::ProcessLabels;
 
 pub struct Collector {
     stacks: Stacks,
@@ -20,6 +19,8 @@ pub struct Collector {
     profiles: Vec<ProfileKind>,
     frequency_hz: u64,
     stats: WindowStats,
+    /// Processes that exited in this window: what names their frames goes once it is closed.
+    exited: Vec<u32>,
 }
 
 impl Collector {
@@ -32,12 +33,14 @@ impl Collector {
             profiles: profiles.to_vec(),
             frequency_hz,
             stats: WindowStats::default(),
+            exited: Vec::new(),
         }
     }
 
-    /// Takes one record; `files` and `python` are its process's, as the tracker knows them.
-    pub fn record(&mut self, event: &Event, files: Option<&[MappedFile]>, python: Option<&Interpreter>) {
+    /// Takes one record, with its process as the registry knows it.
+    pub fn record(&mut self, event: &Event, process: ProcessView<'_>) {
         let (stacks, sources) = (&mut self.stacks, &mut self.sources);
+        let ProcessView { files, python } = process;
         match event {
             Event::Sample(sample) => {
                 let stack = stacks.stack(sample, files, python, false);
@@ -74,19 +77,20 @@ impl Collector {
         }
     }
 
-    /// The labels of process `pid`'s samples from now on (its rank in a job; none clears them).
-    pub fn label_process(&mut self, pid: u32, labels: Vec<(String, String)>) {
-        self.stacks.label_process(pid, labels);
-    }
-
-    pub fn process_exited(&mut self, pid: u32) {
-        self.stacks.process_exited(pid);
-        self.offer(&Input::ProcessExited(pid));
+    /// Processes the registry says are gone: exited now (their last records may still come in
+    /// this window), or found gone at a window's end (their exit was lost).
+    pub fn processes_gone(&mut self, gone: &Gone) {
+        for &pid in &gone.0 {
+            self.stacks.process_exited(pid);
+            self.offer(&Input::ProcessExited(pid));
+            self.exited.push(pid);
+        }
     }
 
     /// The window's profiles, symbolized, in the order of [`ProfileKind`], and its samples; a
     /// new window starts. `coverage`: of the duty-cycled CUDA hooks, when CUDA is hooked.
-    pub fn close(&mut self, coverage: Option<Coverage>, start: SystemTime, duration: Duration) -> (Vec<(ProfileKind, Profile)>, WindowStats) {
+    /// `labels`: the processes' labels, as the registry knows them.
+    pub fn close(&mut self, coverage: Option<Coverage>, start: SystemTime, duration: Duration, labels: &ProcessLabels) -> (Vec<(ProfileKind, Profile)>, WindowStats) {
         let exact = Coverage { attached: duration, elapsed: duration, exact: true, trap_cost: TrapCost::default(), window: Duration::ZERO };
         let info = WindowInfo { frequency_hz: self.frequency_hz, coverage: coverage.unwrap_or(exact), length: duration };
         let mut profiles = Vec::new();
@@ -97,23 +101,23 @@ impl Collector {
                 }
                 let mut profile = closed.kind.empty_profile(self.frequency_hz);
                 profile.comments = closed.comments;
-                self.stacks.build(&mut profile, closed.values, start, duration);
+                self.stacks.build(&mut profile, closed.values, start, duration, labels);
                 profiles.push((closed.kind, profile));
             }
         }
         profiles.sort_by_key(|(k, _)| *k);
         self.stacks.window_closed();
-        self.stacks.forget_exited();
+        self.stacks.forget(&std::mem::take(&mut self.exited));
         (profiles, std::mem::take(&mut self.stats))
     }
 
     /// The out-of-memory failures seen since the last call, with their snapshots as of `at`.
-    pub fn take_ooms(&mut self, at: SystemTime) -> Vec<Oom> {
+    pub fn take_ooms(&mut self, at: SystemTime, labels: &ProcessLabels) -> Vec<Oom> {
         let reports: Vec<OomReport> = self.sources.memory.as_mut().map(|m| m.take_ooms()).unwrap_or_default();
         reports
             .into_iter()
             .map(|report| {
-                let snapshot = report.snapshot(&mut self.stacks, at);
+                let snapshot = report.snapshot(&mut self.stacks, at, labels);
                 let stack = self.stacks.describe(&report.stack);
                 let holders = report.top_holders(&mut self.stacks);
                 Oom { report, snapshot, stack, holders }
@@ -147,9 +151,6 @@ impl Collector {
         stats
     }
 
-    pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
-        self.stacks.pids()
-    }
 
     pub fn unknown_python_frames(&self) -> u64 {
         self.stacks.unknown_python_frames()

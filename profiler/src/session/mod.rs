@@ -4,34 +4,31 @@
 
 mod collector;
 mod order;
+mod processes;
 mod window;
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use gpuflame_bpf::{BpfError, CpuSampler, CudaApi, Event, OffCpuSampling, TrapCost, ProcessEventKind, RingUse, SamplerConfig, Targets};
 
 pub use collector::Collector;
+pub use processes::{CudaState, Gone, ProcessView, Processes};
 pub use window::{Flow, Oom, Window, WindowStats};
 use order::{record_sample, reports_first_for_new_processes};
 use window::OpenWindow;
 
-use crate::cuda::ready::{WaitingProcesses, STATUS_WAITING};
+use crate::cuda::ready::WaitingProcesses;
 use crate::cuda::{CudaHookManager, DutyCycle};
 use crate::process::ProcessTracker;
 use crate::profile_kind::{needs_of, CudaHooks, ProfileKind};
 use crate::sources::{Input, SourceStats};
 use crate::workload::rank::{RankLabels, RankReader, RankStats};
+use crate::workload::service::ServiceNamer;
 use crate::UserError;
 
 /// How long a session waits for the tables of small files before sampling starts.
 const PRELOAD_WAIT: Duration = Duration::from_millis(1000);
-/// How often the event loop looks for finished tables while some are being built.
-const TABLE_POLL: Duration = Duration::from_millis(10);
-/// How long samples of a Python process wait to be read at most. Its code objects are named from
-/// its memory when their samples are read, so a function made and freed within the wait (a
-/// generated one, a lambda of a loop) could no longer be named: with 100 ms, 29–31 of 60
-/// functions of 50 ms each were (19 in a CI run), with 20 ms 53–60.
-const PYTHON_POLL: Duration = Duration::from_millis(20);
 /// How often the work of a window's caller runs, between polls.
 const TICK: Duration = Duration::from_millis(100);
 
@@ -52,22 +49,15 @@ pub struct SessionConfig {
     pub tensor_sample_bytes: u64,
     /// Follow tensors by hooks on the allocator's functions where it has no USDT probes.
     pub tensors_by_hooks: bool,
-}
-
-pub struct CudaState {
-    pub hooks: CudaHookManager,
-    /// Programs held at CUDA initialisation until their tables are in.
-    pub waiting: WaitingProcesses,
+    /// Name each process's service, pod and container at its first record (the agent).
+    pub service_names: Option<ServiceNamer>,
 }
 
 pub struct Session {
-    pub sampler: CpuSampler,
-    pub tracker: ProcessTracker,
+    sampler: CpuSampler,
+    processes: Processes,
     collector: Collector,
-    ranks: RankReader,
     profiles: Vec<ProfileKind>,
-    pub cuda: Option<CudaState>,
-    pub frequency_hz: u64,
     window: window::OpenWindow,
 }
 
@@ -151,17 +141,9 @@ impl Session {
         if config.memory_timeline {
             collector.keep_memory_timeline();
         }
-        report_ready(&mut tracker);
-        Ok(Session {
-            sampler,
-            tracker,
-            collector,
-            ranks: RankReader::new(config.rank_labels),
-            profiles: config.profiles,
-            cuda,
-            frequency_hz,
-            window: window::OpenWindow::now(),
-        })
+        let mut processes = Processes::new(tracker, RankReader::new(config.rank_labels), config.service_names, cuda);
+        processes.report_ready();
+        Ok(Session { sampler, processes, collector, profiles: config.profiles, window: window::OpenWindow::now() })
     }
 
     /// Waits up to `timeout` for events and handles them; attaches and detaches the duty-cycled
@@ -170,47 +152,16 @@ impl Session {
         let deadline = Instant::now() + timeout;
         loop {
             let now = Instant::now();
-            let toggle = self.cuda.as_ref().and_then(|c| c.hooks.next_toggle(now));
             // Tables being built are loaded as they come, not at the end of the wait; a program
             // waiting for them is answered as soon as they are in.
-            let waiting = self.cuda.as_ref().is_some_and(|c| !c.waiting.is_empty());
-            let tables = if self.tracker.building() || waiting { TABLE_POLL } else { Duration::MAX };
-            let python = if self.tracker.has_python() { PYTHON_POLL } else { Duration::MAX };
-            let lazy = self.tracker.next_lazy_pass(now).unwrap_or(Duration::MAX);
-            let wait = deadline.saturating_duration_since(now).min(toggle.unwrap_or(Duration::MAX)).min(tables).min(python).min(lazy);
+            let wait = deadline.saturating_duration_since(now).min(self.processes.next_work(now));
             let events = self.sampler.poll(wait)?;
             self.handle(events);
-            // After the batch's exits: a program gone by now is not read.
-            for pid in self.tracker.read_due(&mut self.sampler) {
-                if let Some(labels) = self.ranks.exec(pid) {
-                    self.collector.label_process(pid, labels);
-                }
-                self.hook_cuda(pid, Instant::now());
-            }
-            self.tracker.poll_tables(&mut self.sampler);
-            self.report_ready();
-            if let Some(c) = self.cuda.as_mut() {
-                c.hooks.tick(&self.sampler);
-                c.waiting.answer(|pid| self.tracker.tables_settled(pid));
-            }
+            self.processes.after_batch(&mut self.sampler);
             if Instant::now() >= deadline {
                 return Ok(());
             }
         }
-    }
-
-    /// Hooks the CUDA libraries that `pid` maps, once its maps are read (at a process event, or
-    /// late under lazy reads); a program that maps CUDA has its tables built soon.
-    fn hook_cuda(&mut self, pid: u32, seen: Instant) {
-        let (Some(c), Some(entries)) = (self.cuda.as_mut(), self.tracker.exec_entries(pid)) else { return };
-        c.hooks.process_mapped(&self.sampler, pid, entries, seen);
-        if c.hooks.maps_cuda(pid) {
-            self.tracker.build_soon(pid);
-        }
-    }
-
-    fn report_ready(&mut self) {
-        report_ready(&mut self.tracker);
     }
 
     /// Handles whatever is already in the buffers.
@@ -220,83 +171,33 @@ impl Session {
         Ok(())
     }
 
+    /// Process events go to the registry, records to the collector with their process's view.
     fn handle(&mut self, events: Vec<Event>) {
         let mut refreshed: Vec<u32> = Vec::new();
         // An exit can be read before the process's last records, which sit in the other ring
         // buffer: exits are handled after everything else of the batch.
         let (exits, events): (Vec<Event>, Vec<Event>) =
             events.into_iter().partition(|e| matches!(e, Event::Process(p) if p.kind == ProcessEventKind::Exit));
-        let events = reports_first_for_new_processes(events, |pid| self.tracker.files(pid).is_some());
+        let events = reports_first_for_new_processes(events, |pid| self.processes.known(pid));
         for (i, event) in events.into_iter().chain(exits).enumerate() {
             // A window of duty-cycled hooks must end on time even while a burst of its records
             // is being handled.
             if i % 64 == 63 {
-                if let Some(c) = self.cuda.as_mut() {
-                    c.hooks.tick(&self.sampler);
-                }
+                self.processes.tick(&self.sampler);
             }
             match event {
-                Event::Process(ev) if matches!(ev.kind, ProcessEventKind::NeedTable { .. }) => self.tracker.handle(&mut self.sampler, ev),
                 Event::Process(ev) => {
-                    // A burst of mmaps (a Python importing extensions) needs one refresh.
-                    if matches!(ev.kind, ProcessEventKind::MmapExec | ProcessEventKind::Unknown) && refreshed.contains(&ev.pid) {
-                        continue;
-                    }
-                    let seen = Instant::now();
-                    match ev.kind {
-                        ProcessEventKind::Exit => {
-                            self.collector.process_exited(ev.pid);
-                            self.ranks.forget(ev.pid);
-                        }
-                        // Read late (lazy reads), a new program's environment is read with its maps,
-                        // or at its first record.
-                        ProcessEventKind::Exec if self.tracker.lazy() => self.ranks.forget(ev.pid),
-                        ProcessEventKind::Exec => {
-                            if let Some(labels) = self.ranks.exec(ev.pid) {
-                                self.collector.label_process(ev.pid, labels);
-                            }
-                        }
-                        _ => {}
-                    }
-                    self.tracker.handle(&mut self.sampler, ev);
-                    tracing::debug!(pid = ev.pid, kind = ?ev.kind, "process event");
-                    match ev.kind {
-                        ProcessEventKind::Exit => refreshed.retain(|&p| p != ev.pid),
-                        // A fork reads nothing: the child's first mapping of its own is news.
-                        ProcessEventKind::Fork { .. } => {}
-                        // Not read yet (lazy reads): a sample's request in this batch still reads it.
-                        _ if self.tracker.deferred(ev.pid) => {}
-                        _ => refreshed.push(ev.pid),
-                    }
-                    match (ev.kind, self.cuda.as_mut()) {
-                        (_, None) => {}
-                        (ProcessEventKind::Exit, Some(c)) => c.hooks.process_exited(ev.pid),
-                        _ => self.hook_cuda(ev.pid, seen),
-                    }
+                    let gone = self.processes.event(&mut self.sampler, ev, &mut refreshed);
+                    self.collector.processes_gone(&gone);
                 }
                 Event::Cuda(call) if call.api == CudaApi::CuptiStatus => {
-                    if let Some(c) = self.cuda.as_mut() {
-                        if call.result == STATUS_WAITING {
-                            self.tracker.hurry(&mut self.sampler, call.sample.pid);
-                            c.waiting.add(call.sample.pid, call.addr);
-                        }
-                    }
+                    self.processes.cupti_status(&mut self.sampler, &call);
                     self.collector.offer(&Input::CuptiStatus(&call));
                 }
-                Event::Cuda(_) if self.cuda.is_none() => {}
+                Event::Cuda(_) if self.processes.cuda().is_none() => {}
                 other => {
-                    // Who the process is, read from /proc while it lives: once, and after exec.
-                    let sample = record_sample(&other);
-                    if let Some(s) = sample {
-                        if let Some(labels) = self.ranks.on_record(s.pid, s.tid, &s.comm) {
-                            self.collector.label_process(s.pid, labels);
-                        }
-                    }
-                    // Named from the mappings it was unwound with: a forked child's may be its
-                    // parent's, while its own are a new program's by now.
-                    let files = sample.and_then(|s| self.tracker.files_of_sample(s.pid, s.forked_from));
-                    let python = sample.and_then(|s| self.tracker.python(s.pid));
-                    self.collector.record(&other, files, python);
+                    let view = record_sample(&other).map(|s| self.processes.record(s)).unwrap_or_default();
+                    self.collector.record(&other, view);
                 }
             }
         }
@@ -312,11 +213,6 @@ impl Session {
         self.collector.stats()
     }
 
-    /// The processes whose records were seen, and not yet found to have exited.
-    pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
-        self.collector.pids()
-    }
-
     /// Python frames shown as `[unknown python]`: unreadable, or no longer the code sampled.
     pub fn unknown_python_frames(&self) -> u64 {
         self.collector.unknown_python_frames()
@@ -324,7 +220,40 @@ impl Session {
 
     /// What reading processes' ranks counted so far.
     pub fn rank_stats(&self) -> RankStats {
-        self.ranks.stats()
+        self.processes.rank_stats()
+    }
+
+    /// Service names, when the session was started with them (the agent's series).
+    pub fn service_names(&mut self) -> Option<&mut ServiceNamer> {
+        self.processes.service_names()
+    }
+
+    /// The BPF programs, to read what they counted.
+    pub fn programs(&self) -> &CpuSampler {
+        &self.sampler
+    }
+
+    /// What is known of the processes: tables, CUDA hooks, identities.
+    pub fn processes(&self) -> &Processes {
+        &self.processes
+    }
+
+    /// Follows `pid` too (a command started gated, before it runs).
+    pub fn add_target(&mut self, pid: u32) -> Result<(), BpfError> {
+        self.sampler.add_target(pid)
+    }
+
+    /// Builds the tables of the files a command maps first before it runs (see
+    /// [`ProcessTracker::preload`]); how many are ready.
+    pub fn preload(&mut self, pid: u32, files: &[PathBuf], timeout: Duration) -> usize {
+        self.processes.tracker_mut().preload(&mut self.sampler, pid, files, timeout)
+    }
+
+    /// Hooks the CUDA of a library by path, before any process maps it.
+    pub fn hook_library(&mut self, path: &Path) {
+        if let Some(c) = self.processes.cuda_mut() {
+            c.hooks.hook_path(&self.sampler, path);
+        }
     }
 }
 
@@ -348,11 +277,11 @@ impl Session {
     fn close_window(&mut self, stopped: bool) -> Window {
         let open = std::mem::replace(&mut self.window, OpenWindow::now());
         let duration = open.start.elapsed();
-        let coverage = self.cuda.as_mut().map(|c| c.hooks.take_coverage());
-        let (profiles, stats) = self.collector.close(coverage, open.wall, duration);
-        // Exits can be lost: a process is forgotten once it is gone, not when it has no record
-        // (one asleep at cuInit for seconds was read again, after it was gone).
-        self.ranks.retain(crate::target::process_alive);
+        let coverage = self.processes.cuda_mut().map(|c| c.hooks.take_coverage());
+        let (profiles, stats) = self.collector.close(coverage, open.wall, duration, self.processes.labels());
+        // Exits can be lost: a process is forgotten once it is gone, not when it has no record.
+        let gone = self.processes.window_closed(&mut self.sampler);
+        self.collector.processes_gone(&gone);
         Window { start: open.wall, duration, profiles, stats, coverage, stopped }
     }
 
@@ -368,17 +297,7 @@ impl Session {
 
     /// The out-of-memory failures seen since the last call, with their snapshots.
     pub fn take_ooms(&mut self) -> Vec<Oom> {
-        self.collector.take_ooms(self.window.wall)
-    }
-}
-
-/// Says which processes' stacks can be whole from now on (see [`ProcessTracker::take_ready`]).
-fn report_ready(tracker: &mut ProcessTracker) {
-    if !tracing::enabled!(target: "gpuflame::ready", tracing::Level::DEBUG) {
-        return;
-    }
-    for (pid, mappings) in tracker.take_ready() {
-        tracing::debug!(target: "gpuflame::ready", pid, mappings, "unwind tables ready");
+        self.collector.take_ooms(self.window.wall, self.processes.labels())
     }
 }
 

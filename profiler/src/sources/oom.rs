@@ -14,6 +14,7 @@ use crate::cuda::memory::DeviceUse;
 use crate::profile::Profile;
 use crate::profile_kind::ProfileKind;
 use crate::stacks::{StackKey, StackValues, Stacks, TailFrame};
+use crate::workload::rank::ProcessLabels;
 
 /// Holders listed in the report, biggest first.
 pub const TOP_HOLDERS: usize = 5;
@@ -39,7 +40,7 @@ pub struct OomReport {
 
 impl OomReport {
     /// The in-use profile of the process that failed, the failed request included.
-    pub fn snapshot(&self, stacks: &mut Stacks, at: SystemTime) -> Profile {
+    pub fn snapshot(&self, stacks: &mut Stacks, at: SystemTime, labels: &ProcessLabels) -> Profile {
         let mut values = site_values(&self.holders);
         let mut failing = self.stack.clone();
         failing.tail.push(TailFrame::Marker(format!("[out of memory] {} requested", human_bytes(self.requested))));
@@ -47,7 +48,7 @@ impl OomReport {
         let mut profile = ProfileKind::HbmInUse.empty_profile(1);
         profile.comments.push(self.headline());
         profile.comments.push(self.usage.to_string());
-        stacks.build(&mut profile, values, at, Duration::ZERO);
+        stacks.build(&mut profile, values, at, Duration::ZERO, labels);
         profile
     }
 

@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use gpuflame_symbolizer::{demangle, Symbol, UserAddr};
 
+use crate::workload::rank::ProcessLabels;
 use super::{StackKey, StackValues, Stacks, TailFrame, UserKey};
 use crate::frame::FrameKind;
 use crate::profile::{Labels, Line, Location, Mapping, Profile, ProfileBuilder, KERNEL_MAPPING, PYTHON_MAPPING};
@@ -13,7 +14,8 @@ use crate::profile::{Labels, Line, Location, Mapping, Profile, ProfileBuilder, K
 impl Stacks {
     /// Fills `profile` with these stacks, their values, device labels and their processes'
     /// labels, symbolized.
-    pub fn build(&mut self, profile: &mut Profile, values: StackValues, start: SystemTime, duration: Duration) {
+    /// `labels`: of the processes, as the registry knows them (their rank in a job).
+    pub fn build(&mut self, profile: &mut Profile, values: StackValues, start: SystemTime, duration: Duration, process_labels: &ProcessLabels) {
         profile.time_nanos = start.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64);
         profile.duration_nanos = duration.as_nanos() as i64;
 
@@ -104,7 +106,7 @@ impl Stacks {
             }
             let labels = Labels { pid: Some(key.pid), tid: Some(key.tid), comm: Some(key.comm.clone()), device: *device };
             b.add_values(stack, labels, vals);
-            if let Some(labels) = self.process_labels.get(&key.pid) {
+            if let Some(labels) = process_labels.get(&key.pid) {
                 profile.process_labels.entry(key.pid).or_insert_with(|| labels.clone());
             }
         }
@@ -114,7 +116,7 @@ impl Stacks {
     /// One stack as a line for logs: `main → load → cudaMalloc`.
     pub fn describe(&mut self, stack: &StackKey) -> String {
         let mut profile = Profile::of(vec![crate::profile::ValueType::new("stack", "count")]);
-        self.build(&mut profile, vec![(stack.clone(), None, vec![1])], UNIX_EPOCH, Duration::ZERO);
+        self.build(&mut profile, vec![(stack.clone(), None, vec![1])], UNIX_EPOCH, Duration::ZERO, &ProcessLabels::new());
         let line = crate::output::folded::lines(&profile, crate::output::Detail::Lines).into_iter().next().unwrap_or_default();
         let frames = line.rsplit_once(' ').map_or(line.as_str(), |(f, _)| f);
         frames.split(';').skip(1).collect::<Vec<_>>().join(" → ")

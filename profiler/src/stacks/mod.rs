@@ -6,7 +6,7 @@
 
 mod build;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use gpuflame_bpf::{Sample, UnwindStatus, UserFrame};
 use gpuflame_pyframes::Interpreter;
@@ -106,10 +106,6 @@ pub struct Stacks {
     py_frames: Vec<PyFrame>,
     py_index: HashMap<PyFrame, u32>,
     comms: HashMap<u32, String>,
-    /// Labels of whole processes (their rank in a job), as the session read them.
-    process_labels: HashMap<u32, Vec<(String, String)>>,
-    /// Processes with labels found gone at the last window's end: their labels go at this one's.
-    labels_of_the_dead: HashSet<u32>,
     /// Stacks of hooked calls already seen, by their raw frames: a launch loop repeats a few
     /// stacks millions of times, and naming Python frames costs reads of the process's memory.
     call_stacks: HashMap<(u32, u32, Vec<UserFrame>), StackKey>,
@@ -143,8 +139,6 @@ impl Stacks {
             py_frames: Vec::new(),
             py_index: HashMap::new(),
             comms: HashMap::new(),
-            process_labels: HashMap::new(),
-            labels_of_the_dead: HashSet::new(),
             call_stacks: HashMap::new(),
             wait_stacks: HashMap::new(),
         }
@@ -302,33 +296,13 @@ impl Stacks {
         self.python.unknown_frames
     }
 
-    /// Forgets processes that are gone (their stacks of this window are keyed already), and
-    /// keeps the symbol caches bounded.
-    pub fn forget_exited(&mut self) {
-        let gone: Vec<u32> = self.comms.keys().copied().filter(|&pid| !crate::target::process_alive(pid)).collect();
-        for pid in gone {
-            self.comms.remove(&pid);
-            self.symbolizer.forget_process(pid);
-            self.python.forget_process(pid);
-        }
-        // A process's labels are set when it execs, before any record of it, and outlive it by a
-        // window: a loaded agent reads a short-lived rank's last records seconds after it exited
-        // (its collectives went out unlabelled, its CPU samples labelled, when they were tied
-        // to the records seen).
-        let dead: HashSet<u32> = self.process_labels.keys().copied().filter(|&pid| !crate::target::process_alive(pid)).collect();
-        let dead_before = std::mem::take(&mut self.labels_of_the_dead);
-        self.process_labels.retain(|pid, _| !(dead.contains(pid) && dead_before.contains(pid)));
-        self.labels_of_the_dead = dead;
-        self.symbolizer.trim(SYMBOL_CACHE_LIMIT);
-    }
-
-    /// The labels of every sample of process `pid` from now on, until it is forgotten; none
-    /// clears them (a program it exec'd has none).
-    pub fn label_process(&mut self, pid: u32, labels: Vec<(String, String)>) {
-        if labels.is_empty() {
-            self.process_labels.remove(&pid);
-        } else {
-            self.process_labels.insert(pid, labels);
+    /// Processes that are gone (the registry says): their stacks of this window are keyed
+    /// already; what was cached to name their frames goes.
+    pub fn forget(&mut self, pids: &[u32]) {
+        for pid in pids {
+            self.comms.remove(pid);
+            self.symbolizer.forget_process(*pid);
+            self.python.forget_process(*pid);
         }
     }
 
@@ -342,11 +316,7 @@ impl Stacks {
     pub fn window_closed(&mut self) {
         self.call_stacks.clear();
         self.wait_stacks.clear();
-    }
-
-    /// The processes sampled, and not yet found to have exited.
-    pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
-        self.comms.keys().copied()
+        self.symbolizer.trim(SYMBOL_CACHE_LIMIT);
     }
 
     /// Drops the leaf frames that lie in files `drop` names (by file name): the frames of a

@@ -17,6 +17,9 @@ pub use super::rank_labels::{RankLabels, DEFAULT};
 /// nothing.
 const MAX_VALUE: usize = 256;
 
+/// Each process's labels (its rank in a job), by pid.
+pub type ProcessLabels = HashMap<u32, Vec<(String, String)>>;
+
 /// What reading identities counted, for `-v` and the agent's metrics.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct RankStats {

@@ -222,9 +222,9 @@ impl ServiceNamer {
         (None, finish(&default))
     }
 
-    /// Forgets processes that exited.
-    pub fn retain(&mut self, alive: impl Fn(u32) -> bool) {
-        self.cache.retain(|&pid, _| alive(pid));
+    /// Forgets a process that exited.
+    pub fn forget(&mut self, pid: u32) {
+        self.cache.remove(&pid);
     }
 }
 

@@ -1,0 +1,279 @@
+//! The registry of processes: every fact gpuflame keeps about a process, with one way in (its
+//! process events, and the first record of it) and one way out (its exit, heard or found).
+//!
+//! - its mappings, unwind tables and Python: the tracker (`process/`);
+//! - who it is: its rank in a distributed job, read once per program while it lives, for `record`
+//!   and the agent alike; its service, pod and container, for the agent's series; both kept a
+//!   window past its exit (its last records are read late);
+//! - the CUDA it maps, hooked (`cuda/hooks.rs`), and whether it waits for its tables at CUDA's
+//!   initialisation.
+//!
+//! Whatever else holds something per process (the stacks' symbol caches, the sources' memory)
+//! forgets it when the registry says the process is gone ([`Gone`]).
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use gpuflame_bpf::{CpuSampler, CudaCall, ProcessEvent, ProcessEventKind, Sample};
+use gpuflame_pyframes::Interpreter;
+use gpuflame_symbolizer::MappedFile;
+
+use crate::cuda::ready::{WaitingProcesses, STATUS_WAITING};
+use crate::cuda::CudaHookManager;
+use crate::process::ProcessTracker;
+use crate::workload::rank::{ProcessLabels, RankReader, RankStats};
+use crate::workload::service::ServiceNamer;
+
+/// How often the event loop looks for finished tables while some are being built.
+const TABLE_POLL: Duration = Duration::from_millis(10);
+/// How long samples of a Python process wait to be read at most. Its code objects are named from
+/// its memory when their samples are read, so a function made and freed within the wait (a
+/// generated one, a lambda of a loop) could no longer be named: with 100 ms, 29–31 of 60
+/// functions of 50 ms each were (19 in a CI run), with 20 ms 53–60.
+const PYTHON_POLL: Duration = Duration::from_millis(20);
+
+pub struct CudaState {
+    pub hooks: CudaHookManager,
+    /// Programs held at CUDA initialisation until their tables are in.
+    pub waiting: WaitingProcesses,
+}
+
+/// Processes that exited, or were found gone: what holds anything of theirs lets it go.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Gone(pub Vec<u32>);
+
+/// A record's process, as the registry knows it at the record.
+#[derive(Clone, Copy, Default)]
+pub struct ProcessView<'a> {
+    /// The mappings it was unwound with: a forked child's may be its parent's, while its own are
+    /// a new program's by now.
+    pub files: Option<&'a [MappedFile]>,
+    pub python: Option<&'a Interpreter>,
+}
+
+pub struct Processes {
+    tracker: ProcessTracker,
+    ranks: RankReader,
+    labels: ProcessLabels,
+    /// Processes that exited during this window, and during the one before: their labels and
+    /// names outlive them by a window (a loaded agent reads a short-lived rank's last records
+    /// seconds after it exited: its collectives went out unlabelled, its CPU samples labelled).
+    dying: HashSet<u32>,
+    dead: HashSet<u32>,
+    /// Processes whose records were seen, for exits that were lost.
+    seen: HashSet<u32>,
+    /// Service, pod and container names (the agent's series), when asked for.
+    names: Option<ServiceNamer>,
+    cuda: Option<CudaState>,
+}
+
+impl Processes {
+    pub fn new(tracker: ProcessTracker, ranks: RankReader, names: Option<ServiceNamer>, cuda: Option<CudaState>) -> Self {
+        Processes { tracker, ranks, labels: HashMap::new(), dying: HashSet::new(), dead: HashSet::new(), seen: HashSet::new(), names, cuda }
+    }
+
+    /// Service names, when the session was started with them.
+    pub fn service_names(&mut self) -> Option<&mut ServiceNamer> {
+        self.names.as_mut()
+    }
+
+    pub fn tracker(&self) -> &ProcessTracker {
+        &self.tracker
+    }
+
+    pub(super) fn tracker_mut(&mut self) -> &mut ProcessTracker {
+        &mut self.tracker
+    }
+
+    pub fn cuda(&self) -> Option<&CudaState> {
+        self.cuda.as_ref()
+    }
+
+    pub(super) fn cuda_mut(&mut self) -> Option<&mut CudaState> {
+        self.cuda.as_mut()
+    }
+
+    pub fn rank_stats(&self) -> RankStats {
+        self.ranks.stats()
+    }
+
+    /// Every process's labels, those that exited this window's included.
+    pub fn labels(&self) -> &ProcessLabels {
+        &self.labels
+    }
+
+    fn set_labels(&mut self, pid: u32, labels: Option<Vec<(String, String)>>) {
+        match labels {
+            // A program that exec'd one without labels has none.
+            Some(l) if l.is_empty() => {
+                self.labels.remove(&pid);
+            }
+            Some(l) => {
+                self.labels.insert(pid, l);
+            }
+            None => {}
+        }
+    }
+
+    /// A process event: the tracker reads or forgets the process, its rank is read at exec, the
+    /// CUDA it maps is hooked. `refreshed`: processes read in this batch already (a burst of
+    /// mmaps, a Python importing extensions, needs one read). An exit is the one way out.
+    pub fn event(&mut self, sampler: &mut CpuSampler, ev: ProcessEvent, refreshed: &mut Vec<u32>) -> Gone {
+        if matches!(ev.kind, ProcessEventKind::NeedTable { .. }) {
+            self.tracker.handle(sampler, ev);
+            return Gone::default();
+        }
+        if matches!(ev.kind, ProcessEventKind::MmapExec | ProcessEventKind::Unknown) && refreshed.contains(&ev.pid) {
+            return Gone::default();
+        }
+        let seen = Instant::now();
+        match ev.kind {
+            ProcessEventKind::Exit => {
+                refreshed.retain(|&p| p != ev.pid);
+                self.exited(sampler, ev.pid);
+                tracing::debug!(pid = ev.pid, kind = ?ev.kind, "process event");
+                return Gone(vec![ev.pid]);
+            }
+            // Read late (lazy reads), a new program's environment is read with its maps, or at
+            // its first record.
+            ProcessEventKind::Exec if self.tracker.lazy() => self.ranks.forget(ev.pid),
+            ProcessEventKind::Exec => {
+                let labels = self.ranks.exec(ev.pid);
+                self.set_labels(ev.pid, labels);
+            }
+            _ => {}
+        }
+        self.tracker.handle(sampler, ev);
+        tracing::debug!(pid = ev.pid, kind = ?ev.kind, "process event");
+        match ev.kind {
+            // A fork reads nothing: the child's first mapping of its own is news.
+            ProcessEventKind::Fork { .. } => {}
+            // Not read yet (lazy reads): a sample's request in this batch still reads it.
+            _ if self.tracker.deferred(ev.pid) => {}
+            _ => refreshed.push(ev.pid),
+        }
+        self.hook_cuda(sampler, ev.pid, seen);
+        Gone::default()
+    }
+
+    /// The one way out: everything kept of `pid` goes, but its labels, which its last records
+    /// (read late on a loaded machine) still need for a window.
+    fn exited(&mut self, sampler: &mut CpuSampler, pid: u32) {
+        self.tracker.handle(sampler, ProcessEvent { pid, kind: ProcessEventKind::Exit });
+        self.ranks.forget(pid);
+        self.seen.remove(&pid);
+        self.dying.insert(pid);
+        if let Some(c) = self.cuda.as_mut() {
+            c.hooks.process_exited(pid);
+        }
+    }
+
+    /// A record with a stack arrived: who its process is is read if it was not (once, and again
+    /// after an exec); the view of it that the record's stack is made with.
+    pub fn record(&mut self, sample: &Sample) -> ProcessView<'_> {
+        // Named at its first record while it lives: a short one is gone by the window's end.
+        if sample.pid != 0 && self.seen.insert(sample.pid) {
+            if let Some(n) = self.names.as_mut() {
+                n.observe(sample.pid);
+            }
+        }
+        let labels = self.ranks.on_record(sample.pid, sample.tid, &sample.comm);
+        self.set_labels(sample.pid, labels);
+        ProcessView { files: self.tracker.files_of_sample(sample.pid, sample.forked_from), python: self.tracker.python(sample.pid) }
+    }
+
+    /// Whether the tracker has read `pid`'s maps.
+    pub fn known(&self, pid: u32) -> bool {
+        self.tracker.files(pid).is_some()
+    }
+
+    /// CUPTI's handshake: a program that waits at CUDA's initialisation for its tables has them
+    /// built first, and is answered once they are in.
+    pub fn cupti_status(&mut self, sampler: &mut CpuSampler, call: &CudaCall) {
+        if let Some(c) = self.cuda.as_mut() {
+            if call.result == STATUS_WAITING {
+                self.tracker.hurry(sampler, call.sample.pid);
+                c.waiting.add(call.sample.pid, call.addr);
+            }
+        }
+    }
+
+    /// How long the event loop may wait before the registry has work: tables being built, a
+    /// program waiting for them, Python's code objects, a lazy read, the duty cycle's toggle.
+    pub fn next_work(&self, now: Instant) -> Duration {
+        let toggle = self.cuda.as_ref().and_then(|c| c.hooks.next_toggle(now)).unwrap_or(Duration::MAX);
+        let waiting = self.cuda.as_ref().is_some_and(|c| !c.waiting.is_empty());
+        let tables = if self.tracker.building() || waiting { TABLE_POLL } else { Duration::MAX };
+        let python = if self.tracker.has_python() { PYTHON_POLL } else { Duration::MAX };
+        let lazy = self.tracker.next_lazy_pass(now).unwrap_or(Duration::MAX);
+        toggle.min(tables).min(python).min(lazy)
+    }
+
+    /// After a batch of records: programs due to be read are read (after the batch's exits: one
+    /// gone by now is not), finished tables loaded, waiting programs answered, the duty cycle
+    /// kept on time.
+    pub fn after_batch(&mut self, sampler: &mut CpuSampler) {
+        for pid in self.tracker.read_due(sampler) {
+            let labels = self.ranks.exec(pid);
+            self.set_labels(pid, labels);
+            self.hook_cuda(sampler, pid, Instant::now());
+        }
+        self.tracker.poll_tables(sampler);
+        self.report_ready();
+        if let Some(c) = self.cuda.as_mut() {
+            c.hooks.tick(sampler);
+            let tracker = &self.tracker;
+            c.waiting.answer(|pid| tracker.tables_settled(pid));
+        }
+    }
+
+    /// The duty cycle's windows end on time even inside a burst of records.
+    pub fn tick(&mut self, sampler: &CpuSampler) {
+        if let Some(c) = self.cuda.as_mut() {
+            c.hooks.tick(sampler);
+        }
+    }
+
+    /// Hooks the CUDA libraries that `pid` maps, once its maps are read (at a process event, or
+    /// late under lazy reads); a program that maps CUDA has its tables built soon.
+    pub(super) fn hook_cuda(&mut self, sampler: &CpuSampler, pid: u32, seen: Instant) {
+        let (Some(c), Some(entries)) = (self.cuda.as_mut(), self.tracker.exec_entries(pid)) else { return };
+        c.hooks.process_mapped(sampler, pid, entries, seen);
+        if c.hooks.maps_cuda(pid) {
+            self.tracker.build_soon(pid);
+        }
+    }
+
+    /// A window closed: labels and names of processes that exited in the one before go, and processes whose exit was
+    /// lost (a full ring) are found gone and let go of by the one way out. What else holds
+    /// something of theirs is told.
+    pub fn window_closed(&mut self, sampler: &mut CpuSampler) -> Gone {
+        for pid in std::mem::replace(&mut self.dead, std::mem::take(&mut self.dying)) {
+            // Unless the pid is another process's by now, or the same one's late records came.
+            if !self.seen.contains(&pid) {
+                self.labels.remove(&pid);
+                if let Some(n) = self.names.as_mut() {
+                    n.forget(pid);
+                }
+            }
+        }
+        let lost: Vec<u32> = self.seen.iter().copied().filter(|&pid| !crate::target::process_alive(pid)).collect();
+        for &pid in &lost {
+            self.exited(sampler, pid);
+        }
+        // One asleep at cuInit for seconds was read again after it was gone: what the rank
+        // reader holds of processes never seen in a record goes too.
+        self.ranks.retain(crate::target::process_alive);
+        Gone(lost)
+    }
+
+    /// Says which processes' stacks can be whole from now on (see [`ProcessTracker::take_ready`]).
+    pub(super) fn report_ready(&mut self) {
+        if !tracing::enabled!(target: "gpuflame::ready", tracing::Level::DEBUG) {
+            return;
+        }
+        for (pid, mappings) in self.tracker.take_ready() {
+            tracing::debug!(target: "gpuflame::ready", pid, mappings, "unwind tables ready");
+        }
+    }
+}
