@@ -148,6 +148,7 @@ fn every_record_kind_goes_through_the_loaded_programs_and_decodes() {
 
     let (me_tid, ready_addr) = (tid(), &raw mut ready as u64);
     let mut calls = Vec::new();
+    let (mut launches, mut statuses) = (Vec::new(), Vec::new());
     let (mut samples, mut leaf_files, mut names, mut gpu_names, mut batches, mut unknown) = (0, 0, Vec::new(), Vec::new(), Vec::new(), 0);
     let (mut stacks, mut ends) = (Vec::new(), Vec::new());
     for e in events {
@@ -159,6 +160,8 @@ fn every_record_kind_goes_through_the_loaded_programs_and_decodes() {
                 leaf_files += usize::from(s.leaf_file.is_some());
             }
             Event::Cuda(c) if c.sample.tid == me_tid => calls.push(c),
+            Event::CuptiLaunch(l) if l.sample.tid == me_tid => launches.push(l),
+            Event::CuptiStatus(s) if s.pid == me => statuses.push(s),
             Event::KernelName(k) => names.push(k),
             Event::GpuKernelName(n) => gpu_names.push(n),
             Event::GpuKernels(b) => batches.push(b),
@@ -181,11 +184,11 @@ fn every_record_kind_goes_through_the_loaded_programs_and_decodes() {
     assert_eq!(malloc.sample.user_stack.len(), 1, "the leaf, then no tables: {malloc:?}");
     let map = call(CudaApi::CuMemMap);
     assert_eq!((map.addr, map.size, map.handle), (0x7f00_0010_0000, 2 << 20, 0xbeef));
-    let launch = call(CudaApi::CuptiLaunch);
-    assert_eq!((launch.addr, launch.handle), (77, 13));
+    let [launch] = &launches[..] else { panic!("one launch: {launches:?}") };
+    assert_eq!((launch.correlation, launch.callback), (77, 13));
     assert!(!launch.sample.user_stack.is_empty());
-    let status = call(CudaApi::CuptiStatus);
-    assert_eq!((status.result, status.addr), (4, ready_addr));
+    let [status] = &statuses[..] else { panic!("one status: {statuses:?}") };
+    assert_eq!((status.code, status.ready_word), (4, ready_addr));
     assert_eq!(names, vec![KernelName { pid: me, handle: 0xf00d, name: "gemm_kernel".into() }]);
     assert_eq!(gpu_names, vec![GpuKernelName { pid: me, id: 3, name: "flash_attn".into() }]);
     assert_eq!(batches.len(), 1);

@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, UNIX_EPOCH};
 
-use gpuflame_bpf::{CudaApi, CudaCall, Event, GpuKernel, HookTraps, TrapCost, GpuKernelBatch, GpuKernelName, KernelName, OffCpuEnd, OffCpuStack, OffCpuState, Sample, StackRead, UnwindStatus, UserFrame};
+use gpuflame_bpf::{CudaApi, CudaCall, CuptiLaunch, Event, GpuKernel, HookTraps, TrapCost, GpuKernelBatch, GpuKernelName, KernelName, OffCpuEnd, OffCpuStack, OffCpuState, Sample, StackRead, UnwindStatus, UserFrame};
 
 use gpuflame::cuda::Coverage;
 use gpuflame::frame::FrameKind;
@@ -104,7 +104,7 @@ pub(crate) fn events() -> Vec<Event> {
 
     out.push(Event::GpuKernelName(GpuKernelName { pid: PID, id: 3, name: "flash_attn_fwd".into() }));
     // A sampled launch with CUPTI's correlation id 77.
-    out.push(call(CudaApi::CuptiLaunch, &[0x40_8080, 0x40_3030], 0, 77, 0, 0));
+    out.push(Event::CuptiLaunch(CuptiLaunch { sample: sample(PID, "trainer", &[0x40_8080, 0x40_3030], UnwindStatus::EndOfStack), correlation: 77, callback: 0 }));
     let kernel = |correlation, name_id, ns: u64| GpuKernel { start: 1_000, end: 1_000 + ns, correlation, device: 0, stream: 7, name_id, graph: 0, graph_node: 0 };
     out.push(Event::GpuKernels(GpuKernelBatch {
         pid: PID,

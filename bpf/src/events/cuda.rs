@@ -1,6 +1,6 @@
 //! The CUDA hooks' records: calls that returned, kernel names, and what gpuflame's CUPTI injection
-//! library passes on. The injection library's launches and status reach the profiler as calls of
-//! their functions ([`CudaApi::CuptiLaunch`], [`CudaApi::CuptiStatus`]), as their hooks are.
+//! library passes on: its launches (a correlation id with the launch's stack), its status, its
+//! kernels' times and names. One type per kind of record, as in events.h.
 
 use super::record::Record;
 use super::sample::{sample_of, Sample, StackRead};
@@ -49,17 +49,15 @@ pub struct CudaCall {
     /// Who called, when (at return), and the caller's stack; no kernel part.
     pub sample: Sample,
     pub api: CudaApi,
-    /// The CUresult or cudaError_t: 0 is success. [`CudaApi::CuptiStatus`]: the status code.
+    /// The CUresult or cudaError_t: 0 is success.
     pub result: i32,
     pub device: u32,
     pub duration_ns: u64,
     /// Bytes asked for (allocations, cuMemMap/cuMemUnmap).
     pub size: u64,
     /// The device pointer or handle allocated or freed; the address mapped; the kernel launched.
-    /// [`CudaApi::CuptiLaunch`]: the correlation id; [`CudaApi::CuptiStatus`]: the address of the
-    /// ready word.
     pub addr: u64,
-    /// cuMemMap: the handle mapped at `addr`. [`CudaApi::CuptiLaunch`]: the callback id.
+    /// cuMemMap: the handle mapped at `addr`.
     pub handle: u64,
     /// What the hooks' programs took, unwinding included: the return's, the entry's, and the
     /// entries of the hooked calls nested in it. Part of what hooking cost.
@@ -72,6 +70,28 @@ pub struct CudaCall {
     /// A tensor whose stack byte sampling passed over ([`crate::SamplerConfig::tensor_sample_bytes`]):
     /// counted, with no stack.
     pub stack_sampled_out: bool,
+}
+
+/// A launch as CUPTI's callback saw it inside the injection library (EVENT_CUPTI_LAUNCH): the id
+/// that its kernels' records will carry, with the launch's stack.
+#[derive(Debug, Clone)]
+pub struct CuptiLaunch {
+    /// The launching thread, and its stack from inside the callback.
+    pub sample: Sample,
+    pub correlation: u32,
+    /// CUPTI's id of the API function that launched.
+    pub callback: u32,
+}
+
+/// What the injection library said of itself (EVENT_CUPTI_STATUS): ready, waiting for gpuflame
+/// at CUDA's initialisation, or why it has no GPU time.
+#[derive(Debug, Clone)]
+pub struct CuptiStatus {
+    pub pid: u32,
+    pub comm: String,
+    pub code: i32,
+    /// The address of the word it waits on, in its memory, while it waits.
+    pub ready_word: u64,
 }
 
 /// A kernel handle that cuModuleGetFunction returned, and the kernel's name.
@@ -113,26 +133,17 @@ const NESTED_STEPPED_SHIFT: u32 = types::cuda_call_flags::CUDA_CALL_NESTED_STEPP
 const NESTED_MAX: u32 = types::cuda_call_flags::CUDA_CALL_NESTED_MAX.0 as u32;
 
 /// EVENT_CUPTI_LAUNCH: a call of the injection library's launch function, with the stack of the
-/// launch; `addr` is the correlation id, `handle` the callback id.
-pub(super) fn decode_cupti_launch(r: &Record) -> CudaCall {
+/// launch.
+pub(super) fn decode_cupti_launch(r: &Record) -> CuptiLaunch {
     let types::cupti_launch_payload { correlation, callback } = r.payload();
-    CudaCall {
-        addr: correlation.into(),
-        handle: callback.into(),
-        ..cupti_call(CudaApi::CuptiLaunch, sample_of(r, &r.slots(), StackRead::Frames(Vec::new())))
-    }
+    CuptiLaunch { sample: sample_of(r, &r.slots(), StackRead::Frames(Vec::new())), correlation, callback }
 }
 
-/// EVENT_CUPTI_STATUS: a call of the injection library's status function, without a stack;
-/// `result` is the status code, `addr` the address of the word it waits on.
-pub(super) fn decode_cupti_status(r: &Record) -> CudaCall {
+/// EVENT_CUPTI_STATUS: a call of the injection library's status function, without a stack.
+pub(super) fn decode_cupti_status(r: &Record) -> CuptiStatus {
     let types::cupti_status_payload { code, _pad: _, ready_word } = r.payload();
-    CudaCall { result: code, addr: ready_word, ..cupti_call(CudaApi::CuptiStatus, sample_of(r, &[], StackRead::Frames(Vec::new()))) }
-}
-
-/// A call of one of the injection library's functions: what its payload does not carry is 0.
-fn cupti_call(api: CudaApi, sample: Sample) -> CudaCall {
-    CudaCall { sample, api, result: 0, device: 0, duration_ns: 0, size: 0, addr: 0, handle: 0, hook_ns: 0, traps: HookTraps::default(), in_allocator: false, stack_sampled_out: false }
+    let sample = sample_of(r, &[], StackRead::Frames(Vec::new()));
+    CuptiStatus { pid: sample.pid, comm: sample.comm, code, ready_word }
 }
 
 /// EVENT_CUDA_KERNEL: the handle, and the name after the fixed part.
@@ -201,18 +212,17 @@ mod tests {
     }
 
     #[test]
-    fn the_injection_library_s_launch_and_status_are_calls_of_its_functions() {
+    fn the_injection_library_s_launch_and_status_are_records_of_their_own() {
         let h = header(types::event_kind::EVENT_CUPTI_LAUNCH, 42, 43, "trainer");
         let stack = types::event_stack { user_frames: 1, ..Default::default() };
         let data = record(h, stack, &types::cupti_launch_payload { correlation: 77, callback: 13 }, &[0x10]);
-        let Some(c) = decoded(&data, |r| Some(decode_cupti_launch(r))) else { panic!("not a call") };
-        assert_eq!((c.api, c.addr, c.handle, c.sample.tid), (CudaApi::CuptiLaunch, 77, 13, 43));
+        let Some(c) = decoded(&data, |r| Some(decode_cupti_launch(r))) else { panic!("not a launch") };
+        assert_eq!((c.correlation, c.callback, c.sample.tid), (77, 13, 43));
         assert_eq!(c.sample.user_stack, vec![UserFrame::Native(0x10)]);
         let h = header(types::event_kind::EVENT_CUPTI_STATUS, 42, 43, "trainer");
         let data = record(h, Default::default(), &types::cupti_status_payload { code: 4, _pad: 0, ready_word: 0x5000 }, &[]);
-        let Some(c) = decoded(&data, |r| Some(decode_cupti_status(r))) else { panic!("not a call") };
-        assert_eq!((c.api, c.result, c.addr), (CudaApi::CuptiStatus, 4, 0x5000));
-        assert!(c.sample.user_stack.is_empty());
+        let Some(c) = decoded(&data, |r| Some(decode_cupti_status(r))) else { panic!("not a status") };
+        assert_eq!((c.pid, c.comm.as_str(), c.code, c.ready_word), (42, "trainer", 4, 0x5000));
     }
 
     #[test]

@@ -9,7 +9,7 @@ mod process;
 pub(crate) mod record;
 mod sample;
 
-pub use cuda::{CudaCall, GpuKernel, GpuKernelBatch, GpuKernelName, KernelName};
+pub use cuda::{CudaCall, CuptiLaunch, CuptiStatus, GpuKernel, GpuKernelBatch, GpuKernelName, KernelName};
 pub use offcpu::{OffCpuEnd, OffCpuStack, OffCpuState};
 pub use process::{ProcessEvent, ProcessEventKind};
 pub(crate) use process::decode_process_event;
@@ -26,6 +26,8 @@ pub enum Event {
     Sample(Sample),
     Process(ProcessEvent),
     Cuda(CudaCall),
+    CuptiLaunch(CuptiLaunch),
+    CuptiStatus(CuptiStatus),
     KernelName(KernelName),
     GpuKernels(GpuKernelBatch),
     GpuKernelName(GpuKernelName),
@@ -41,9 +43,9 @@ pub(crate) fn decode_record(data: &[u8]) -> Option<Event> {
     } else if k == kind::EVENT_CUDA_CALL.0 {
         cuda::decode_call(&r).map(Event::Cuda)
     } else if k == kind::EVENT_CUPTI_LAUNCH.0 {
-        Some(Event::Cuda(cuda::decode_cupti_launch(&r)))
+        Some(Event::CuptiLaunch(cuda::decode_cupti_launch(&r)))
     } else if k == kind::EVENT_CUPTI_STATUS.0 {
-        Some(Event::Cuda(cuda::decode_cupti_status(&r)))
+        Some(Event::CuptiStatus(cuda::decode_cupti_status(&r)))
     } else if k == kind::EVENT_CUDA_KERNEL.0 {
         Some(Event::KernelName(cuda::decode_kernel_name(&r)))
     } else if k == kind::EVENT_CUPTI_KERNELS.0 {
@@ -81,9 +83,9 @@ mod tests {
         let call = types::cuda_call_payload { api: types::cuda_api::CUDA_MALLOC.0, ..Default::default() };
         assert!(matches!(decoded(kind::EVENT_CUDA_CALL, &call, &[]), Some(Event::Cuda(c)) if c.api == CudaApi::CudaMalloc));
         let launch = types::cupti_launch_payload::default();
-        assert!(matches!(decoded(kind::EVENT_CUPTI_LAUNCH, &launch, &[]), Some(Event::Cuda(c)) if c.api == CudaApi::CuptiLaunch));
+        assert!(matches!(decoded(kind::EVENT_CUPTI_LAUNCH, &launch, &[]), Some(Event::CuptiLaunch(_))));
         let status = types::cupti_status_payload::default();
-        assert!(matches!(decoded(kind::EVENT_CUPTI_STATUS, &status, &[]), Some(Event::Cuda(c)) if c.api == CudaApi::CuptiStatus));
+        assert!(matches!(decoded(kind::EVENT_CUPTI_STATUS, &status, &[]), Some(Event::CuptiStatus(_))));
         let name = types::kernel_name_payload::default();
         assert!(matches!(decoded(kind::EVENT_CUDA_KERNEL, &name, &[]), Some(Event::KernelName(_))));
         let kernels = types::cupti_kernels_payload::default();

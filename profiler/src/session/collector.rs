@@ -62,6 +62,11 @@ impl Collector {
                 };
                 sources.all().for_each(|s| s.add(&Input::CudaCall { call, stack: &stack, files }, stacks));
             }
+            Event::CuptiLaunch(launch) => {
+                let stack = stacks.call_stack(&launch.sample, files, python);
+                sources.all().for_each(|s| s.add(&Input::CuptiLaunch { launch, stack: &stack }, stacks));
+            }
+            Event::CuptiStatus(status) => self.offer(&Input::CuptiStatus(status)),
             Event::OffCpuEnd(e) => self.offer(&Input::OffCpuEnd(e)),
             Event::KernelName(k) => self.offer(&Input::KernelName(k)),
             Event::GpuKernels(b) => self.offer(&Input::GpuKernels(b)),

@@ -10,7 +10,7 @@ mod window;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use gpuflame_bpf::{BpfError, CpuSampler, CudaApi, Event, OffCpuSampling, TrapCost, ProcessEventKind, RingUse, SamplerConfig, Targets};
+use gpuflame_bpf::{BpfError, CpuSampler, Event, OffCpuSampling, TrapCost, ProcessEventKind, RingUse, SamplerConfig, Targets};
 
 pub use collector::Collector;
 pub use processes::{CudaState, Gone, ProcessView, Processes};
@@ -190,9 +190,9 @@ impl Session {
                     let gone = self.processes.event(&mut self.sampler, ev, &mut refreshed);
                     self.collector.processes_gone(&gone);
                 }
-                Event::Cuda(call) if call.api == CudaApi::CuptiStatus => {
-                    self.processes.cupti_status(&mut self.sampler, &call);
-                    self.collector.offer(&Input::CuptiStatus(&call));
+                Event::CuptiStatus(status) => {
+                    self.processes.cupti_status(&mut self.sampler, &status);
+                    self.collector.offer(&Input::CuptiStatus(&status));
                 }
                 Event::Cuda(_) if self.processes.cuda().is_none() => {}
                 other => {

@@ -10,6 +10,7 @@ pub(super) fn record_sample(event: &Event) -> Option<&Sample> {
         Event::Sample(s) => Some(s),
         Event::OffCpu(o) => Some(&o.sample),
         Event::Cuda(c) => Some(&c.sample),
+        Event::CuptiLaunch(l) => Some(&l.sample),
         _ => None,
     }
 }

@@ -14,7 +14,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use gpuflame_bpf::{CpuSampler, CudaCall, ProcessEvent, ProcessEventKind, Sample};
+use gpuflame_bpf::{CpuSampler, CuptiStatus, ProcessEvent, ProcessEventKind, Sample};
 use gpuflame_pyframes::Interpreter;
 use gpuflame_symbolizer::MappedFile;
 
@@ -189,11 +189,11 @@ impl Processes {
 
     /// CUPTI's handshake: a program that waits at CUDA's initialisation for its tables has them
     /// built first, and is answered once they are in.
-    pub fn cupti_status(&mut self, sampler: &mut CpuSampler, call: &CudaCall) {
+    pub fn cupti_status(&mut self, sampler: &mut CpuSampler, status: &CuptiStatus) {
         if let Some(c) = self.cuda.as_mut() {
-            if call.result == STATUS_WAITING {
-                self.tracker.hurry(sampler, call.sample.pid);
-                c.waiting.add(call.sample.pid, call.addr);
+            if status.code == STATUS_WAITING {
+                self.tracker.hurry(sampler, status.pid);
+                c.waiting.add(status.pid, status.ready_word);
             }
         }
     }

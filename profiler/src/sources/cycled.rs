@@ -2,7 +2,7 @@
 //! cuda-api, from one source, so that what each thread's calls stand for (`scaling.rs`) is
 //! followed once for both.
 
-use gpuflame_bpf::{CudaApi, CudaClass, TrapCost};
+use gpuflame_bpf::{CudaClass, TrapCost};
 
 use super::cuda_api::CudaApiTime;
 use super::launches::Launches;
@@ -27,8 +27,6 @@ impl CycledHooks {
 impl Source for CycledHooks {
     fn add(&mut self, input: &Input<'_>, stacks: &mut Stacks) {
         match input {
-            // The injection library's launch callback is GPU time's, not a call of the program.
-            Input::CudaCall { call, .. } if call.api == CudaApi::CuptiLaunch => {}
             // NCCL's calls are the collectives profiles'.
             Input::CudaCall { call, .. } if call.api.class() == CudaClass::Collective => {}
             // PyTorch's allocator is device memory's.

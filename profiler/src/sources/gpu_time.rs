@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 
-use gpuflame_bpf::CudaApi;
 
 use super::source::{Closed, Input, Source, WindowInfo};
 use crate::cuda::gputime::GpuTime;
@@ -22,19 +21,19 @@ pub struct GpuTimeSource {
 impl Source for GpuTimeSource {
     fn add(&mut self, input: &Input<'_>, stacks: &mut Stacks) {
         match input {
-            Input::CuptiStatus(call) => {
-                let pid = call.sample.pid;
+            Input::CuptiStatus(status) => {
+                let pid = status.pid;
                 // Waiting for gpuflame is not a failure: the session answers it.
-                if call.result != 0 && call.result != STATUS_WAITING && self.failures.insert(pid, call.result).is_none() {
-                    let why = match call.result {
+                if status.code != 0 && status.code != STATUS_WAITING && self.failures.insert(pid, status.code).is_none() {
+                    let why = match status.code {
                         1 => "libcupti was not found (set GPUFLAME_CUPTI_PATH)",
                         2 => "another CUPTI subscriber is active (the PyTorch profiler or Nsight?)",
                         _ => "CUPTI refused the kernel activity",
                     };
-                    eprintln!("gpuflame: pid {pid} ({}): no GPU time: {why}; its gpu-launches and cuda-api profiles stand in", call.sample.comm);
+                    eprintln!("gpuflame: pid {pid} ({}): no GPU time: {why}; its gpu-launches and cuda-api profiles stand in", status.comm);
                 }
             }
-            Input::CudaCall { call, stack, .. } if call.api == CudaApi::CuptiLaunch => {
+            Input::CuptiLaunch { launch, stack } => {
                 // Reported from inside the launch, by the injection library through CUPTI: their
                 // frames are not the program's.
                 let mut stack = (*stack).clone();
@@ -42,7 +41,7 @@ impl Source for GpuTimeSource {
                 // A stack cut short (its libraries just loaded, their tables not in yet) would
                 // take its kernel's time away from the real call site: it is used only for a
                 // kernel that has no whole one.
-                self.gpu_time.launch(call.sample.pid, call.addr as u32, stack, call.sample.unwind.is_complete());
+                self.gpu_time.launch(launch.sample.pid, launch.correlation, stack, launch.sample.unwind.is_complete());
             }
             Input::GpuKernels(batch) => self.gpu_time.kernels(batch),
             Input::GpuKernelName(n) => self.gpu_time.named((*n).clone()),

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use gpuflame_bpf::{CudaCall, GpuKernelBatch, GpuKernelName, KernelName, OffCpuEnd, OffCpuStack, Sample};
+use gpuflame_bpf::{CudaCall, CuptiLaunch, CuptiStatus, GpuKernelBatch, GpuKernelName, KernelName, OffCpuEnd, OffCpuStack, Sample};
 use gpuflame_symbolizer::MappedFile;
 
 use crate::cuda::hbm::HbmStats;
@@ -23,8 +23,11 @@ pub enum Input<'a> {
     CudaCall { call: &'a CudaCall, stack: &'a StackKey, files: Option<&'a [MappedFile]> },
     /// A tensor's block went back to PyTorch's allocator: a pointer, no stack.
     TensorFreed(&'a CudaCall),
+    /// A launch seen by CUPTI's callback: the correlation id its kernels' times will carry, and
+    /// the launch's stack (the injection library's frames at its leaf).
+    CuptiLaunch { launch: &'a CuptiLaunch, stack: &'a StackKey },
     /// The CUPTI injection library said how it is doing.
-    CuptiStatus(&'a CudaCall),
+    CuptiStatus(&'a CuptiStatus),
     KernelName(&'a KernelName),
     GpuKernels(&'a GpuKernelBatch),
     GpuKernelName(&'a GpuKernelName),
