@@ -110,7 +110,7 @@ pub(crate) fn stepped_at(path: &Path, offsets: &[u64]) -> Vec<bool> {
         .collect()
 }
 
-// Functions for [`crate::CpuSampler::calibrate_trap_cost`] to hook, in assembly so that their
+// Functions for [`crate::BpfPrograms::calibrate_trap_cost`] to hook, in assembly so that their
 // first instructions are what the costs are of: `push %rbp` as the hooked CUDA functions begin
 // (cudaLaunchKernel: push %rbp; mov %rsp,%rbp), which the kernel emulates under a uprobe; and
 // `lea`, which it steps out of line.

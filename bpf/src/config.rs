@@ -21,7 +21,7 @@ pub struct SamplerConfig {
     /// Kernel memory the unwind tables may take, in bytes (6 per row). Shards of 6 MiB are
     /// created as tables load, so an idle or small machine uses far less.
     pub unwind_memory: u64,
-    /// How switch-outs are unwound for off-CPU time (attached by [`crate::CpuSampler::enable_off_cpu`]).
+    /// How switch-outs are unwound for off-CPU time (attached by [`crate::BpfPrograms::enable_off_cpu`]).
     pub off_cpu: OffCpuSampling,
     /// What goes through the ring buffer of records, which is sized for it.
     pub ring: RingUse,

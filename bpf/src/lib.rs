@@ -16,7 +16,7 @@ mod loaded_fork_tests;
 mod perf;
 mod pod;
 mod process_maps;
-mod sampler;
+mod programs;
 mod skel;
 mod unwind_maps;
 
@@ -26,5 +26,5 @@ pub use counters::{Counter, Counters, CudaCounters, OffCpuCounters, PythonCounte
 pub use cuda::{CudaApi, CudaClass};
 pub use error::BpfError;
 pub use events::{python_name_tag, CudaCall, CuptiLaunch, CuptiStatus, Event, GpuKernel, GpuKernelBatch, GpuKernelName, KernelName, LeafFile, OffCpuEnd, OffCpuStack, OffCpuState, ProcessEvent, ProcessEventKind, Sample, StackRead, UnwindStatus, UserFrame};
-pub use sampler::{CpuSampler, CudaFunctions, CudaHooks, TorchProbes};
+pub use programs::{BpfPrograms, CudaFunctions, CudaHookLink, TorchProbes};
 pub use unwind_maps::{monotonic_ns, ExecMapping, MappingTable, PendingTable, PythonProcess, TableId, UnwindCapacity};

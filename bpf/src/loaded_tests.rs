@@ -110,7 +110,7 @@ fn every_record_kind_goes_through_the_loaded_programs_and_decodes() {
     // SAFETY: geteuid has no preconditions.
     assert!(unsafe { libc::geteuid() } == 0, "this test loads the BPF programs: run it as root (the test command does)");
     assert!(std::path::Path::new("/sys/kernel/btf/vmlinux").exists(), "this test loads the BPF programs: the kernel has no BTF (/sys/kernel/btf/vmlinux)");
-    let mut sampler = CpuSampler::start(&config).unwrap_or_else(|e| panic!("{e}"));
+    let mut sampler = BpfPrograms::start(&config).unwrap_or_else(|e| panic!("{e}"));
     let exe = std::fs::read_link("/proc/self/exe").unwrap();
     let hook = |api, name| (api, symbol_offset(name).unwrap_or_else(|| panic!("{name} in the test binary")) as u64);
     let functions = [

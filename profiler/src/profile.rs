@@ -52,7 +52,7 @@ pub struct Line {
 impl Location {
     /// A frame that is only a name: a marker, a CUDA call, a GPU kernel.
     pub fn named(name: impl Into<String>, kind: FrameKind) -> Self {
-        Location { mapping: None, address: 0, kernel: false, kind, lines: vec![Line::function(name)] }
+        Location { mapping: None, address: 0, kind, lines: vec![Line::function(name)] }
     }
 }
 
@@ -67,7 +67,6 @@ impl Line {
 pub struct Location {
     pub mapping: Option<usize>,
     pub address: u64,
-    pub kernel: bool,
     /// What the frame is, for the writers that tell kinds apart (the SVG's colours); pprof and
     /// folded output do not carry it.
     pub kind: FrameKind,
@@ -336,7 +335,7 @@ mod tests {
         let mut b = ProfileBuilder::default();
         let mapping = b.mapping(&mut profile, Mapping { path: "/tmp/lib\n.so".into(), build_id: Some("ab\0".into()) });
         let line = Line { function: "f\x1b".into(), file: Some("x\u{85}.py".into()), line: Some(3) };
-        let loc = b.location(&mut profile, Location { mapping: Some(mapping), address: 1, kernel: false, kind: FrameKind::Native, lines: vec![line] });
+        let loc = b.location(&mut profile, Location { mapping: Some(mapping), address: 1, kind: FrameKind::Native, lines: vec![line] });
         b.add(vec![loc], Labels { comm: Some("c\t;".into()), ..Default::default() }, 1);
         b.finish(&mut profile);
         assert_eq!(profile.mappings[0], Mapping { path: r"/tmp/lib\n.so".into(), build_id: Some(r"ab\x00".into()) });

@@ -138,12 +138,12 @@ pub(crate) fn hand_built() -> Profile {
     let python = b.mapping(&mut profile, Mapping { path: PYTHON_MAPPING.into(), build_id: None });
     let kernel = b.mapping(&mut profile, Mapping { path: KERNEL_MAPPING.into(), build_id: None });
     let libc = b.mapping(&mut profile, Mapping { path: "/usr/lib/libc.so.6".into(), build_id: Some("abcd".into()) });
-    let py = |f: &str, file: &str, line| Location { mapping: Some(python), address: 0, kernel: false, kind: FrameKind::Python, lines: vec![Line { function: f.into(), file: Some(file.into()), line: Some(line) }] };
+    let py = |f: &str, file: &str, line| Location { mapping: Some(python), address: 0, kind: FrameKind::Python, lines: vec![Line { function: f.into(), file: Some(file.into()), line: Some(line) }] };
     let module = b.location(&mut profile, py("<module>", "/srv/app/train.py", 3));
     let step = b.location(&mut profile, py("step", "/venv/lib/python3.11/site-packages/torch/nn.py", 41));
-    let unknown = b.location(&mut profile, Location { mapping: Some(python), address: 0, kernel: false, kind: FrameKind::Marker, lines: vec![Line::function("[unknown python]")] });
-    let read = b.location(&mut profile, Location { mapping: Some(libc), address: 0x1234, kernel: false, kind: FrameKind::Native, lines: vec![Line { function: "read".into(), file: Some("read.c".into()), line: Some(9) }] });
-    let ksys = b.location(&mut profile, Location { mapping: Some(kernel), address: 0xffff_ffff_8100_0000, kernel: true, kind: FrameKind::Kernel, lines: vec![Line::function("ksys_read")] });
+    let unknown = b.location(&mut profile, Location { mapping: Some(python), address: 0, kind: FrameKind::Marker, lines: vec![Line::function("[unknown python]")] });
+    let read = b.location(&mut profile, Location { mapping: Some(libc), address: 0x1234, kind: FrameKind::Native, lines: vec![Line { function: "read".into(), file: Some("read.c".into()), line: Some(9) }] });
+    let ksys = b.location(&mut profile, Location { mapping: Some(kernel), address: 0xffff_ffff_8100_0000, kind: FrameKind::Kernel, lines: vec![Line::function("ksys_read")] });
     let malloc = b.location(&mut profile, Location::named("cudaMalloc", FrameKind::CudaApi));
     let gpu = b.location(&mut profile, Location::named("[gpu] gemm", FrameKind::GpuKernel));
     let labels = |pid| Labels { pid: Some(pid), tid: Some(pid), comm: Some("python3".into()), device: None };
@@ -190,7 +190,7 @@ fn canonical(p: &Profile) -> String {
                 .map(|&l| {
                     let loc = &p.locations[l];
                     let mapping = loc.mapping.map(|m| &p.mappings[m]);
-                    format!("{:?} {:#x} kernel={} {:?}", mapping, loc.address, loc.kernel, loc.lines)
+                    format!("{:?} {:#x} kernel={} {:?}", mapping, loc.address, loc.kind == FrameKind::Kernel, loc.lines)
                 })
                 .collect();
             format!("{:?} {:?}\n  {}", s.values, s.labels, frames.join("\n  "))

@@ -213,7 +213,7 @@ mod tests {
             let stack = (0..depth)
                 .map(|d| {
                     let name = if d + 1 == depth { format!("leaf_{i}") } else { format!("frame_{d}_{}", i % 7) };
-                    let loc = Location { mapping: Some(m), address: (i * depth + d) as u64, kernel: false, kind: FrameKind::Native, lines: vec![Line::function(name)] };
+                    let loc = Location { mapping: Some(m), address: (i * depth + d) as u64, kind: FrameKind::Native, lines: vec![Line::function(name)] };
                     b.location(&mut p, loc)
                 })
                 .collect();

@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use gpuflame_bpf::{CpuSampler, CudaApi, CudaFunctions, CudaHooks, TorchProbes, TrapCost};
+use gpuflame_bpf::{BpfPrograms, CudaApi, CudaFunctions, CudaHookLink, TorchProbes, TrapCost};
 
 use super::discover::cuda_functions;
 use super::coverage::Coverage;
@@ -33,9 +33,9 @@ impl DutyCycle {
 struct HookedFile {
     name: String,
     cycled_functions: CudaFunctions,
-    _always: Option<CudaHooks>,
+    _always: Option<CudaHookLink>,
     _probes: Option<TorchProbes>,
-    cycled: Option<CudaHooks>,
+    cycled: Option<CudaHookLink>,
     /// Processes that map the file, with a path that reaches it from here.
     users: HashMap<u32, PathBuf>,
 }
@@ -123,7 +123,7 @@ impl CudaHookManager {
     }
 
     /// Measures what the traps of a hooked call cost, to correct sampled counts for it.
-    pub fn calibrate(&mut self, sampler: &CpuSampler) {
+    pub fn calibrate(&mut self, sampler: &BpfPrograms) {
         if !self.cycled_wanted || self.duty.is_none() {
             return;
         }
@@ -137,7 +137,7 @@ impl CudaHookManager {
     }
 
     /// Looks at a process's executable mappings (as just read) and hooks the CUDA it finds.
-    pub fn process_mapped(&mut self, sampler: &CpuSampler, pid: u32, entries: &[MapsEntry], seen_at: Instant) {
+    pub fn process_mapped(&mut self, sampler: &BpfPrograms, pid: u32, entries: &[MapsEntry], seen_at: Instant) {
         let mut mapped_now = HashSet::new();
         let mut files: Vec<&MapsEntry> = entries.iter().filter(|e| e.executable && e.inode != 0 && e.path.starts_with('/')).collect();
         // The files that hold CUDA first: a process that maps torch maps them in one go with
@@ -164,7 +164,7 @@ impl CudaHookManager {
     }
 
     /// Searches a mapped file for CUDA once, and hooks what it finds; `path` reaches the file.
-    fn hook_file(&mut self, sampler: &CpuSampler, pid: u32, entry: &MapsEntry, path: PathBuf, seen_at: Instant) {
+    fn hook_file(&mut self, sampler: &BpfPrograms, pid: u32, entry: &MapsEntry, path: PathBuf, seen_at: Instant) {
         let key = (entry.dev.clone(), entry.inode);
         if self.without_cuda.contains(&key) {
             return;
@@ -259,7 +259,7 @@ impl CudaHookManager {
 
     /// Hooks a file by path before any process maps it (the injection library of a command about
     /// to start).
-    pub fn hook_path(&mut self, sampler: &CpuSampler, path: &std::path::Path) {
+    pub fn hook_path(&mut self, sampler: &BpfPrograms, path: &std::path::Path) {
         use std::os::unix::fs::MetadataExt;
         let Ok(meta) = std::fs::metadata(path) else { return };
         let dev = meta.dev();
@@ -288,7 +288,7 @@ impl CudaHookManager {
 
     /// Attaches or detaches the cycled hooks when their time has come; at the start, attaches
     /// them for exact counting.
-    pub fn tick(&mut self, sampler: &CpuSampler) {
+    pub fn tick(&mut self, sampler: &BpfPrograms) {
         if !self.cycled_wanted {
             return;
         }
@@ -343,7 +343,7 @@ impl CudaHookManager {
     }
 }
 
-fn attach_cycled(sampler: &CpuSampler, file: &mut HookedFile, stats: &mut HookStats) {
+fn attach_cycled(sampler: &BpfPrograms, file: &mut HookedFile, stats: &mut HookStats) {
     if file.cycled_functions.is_empty() || file.cycled.is_some() {
         return;
     }

@@ -14,7 +14,7 @@ use std::rc::Rc;
 use gpuflame_bpf::CudaApi;
 
 use super::hbm::{Hbm, Site, SiteTotals};
-use super::timeline::MemoryTimeline;
+use super::memory_points::MemoryTimeline;
 
 /// One device's memory, over the processes asked about.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -5,7 +5,7 @@
 
 mod call_sites;
 mod discover;
-pub mod gputime;
+pub mod kernel_attribution;
 pub mod hbm;
 mod coverage;
 pub mod hooks;
@@ -13,7 +13,7 @@ pub mod injection;
 pub mod memory;
 pub mod nccl;
 pub mod ready;
-pub mod timeline;
+pub mod memory_points;
 
 pub use discover::{cuda_functions, CudaSearch, DiscoverError};
 pub use coverage::{Coverage, ThreadRate};

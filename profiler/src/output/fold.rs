@@ -287,7 +287,9 @@ impl FoldedLines {
                 }
                 None => sanitize(&line.function),
             };
-            if location.kernel {
+            // Marked as folded text marks the kernel's frames, unless read so marked already
+            // (perf's ` [k]`).
+            if location.kind == FrameKind::Kernel && !name.ends_with(" [k]") && !name.ends_with(KERNEL_SUFFIX) {
                 name.push_str(KERNEL_SUFFIX);
             }
             let id = names.id_owned(name);
@@ -317,7 +319,7 @@ mod tests {
         let mut b = ProfileBuilder::default();
         let k = b.mapping(&mut profile, Mapping { path: KERNEL_MAPPING.into(), build_id: None });
         let mut loc = |name: &str, kind, kernel: bool| {
-            let location = Location { mapping: kernel.then_some(k), address: 0, kernel, kind, lines: vec![Line::function(name)] };
+            let location = Location { mapping: kernel.then_some(k), address: 0, kind, lines: vec![Line::function(name)] };
             b.location(&mut profile, location)
         };
         let (main, step, read, python) = (loc("main", FrameKind::Native, false), loc("step", FrameKind::Native, false), loc("ksys_read", FrameKind::Kernel, true), loc("python3", FrameKind::Marker, false));

@@ -97,7 +97,7 @@ pub fn read_from(input: &mut impl BufRead, period: i64) -> Result<FlatProfile, F
             };
             let mapping = kernel.then(|| builder.mapping(&mut profile, Mapping { path: KERNEL_MAPPING.into(), build_id: None }));
             // Folded text does not say what a frame is: its name is all there is to go by.
-            let location = Location { mapping, address: 0, kernel, kind: FrameKind::guess(frame), lines: vec![Line::function(name)] };
+            let location = Location { mapping, address: 0, kind: FrameKind::guess(frame), lines: vec![Line::function(name)] };
             let l = builder.location(&mut profile, location);
             frames.insert(frame.to_string(), l);
             locations.push(l);
@@ -119,7 +119,7 @@ mod tests {
         let text = "app;main;a;b;c 7\napp;main;read;ksys_read_[k];vfs_read_[k] 3\n";
         let profile = read(text, 10).unwrap();
         assert_eq!(profile.total(), 100);
-        let kernel: Vec<_> = profile.locations.iter().filter(|l| l.kernel).map(|l| &l.lines[0].function).collect();
+        let kernel: Vec<_> = profile.locations.iter().filter(|l| l.kind == FrameKind::Kernel).map(|l| &l.lines[0].function).collect();
         assert_eq!(kernel, ["ksys_read", "vfs_read"]);
         let mut out = Vec::new();
         write(&profile, Detail::Lines, &mut out).unwrap();
@@ -130,7 +130,7 @@ mod tests {
     fn merges_threads_and_sanitizes() {
         let mut profile = Profile::cpu(100);
         let mut b = ProfileBuilder::default();
-        let loc = b.location(&mut profile, Location { mapping: None, address: 1, kernel: false, kind: FrameKind::Native, lines: vec![Line::function("a;b")] });
+        let loc = b.location(&mut profile, Location { mapping: None, address: 1, kind: FrameKind::Native, lines: vec![Line::function("a;b")] });
         for tid in [1, 2] {
             let labels = Labels { pid: Some(1), tid: Some(tid), comm: Some("x".into()), device: None };
             b.add(vec![loc], labels, 2 * profile.period);
@@ -145,7 +145,7 @@ mod tests {
         let mut b = ProfileBuilder::default();
         let line = Line { function: "f;\n\x1b".into(), file: Some("/a/b;\r.py".into()), line: Some(7) };
         let py = b.mapping(&mut profile, Mapping { path: PYTHON_MAPPING.into(), build_id: None });
-        let loc = b.location(&mut profile, Location { mapping: Some(py), address: 0, kernel: false, kind: FrameKind::Python, lines: vec![line] });
+        let loc = b.location(&mut profile, Location { mapping: Some(py), address: 0, kind: FrameKind::Python, lines: vec![line] });
         b.add(vec![loc], Labels { comm: Some(String::new()), ..Default::default() }, profile.period);
         b.finish(&mut profile);
         let text = lines(&profile, Detail::Lines);

@@ -15,7 +15,7 @@ mod pprof_read;
 pub mod rendering;
 pub mod select;
 pub mod svg;
-pub mod timeline;
+pub mod memory_svg;
 mod visible;
 
 pub use pprof::MAX_PROFILE_BYTES;

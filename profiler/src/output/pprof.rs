@@ -80,18 +80,17 @@ mod tests {
         let mut b = ProfileBuilder::default();
         let exe = b.mapping(&mut profile, Mapping { path: "/bin/app".into(), build_id: Some("abcd".into()) });
         let k = b.mapping(&mut profile, Mapping { path: KERNEL_MAPPING.into(), build_id: None });
-        let main = b.location(&mut profile, Location { mapping: Some(exe), address: 0x1000, kernel: false, kind: FrameKind::Native, lines: vec![Line { function: "main".into(), file: Some("app.c".into()), line: Some(10) }] });
+        let main = b.location(&mut profile, Location { mapping: Some(exe), address: 0x1000, kind: FrameKind::Native, lines: vec![Line { function: "main".into(), file: Some("app.c".into()), line: Some(10) }] });
         let inl = b.location(
             &mut profile,
             Location {
                 mapping: Some(exe),
                 address: 0x1100,
-                kernel: false,
                 kind: FrameKind::Native,
                 lines: vec![Line { function: "outer".into(), file: Some("app.c".into()), line: Some(20) }, Line { function: "inlined".into(), file: Some("app.h".into()), line: Some(3) }],
             },
         );
-        let kread = b.location(&mut profile, Location { mapping: Some(k), address: 0xffff_ffff_8100_0000, kernel: true, kind: FrameKind::Kernel, lines: vec![Line::function("ksys_read")] });
+        let kread = b.location(&mut profile, Location { mapping: Some(k), address: 0xffff_ffff_8100_0000, kind: FrameKind::Kernel, lines: vec![Line::function("ksys_read")] });
         let labels = Labels { pid: Some(7), tid: Some(8), comm: Some("app".into()), device: None };
         b.add(vec![main, inl], labels.clone(), 3 * profile.period);
         b.add(vec![main, kread], labels, profile.period);

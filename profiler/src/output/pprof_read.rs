@@ -209,7 +209,7 @@ where
             Some(line) => FrameKind::guess(&line.function),
             None => FrameKind::Native,
         };
-        let location = Location { mapping, address: l.address, kernel, kind, lines };
+        let location = Location { mapping, address: l.address, kind, lines };
         locations.insert(l.id, builder.location(&mut profile, location));
     }
     let mut stack = Vec::new();

@@ -242,7 +242,6 @@ mod tests {
         let frame = |function: &str, file: &str, line| Location {
             mapping: Some(mapping),
             address: 0,
-            kernel: false,
             kind: FrameKind::Python,
             lines: vec![Line { function: function.into(), file: Some(file.into()), line: Some(line) }],
         };

@@ -12,7 +12,7 @@ use std::fs;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use gpuflame_bpf::{CpuSampler, ExecMapping, MappingTable, PendingTable, ProcessEvent, ProcessEventKind, TableId};
+use gpuflame_bpf::{BpfPrograms, ExecMapping, MappingTable, PendingTable, ProcessEvent, ProcessEventKind, TableId};
 use gpuflame_elfread::FileId;
 use gpuflame_pyframes::Interpreter;
 use gpuflame_symbolizer::{MappedFile, ModuleFile};
@@ -152,7 +152,7 @@ impl ProcessTracker {
         }
     }
 
-    pub fn handle(&mut self, sampler: &mut CpuSampler, event: ProcessEvent) {
+    pub fn handle(&mut self, sampler: &mut BpfPrograms, event: ProcessEvent) {
         match event.kind {
             ProcessEventKind::Exec => {
                 // A new program: whatever interpreter ran before is gone.
@@ -174,7 +174,7 @@ impl ProcessTracker {
 
     /// Reads the process's mappings again and describes them to BPF; files not seen before are
     /// queued for their tables. A process that is gone is forgotten.
-    pub fn refresh(&mut self, sampler: &mut CpuSampler, pid: u32) {
+    pub fn refresh(&mut self, sampler: &mut BpfPrograms, pid: u32) {
         self.deferred.remove(&pid);
         self.stats.maps_read += 1;
         // An exiting process has no mappings left to read: what was read before stays, for its
@@ -253,7 +253,7 @@ impl ProcessTracker {
     }
 
     /// Describes the process's executable mappings to BPF as the tables stand now.
-    fn push_process(&mut self, sampler: &mut CpuSampler, pid: u32) {
+    fn push_process(&mut self, sampler: &mut BpfPrograms, pid: u32) {
         let (Some(entries), Some(keys)) = (self.entries.get(&pid), self.entry_keys.get(&pid)) else { return };
         let mappings: Vec<ExecMapping> = entries
             .iter()
@@ -280,7 +280,7 @@ impl ProcessTracker {
     }
 
     /// Forgets a process; evicts tables no other process uses.
-    pub fn exited(&mut self, sampler: &mut CpuSampler, pid: u32) {
+    pub fn exited(&mut self, sampler: &mut BpfPrograms, pid: u32) {
         // A program never read has no entry in BPF: its exec dropped the old one, and nothing
         // described the new one.
         match self.deferred.remove(&pid) {
@@ -312,7 +312,7 @@ impl ProcessTracker {
         }
     }
 
-    fn release_unused(&mut self, sampler: &mut CpuSampler, pid: u32, keys: &[ExecutableKey]) {
+    fn release_unused(&mut self, sampler: &mut BpfPrograms, pid: u32, keys: &[ExecutableKey]) {
         let still: HashSet<ExecutableKey> = self.processes.get(&pid).into_iter().chain(self.pinned.get(&pid)).flatten().cloned().collect();
         for key in keys {
             if still.contains(key) {
@@ -333,7 +333,7 @@ impl ProcessTracker {
     }
 
     /// Forgets a file that no process maps, and takes its table out of BPF.
-    fn drop_table(&mut self, sampler: &mut CpuSampler, key: &ExecutableKey) {
+    fn drop_table(&mut self, sampler: &mut BpfPrograms, key: &ExecutableKey) {
         if self.unload(sampler, key) {
             self.stats.tables_evicted += 1;
         }
@@ -342,7 +342,7 @@ impl ProcessTracker {
     }
 
     /// Takes the file's table out of BPF, published copy first, if it is loaded.
-    fn unload(&mut self, sampler: &mut CpuSampler, key: &ExecutableKey) -> bool {
+    fn unload(&mut self, sampler: &mut BpfPrograms, key: &ExecutableKey) -> bool {
         let Some(TableState::Loaded(id)) = self.executables.get(key).map(|e| e.state) else { return false };
         self.unpublish(sampler, key);
         if let Err(e) = sampler.remove_table(id) {
@@ -352,7 +352,7 @@ impl ProcessTracker {
     }
 
     /// Loads every process that runs now (whole-machine recordings).
-    pub fn refresh_all(&mut self, sampler: &mut CpuSampler) {
+    pub fn refresh_all(&mut self, sampler: &mut BpfPrograms) {
         let Ok(dir) = fs::read_dir("/proc") else { return };
         for entry in dir.flatten() {
             if let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) {

@@ -230,7 +230,7 @@ fn record(opts: &RecordOptions, format: Format, outputs: &[(ProfileKind, Output)
             let title = format!("gpuflame: device memory over time · {}", describe_targets(opts));
             match Output::open(&path) {
                 Ok(out) => {
-                    out.write_with(|w| output::timeline::write_svg(&charts, &title, w)).with_context(|| format!("writing {}", path.display()))?;
+                    out.write_with(|w| output::memory_svg::write_svg(&charts, &title, w)).with_context(|| format!("writing {}", path.display()))?;
                     written.push(path.display().to_string());
                 }
                 Err(e) => tracing::warn!(error = %e, "cannot write the memory timeline"),

@@ -138,7 +138,7 @@ impl Collector {
     }
 
     /// Device memory over time, per device, drawn up to `end_ns` (boot time).
-    pub fn memory_timeline(&mut self, end_ns: u64) -> Vec<crate::output::timeline::DeviceChart> {
+    pub fn memory_timeline(&mut self, end_ns: u64) -> Vec<crate::output::memory_svg::DeviceChart> {
         let stacks = &mut self.stacks;
         self.sources.memory.as_mut().map(|m| m.memory_timeline(end_ns, stacks)).unwrap_or_default()
     }

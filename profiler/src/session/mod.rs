@@ -10,7 +10,7 @@ mod window;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use gpuflame_bpf::{BpfError, CpuSampler, Event, OffCpuSampling, TrapCost, ProcessEventKind, RingUse, SamplerConfig, Targets};
+use gpuflame_bpf::{BpfError, BpfPrograms, Event, OffCpuSampling, TrapCost, ProcessEventKind, RingUse, SamplerConfig, Targets};
 
 pub use collector::Collector;
 pub use processes::{CudaState, Gone, ProcessView, Processes};
@@ -54,7 +54,7 @@ pub struct SessionConfig {
 }
 
 pub struct Session {
-    sampler: CpuSampler,
+    sampler: BpfPrograms,
     processes: Processes,
     collector: Collector,
     profiles: Vec<ProfileKind>,
@@ -94,7 +94,7 @@ impl Session {
             lazy_process_events: read_delay.is_some(),
             tensor_sample_bytes: config.tensor_sample_bytes,
         };
-        let mut sampler = CpuSampler::start(&sampler_config).map_err(user_facing)?;
+        let mut sampler = BpfPrograms::start(&sampler_config).map_err(user_facing)?;
         let mut tracker = ProcessTracker::new();
         tracker.read_lazily(read_delay);
         tracker.demand_tables_at_low_priority(command);
@@ -229,7 +229,7 @@ impl Session {
     }
 
     /// The BPF programs, to read what they counted.
-    pub fn programs(&self) -> &CpuSampler {
+    pub fn programs(&self) -> &BpfPrograms {
         &self.sampler
     }
 
@@ -291,8 +291,8 @@ impl Session {
     }
 
     /// Device memory over time, per device, up to now.
-    pub fn memory_timeline(&mut self) -> Vec<crate::output::timeline::DeviceChart> {
-        self.collector.memory_timeline(crate::cuda::timeline::boot_time_ns())
+    pub fn memory_timeline(&mut self) -> Vec<crate::output::memory_svg::DeviceChart> {
+        self.collector.memory_timeline(crate::cuda::memory_points::boot_time_ns())
     }
 
     /// The out-of-memory failures seen since the last call, with their snapshots.

@@ -14,7 +14,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use gpuflame_bpf::{CpuSampler, CuptiStatus, ProcessEvent, ProcessEventKind, Sample};
+use gpuflame_bpf::{BpfPrograms, CuptiStatus, ProcessEvent, ProcessEventKind, Sample};
 use gpuflame_pyframes::Interpreter;
 use gpuflame_symbolizer::MappedFile;
 
@@ -118,7 +118,7 @@ impl Processes {
     /// A process event: the tracker reads or forgets the process, its rank is read at exec, the
     /// CUDA it maps is hooked. `refreshed`: processes read in this batch already (a burst of
     /// mmaps, a Python importing extensions, needs one read). An exit is the one way out.
-    pub fn event(&mut self, sampler: &mut CpuSampler, ev: ProcessEvent, refreshed: &mut Vec<u32>) -> Gone {
+    pub fn event(&mut self, sampler: &mut BpfPrograms, ev: ProcessEvent, refreshed: &mut Vec<u32>) -> Gone {
         if matches!(ev.kind, ProcessEventKind::NeedTable { .. }) {
             self.tracker.handle(sampler, ev);
             return Gone::default();
@@ -158,7 +158,7 @@ impl Processes {
 
     /// The one way out: everything kept of `pid` goes, but its labels, which its last records
     /// (read late on a loaded machine) still need for a window.
-    fn exited(&mut self, sampler: &mut CpuSampler, pid: u32) {
+    fn exited(&mut self, sampler: &mut BpfPrograms, pid: u32) {
         self.tracker.handle(sampler, ProcessEvent { pid, kind: ProcessEventKind::Exit });
         self.ranks.forget(pid);
         self.seen.remove(&pid);
@@ -189,7 +189,7 @@ impl Processes {
 
     /// CUPTI's handshake: a program that waits at CUDA's initialisation for its tables has them
     /// built first, and is answered once they are in.
-    pub fn cupti_status(&mut self, sampler: &mut CpuSampler, status: &CuptiStatus) {
+    pub fn cupti_status(&mut self, sampler: &mut BpfPrograms, status: &CuptiStatus) {
         if let Some(c) = self.cuda.as_mut() {
             if status.code == STATUS_WAITING {
                 self.tracker.hurry(sampler, status.pid);
@@ -212,7 +212,7 @@ impl Processes {
     /// After a batch of records: programs due to be read are read (after the batch's exits: one
     /// gone by now is not), finished tables loaded, waiting programs answered, the duty cycle
     /// kept on time.
-    pub fn after_batch(&mut self, sampler: &mut CpuSampler) {
+    pub fn after_batch(&mut self, sampler: &mut BpfPrograms) {
         for pid in self.tracker.read_due(sampler) {
             let labels = self.ranks.exec(pid);
             self.set_labels(pid, labels);
@@ -228,7 +228,7 @@ impl Processes {
     }
 
     /// The duty cycle's windows end on time even inside a burst of records.
-    pub fn tick(&mut self, sampler: &CpuSampler) {
+    pub fn tick(&mut self, sampler: &BpfPrograms) {
         if let Some(c) = self.cuda.as_mut() {
             c.hooks.tick(sampler);
         }
@@ -236,7 +236,7 @@ impl Processes {
 
     /// Hooks the CUDA libraries that `pid` maps, once its maps are read (at a process event, or
     /// late under lazy reads); a program that maps CUDA has its tables built soon.
-    pub(super) fn hook_cuda(&mut self, sampler: &CpuSampler, pid: u32, seen: Instant) {
+    pub(super) fn hook_cuda(&mut self, sampler: &BpfPrograms, pid: u32, seen: Instant) {
         let (Some(c), Some(entries)) = (self.cuda.as_mut(), self.tracker.exec_entries(pid)) else { return };
         c.hooks.process_mapped(sampler, pid, entries, seen);
         if c.hooks.maps_cuda(pid) {
@@ -247,7 +247,7 @@ impl Processes {
     /// A window closed: labels and names of processes that exited in the one before go, and processes whose exit was
     /// lost (a full ring) are found gone and let go of by the one way out. What else holds
     /// something of theirs is told.
-    pub fn window_closed(&mut self, sampler: &mut CpuSampler) -> Gone {
+    pub fn window_closed(&mut self, sampler: &mut BpfPrograms) -> Gone {
         for pid in std::mem::replace(&mut self.dead, std::mem::take(&mut self.dying)) {
             // Unless the pid is another process's by now, or the same one's late records came.
             if !self.seen.contains(&pid) {

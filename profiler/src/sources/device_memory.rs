@@ -10,10 +10,10 @@ use gpuflame_bpf::{tensor_stack_chance, CudaCall, CudaClass};
 
 use super::oom::{site_values, OomReport};
 use super::source::{Closed, Input, Source, SourceStats, WindowInfo};
-use super::timeline_chart::chart;
+use super::memory_chart::chart;
 use crate::cuda::hbm::Site;
 use crate::cuda::memory::{DeviceMemory, DeviceUse};
-use crate::output::timeline::DeviceChart;
+use crate::output::memory_svg::DeviceChart;
 use crate::profile_kind::ProfileKind;
 use crate::stacks::{StackKey, Stacks, TailFrame};
 
@@ -104,7 +104,7 @@ impl Source for DeviceMemorySource {
             Input::TensorFreed(call) => self.memory.tensor_freed(call.sample.timestamp_ns, call.sample.pid, call.addr),
             Input::ProcessExited(pid) => {
                 // After its last record, which may have been read just now.
-                let t = crate::cuda::timeline::boot_time_ns().max(self.memory.timeline.last_ns() + 1);
+                let t = crate::cuda::memory_points::boot_time_ns().max(self.memory.timeline.last_ns() + 1);
                 self.memory.process_exited(t, *pid)
             }
             _ => {}

@@ -1,12 +1,12 @@
 //! GPU time: kernel records of the CUPTI injection library, attributed to the stacks that
-//! launched them (the attribution is `cuda::gputime`). Also says, once per process, why a
+//! launched them (the attribution is `cuda::kernel_attribution`). Also says, once per process, why a
 //! process has no GPU time when its injection library reports a failure.
 
 use std::collections::HashMap;
 
 
 use super::source::{Closed, Input, Source, WindowInfo};
-use crate::cuda::gputime::GpuTime;
+use crate::cuda::kernel_attribution::GpuTime;
 use crate::cuda::ready::STATUS_WAITING;
 use crate::profile_kind::ProfileKind;
 use crate::stacks::Stacks;

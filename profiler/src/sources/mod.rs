@@ -17,7 +17,7 @@ pub mod offcpu;
 pub mod oom;
 mod scaling;
 pub mod source;
-mod timeline_chart;
+mod memory_chart;
 
 use gpuflame_bpf::TrapCost;
 

@@ -65,7 +65,7 @@ impl Stacks {
                             let line = Line { function: py.function.to_string(), file: Some(py.file.to_string()), line: py.line };
                             // A frame that could not be read is gpuflame's marker, not code.
                             let kind = if py.line.is_none() && py.file.is_empty() { FrameKind::Marker } else { FrameKind::Python };
-                            Location { mapping: Some(python_mapping), address: 0, kernel: false, kind, lines: vec![line] }
+                            Location { mapping: Some(python_mapping), address: 0, kind, lines: vec![line] }
                         }
                         UserKey::Gap(label) => Location::named(*label, FrameKind::Marker),
                     };
@@ -97,7 +97,7 @@ impl Stacks {
             for addr in key.kernel[plumbing..].iter().rev() {
                 let loc = *kernel_locations.entry(*addr).or_insert_with(|| {
                     let lines = lines_or_unknown(&kernel_syms[addr], || format!("[unknown] ({KERNEL_MAPPING}+{addr:#x})"));
-                    b.location(profile, Location { mapping: Some(kernel_mapping), address: *addr, kernel: true, kind: FrameKind::Kernel, lines })
+                    b.location(profile, Location { mapping: Some(kernel_mapping), address: *addr, kind: FrameKind::Kernel, lines })
                 });
                 stack.push(loc);
             }
@@ -130,10 +130,10 @@ impl Stacks {
                 let lines = lines_or_unknown(sym, || format!("[unknown] ({}+{file_offset:#x})", module.file_name()));
                 // Code that could not be named is drawn as gpuflame's other placeholders are.
                 let kind = if sym.is_unknown() { FrameKind::Marker } else { FrameKind::Native };
-                Location { mapping: Some(mapping), address: file_offset, kernel: false, kind, lines }
+                Location { mapping: Some(mapping), address: file_offset, kind, lines }
             }
             UserAddr::Unmapped { addr } => {
-                Location { mapping: None, address: addr, kernel: false, kind: FrameKind::Marker, lines: vec![Line::function(format!("[unknown] ({addr:#x})"))] }
+                Location { mapping: None, address: addr, kind: FrameKind::Marker, lines: vec![Line::function(format!("[unknown] ({addr:#x})"))] }
             }
         }
     }

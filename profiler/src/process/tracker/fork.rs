@@ -7,14 +7,14 @@
 //! execs, maps code, or meets code the copy does not have; its samples say which mappings they
 //! were unwound with ([`gpuflame_bpf::Sample::forked_from`]).
 
-use gpuflame_bpf::CpuSampler;
+use gpuflame_bpf::BpfPrograms;
 use gpuflame_symbolizer::MappedFile;
 
 use super::ProcessTracker;
 
 impl ProcessTracker {
     /// Process `child` forked from `parent` with a copy of the parent's entry in BPF.
-    pub(super) fn forked(&mut self, sampler: &mut CpuSampler, child: u32, parent: u32) {
+    pub(super) fn forked(&mut self, sampler: &mut BpfPrograms, child: u32, parent: u32) {
         let copied = (self.processes.get(&parent), self.entries.get(&parent), self.entry_keys.get(&parent));
         let (Some(keys), Some(entries), Some(entry_keys)) = copied else {
             // The parent was forgotten before its child was seen (it exited, or its maps could

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use gpuflame_bpf::CpuSampler;
+use gpuflame_bpf::BpfPrograms;
 
 use super::ProcessTracker;
 
@@ -24,7 +24,7 @@ impl ProcessTracker {
     }
 
     /// Drops the idle tables that have been idle too long, or are too many.
-    pub fn expire_idle(&mut self, sampler: &mut CpuSampler) {
+    pub fn expire_idle(&mut self, sampler: &mut BpfPrograms) {
         while let Some((since, key)) = self.idle.front().cloned() {
             if self.idle.len() <= MAX_IDLE && since.elapsed() < IDLE_FOR {
                 break;

@@ -15,7 +15,7 @@
 
 use std::time::{Duration, Instant};
 
-use gpuflame_bpf::CpuSampler;
+use gpuflame_bpf::BpfPrograms;
 
 use super::ProcessTracker;
 
@@ -50,7 +50,7 @@ impl ProcessTracker {
 
     /// `pid` exec'd: the old program's mappings are gone (BPF dropped its entry), the new one is
     /// read when it is due.
-    pub(super) fn defer(&mut self, sampler: &mut CpuSampler, pid: u32) {
+    pub(super) fn defer(&mut self, sampler: &mut BpfPrograms, pid: u32) {
         self.unready.remove(&pid);
         self.forked.remove(&pid);
         self.entries.remove(&pid);
@@ -73,7 +73,7 @@ impl ProcessTracker {
     }
 
     /// Reads the programs that have lived their delay; returns those read (they live).
-    pub fn read_due(&mut self, sampler: &mut CpuSampler) -> Vec<u32> {
+    pub fn read_due(&mut self, sampler: &mut BpfPrograms) -> Vec<u32> {
         let now = Instant::now();
         let Some(delay) = self.read_delay else { return Vec::new() };
         if self.next_lazy_pass(now).is_none_or(|wait| !wait.is_zero()) {

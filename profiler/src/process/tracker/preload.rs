@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use gpuflame_bpf::CpuSampler;
+use gpuflame_bpf::BpfPrograms;
 
 use super::{ProcessTracker, TableState};
 use crate::process::maps::parse_maps;
@@ -15,7 +15,7 @@ impl ProcessTracker {
     /// Builds the tables of `paths` for `pid` (a process about to exec them), waiting up to
     /// `timeout`, and keeps them while `pid` lives. Returns how many files have their tables in
     /// (or have none to build).
-    pub fn preload(&mut self, sampler: &mut CpuSampler, pid: u32, paths: &[PathBuf], timeout: Duration) -> usize {
+    pub fn preload(&mut self, sampler: &mut BpfPrograms, pid: u32, paths: &[PathBuf], timeout: Duration) -> usize {
         let mut keys = Vec::new();
         for path in paths {
             let Some((key, _)) = self.file_at(path.clone(), &path.display().to_string()) else { continue };

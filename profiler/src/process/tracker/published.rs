@@ -4,7 +4,7 @@
 //! if that file is known already. Every inode known to hold the file is published; a table is
 //! taken back before it is evicted.
 
-use gpuflame_bpf::CpuSampler;
+use gpuflame_bpf::BpfPrograms;
 use gpuflame_elfread::FileId;
 use gpuflame_unwind::ExecutableKey;
 
@@ -12,7 +12,7 @@ use super::{ProcessTracker, TableState};
 
 impl ProcessTracker {
     /// Publishes the table of `key`, now loaded, under every inode that holds its file.
-    pub(super) fn publish(&self, sampler: &CpuSampler, key: &ExecutableKey) {
+    pub(super) fn publish(&self, sampler: &BpfPrograms, key: &ExecutableKey) {
         for (file, k) in &self.keys_by_inode {
             if k == key {
                 self.publish_inode(sampler, file, key);
@@ -21,7 +21,7 @@ impl ProcessTracker {
     }
 
     /// Publishes the table of `key` under `file`, if it is loaded.
-    pub(super) fn publish_inode(&self, sampler: &CpuSampler, file: &FileId, key: &ExecutableKey) {
+    pub(super) fn publish_inode(&self, sampler: &BpfPrograms, file: &FileId, key: &ExecutableKey) {
         let Some(exe) = self.executables.get(key) else { return };
         let TableState::Loaded(id) = exe.state else { return };
         if let Err(e) = sampler.publish_file_table(file.dev, file.ino, file.size, id, &exe.segments) {
@@ -30,7 +30,7 @@ impl ProcessTracker {
     }
 
     /// Takes back what [`Self::publish`] published for `key`: before its table goes.
-    pub(super) fn unpublish(&self, sampler: &CpuSampler, key: &ExecutableKey) {
+    pub(super) fn unpublish(&self, sampler: &BpfPrograms, key: &ExecutableKey) {
         for (file, k) in &self.keys_by_inode {
             if k == key {
                 sampler.unpublish_file_table(file.dev, file.ino, file.size);
@@ -39,7 +39,7 @@ impl ProcessTracker {
     }
 
     /// Publishes the inodes found since the last call for tables already loaded.
-    pub(super) fn publish_new_inodes(&mut self, sampler: &CpuSampler) {
+    pub(super) fn publish_new_inodes(&mut self, sampler: &BpfPrograms) {
         for file in std::mem::take(&mut self.new_inodes) {
             if let Some(key) = self.keys_by_inode.get(&file) {
                 self.publish_inode(sampler, &file, key);

@@ -1,6 +1,6 @@
 //! The CPython interpreter of each process, for the walker's Python frames.
 
-use gpuflame_bpf::{CpuSampler, PythonProcess};
+use gpuflame_bpf::{BpfPrograms, PythonProcess};
 use gpuflame_pyframes::{find_interpreter_with, Interpreter, Mapping, NEWEST_KNOWN};
 
 use super::ProcessTracker;
@@ -10,7 +10,7 @@ use crate::process::procfs::{open_map_file, read_process_memory};
 impl ProcessTracker {
     /// Finds CPython in the process and tells the walker; a Python it cannot support is profiled
     /// natively, with one warning.
-    pub(super) fn find_python(&mut self, sampler: &mut CpuSampler, pid: u32, entries: &[MapsEntry]) {
+    pub(super) fn find_python(&mut self, sampler: &mut BpfPrograms, pid: u32, entries: &[MapsEntry]) {
         // Found once per program: an import maps hundreds of extensions, each a refresh, and
         // finding the interpreter reads megabytes of symbols.
         if self.pythons.contains_key(&pid) || self.python_warned.contains(&pid) {

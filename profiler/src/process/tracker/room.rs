@@ -5,7 +5,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
-use gpuflame_bpf::{monotonic_ns, BpfError, CpuSampler, PendingTable, TableId};
+use gpuflame_bpf::{monotonic_ns, BpfError, BpfPrograms, PendingTable, TableId};
 use gpuflame_unwind::CompactTable;
 
 use gpuflame_unwind::ExecutableKey;
@@ -15,7 +15,7 @@ use super::{ProcessTracker, TableState, NO_ROOM_RETRY, WORKING_SET};
 impl ProcessTracker {
     /// Puts a table into BPF; a table a sample needs evicts the least recently used ones outside
     /// the working set when the budget is full.
-    pub(super) fn insert(&mut self, sampler: &mut CpuSampler, key: &ExecutableKey, table: &CompactTable, urgent: bool) -> Option<TableId> {
+    pub(super) fn insert(&mut self, sampler: &mut BpfPrograms, key: &ExecutableKey, table: &CompactTable, urgent: bool) -> Option<TableId> {
         loop {
             match sampler.insert_table(table, urgent) {
                 Ok(id) => return Some(id),
@@ -35,7 +35,7 @@ impl ProcessTracker {
 
     /// Writes the next piece of a big table into BPF, evicting as [`Self::insert`] does. False
     /// when there is no room for it: the caller drops the table.
-    pub(super) fn insert_piece(&mut self, sampler: &mut CpuSampler, key: &ExecutableKey, pending: &mut PendingTable, rows: &CompactTable, urgent: bool) -> bool {
+    pub(super) fn insert_piece(&mut self, sampler: &mut BpfPrograms, key: &ExecutableKey, pending: &mut PendingTable, rows: &CompactTable, urgent: bool) -> bool {
         loop {
             match sampler.add_table_rows(pending, rows) {
                 Ok(()) => return true,
@@ -55,7 +55,7 @@ impl ProcessTracker {
 
     /// Evicts a table to make room for `rows` rows of `key`'s, if one may give way: only for a
     /// table a sample needs, and only if it could fit at all. Whether one did.
-    fn make_room(&mut self, sampler: &mut CpuSampler, key: &ExecutableKey, rows: usize, urgent: bool) -> bool {
+    fn make_room(&mut self, sampler: &mut BpfPrograms, key: &ExecutableKey, rows: usize, urgent: bool) -> bool {
         let victim = if urgent && sampler.table_could_fit(rows) {
             self.lru_victim(sampler, key).or_else(|| self.fair_share_victim(sampler, key))
         } else {
@@ -72,7 +72,7 @@ impl ProcessTracker {
 
     /// Built ahead of need, a table waits for a sample to ask; asked for, it is not asked for
     /// again for a while.
-    fn no_room(&mut self, sampler: &CpuSampler, key: &ExecutableKey, urgent: bool, why: &str) {
+    fn no_room(&mut self, sampler: &BpfPrograms, key: &ExecutableKey, urgent: bool, why: &str) {
         if urgent && tracing::enabled!(tracing::Level::DEBUG) {
             self.describe_room(sampler, key);
         }
@@ -84,7 +84,7 @@ impl ProcessTracker {
     }
 
     /// The loaded table used least recently, if it is outside the working set.
-    fn lru_victim(&self, sampler: &CpuSampler, except: &ExecutableKey) -> Option<ExecutableKey> {
+    fn lru_victim(&self, sampler: &BpfPrograms, except: &ExecutableKey) -> Option<ExecutableKey> {
         let now = monotonic_ns();
         self.executables
             .iter()
@@ -106,7 +106,7 @@ impl ProcessTracker {
     /// set: it can only wait for its own tables to age. A file that both map (libc) is asked for
     /// on behalf of the one within its share: the other mapping it too does not shield that one's
     /// tables (it did, and a process started beside a table hog never got libc's table).
-    fn fair_share_victim(&self, sampler: &CpuSampler, asking: &ExecutableKey) -> Option<ExecutableKey> {
+    fn fair_share_victim(&self, sampler: &BpfPrograms, asking: &ExecutableKey) -> Option<ExecutableKey> {
         let askers = &self.executables.get(asking)?.users;
         let mut held: HashMap<u32, u64> = HashMap::new();
         for exe in self.executables.values() {
@@ -139,7 +139,7 @@ impl ProcessTracker {
             .map(|(_, k)| k.clone())
     }
 
-    fn evict_for_room(&mut self, sampler: &mut CpuSampler, key: &ExecutableKey) {
+    fn evict_for_room(&mut self, sampler: &mut BpfPrograms, key: &ExecutableKey) {
         self.unload(sampler, key);
         let Some(exe) = self.executables.get_mut(key) else { return };
         exe.state = TableState::Unbuilt;
@@ -152,7 +152,7 @@ impl ProcessTracker {
     }
 
     /// Why no table gave way: each loaded table's rows, users and age, for `-vv`.
-    fn describe_room(&self, sampler: &CpuSampler, asking: &ExecutableKey) {
+    fn describe_room(&self, sampler: &BpfPrograms, asking: &ExecutableKey) {
         let now = monotonic_ns();
         let askers: Vec<u32> = self.executables.get(asking).map(|e| e.users.iter().copied().collect()).unwrap_or_default();
         let capacity = sampler.unwind_capacity();
@@ -166,7 +166,7 @@ impl ProcessTracker {
     }
 
     /// Rows of the budget in use that no table of a known file accounts for.
-    pub fn rows_unaccounted(&self, sampler: &CpuSampler) -> u64 {
+    pub fn rows_unaccounted(&self, sampler: &BpfPrograms) -> u64 {
         let owned: u64 = self
             .executables
             .values()

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use gpuflame_bpf::{CpuSampler, PendingTable, TableId};
+use gpuflame_bpf::{BpfPrograms, PendingTable, TableId};
 use gpuflame_unwind::{CompactTable, ExecutableKey};
 
 use super::{ProcessTracker, TableState};
@@ -16,7 +16,7 @@ impl ProcessTracker {
     }
 
     /// A sample of `pid` met the file mapped at `addr` without its table.
-    pub(super) fn need_table(&mut self, sampler: &mut CpuSampler, pid: u32, addr: u64) {
+    pub(super) fn need_table(&mut self, sampler: &mut BpfPrograms, pid: u32, addr: u64) {
         let find = |t: &Self| -> Option<ExecutableKey> {
             let i = t.entries.get(&pid)?.iter().position(|e| e.start <= addr && addr < e.end)?;
             t.entry_keys.get(&pid)?.get(i)?.clone()
@@ -43,7 +43,7 @@ impl ProcessTracker {
 
     /// Reads the process's mappings now and has the tables still queued for it built next, at
     /// normal priority: it waits for them (see [`Self::tables_settled`]).
-    pub fn hurry(&mut self, sampler: &mut CpuSampler, pid: u32) {
+    pub fn hurry(&mut self, sampler: &mut BpfPrograms, pid: u32) {
         self.refresh(sampler, pid);
         self.build_soon(pid);
     }
@@ -82,7 +82,7 @@ impl ProcessTracker {
     }
 
     /// Loads the tables built since the last call and tells the processes that map them.
-    pub fn poll_tables(&mut self, sampler: &mut CpuSampler) {
+    pub fn poll_tables(&mut self, sampler: &mut BpfPrograms) {
         for msg in self.builder.finished() {
             self.from_builder(sampler, msg);
         }
@@ -95,7 +95,7 @@ impl ProcessTracker {
     }
 
     /// Waits up to `timeout` for the tables queued so far, loading each as it comes.
-    pub fn wait_for_tables(&mut self, sampler: &mut CpuSampler, timeout: Duration) {
+    pub fn wait_for_tables(&mut self, sampler: &mut BpfPrograms, timeout: Duration) {
         self.builder.promote_all();
         let deadline = Instant::now() + timeout;
         while self.builder.busy() {
@@ -111,7 +111,7 @@ impl ProcessTracker {
         self.poll_tables(sampler);
     }
 
-    fn from_builder(&mut self, sampler: &mut CpuSampler, msg: BuildMsg) {
+    fn from_builder(&mut self, sampler: &mut BpfPrograms, msg: BuildMsg) {
         match msg {
             BuildMsg::Piece { key, rows } => self.piece(sampler, key, &rows),
             BuildMsg::Done(built) => self.loaded(sampler, built),
@@ -120,7 +120,7 @@ impl ProcessTracker {
 
     /// The next rows of a big table: written into BPF now, the table made visible when its
     /// build is done.
-    fn piece(&mut self, sampler: &mut CpuSampler, key: ExecutableKey, rows: &CompactTable) {
+    fn piece(&mut self, sampler: &mut BpfPrograms, key: ExecutableKey, rows: &CompactTable) {
         let state = self.executables.get(&key).map(|e| e.state);
         // A second build of a table already in, or of a file no process maps: not loaded.
         let wanted = matches!(state, Some(TableState::Unbuilt | TableState::Queued { .. }));
@@ -148,7 +148,7 @@ impl ProcessTracker {
         }
     }
 
-    fn loaded(&mut self, sampler: &mut CpuSampler, built: Built) {
+    fn loaded(&mut self, sampler: &mut BpfPrograms, built: Built) {
         let pieces = self.in_pieces.remove(&built.key);
         if let Some(rules) = &built.rules {
             if let Err(e) = sampler.load_rules(rules) {
@@ -219,7 +219,7 @@ impl ProcessTracker {
 
     /// Loads a finished table: a whole one now, one built in pieces by finishing what they wrote
     /// (none, if they were dropped for want of room).
-    fn load_built(&mut self, sampler: &mut CpuSampler, key: &ExecutableKey, table: BuiltTable, pieces: Option<Option<PendingTable>>, urgent: bool) -> Option<TableId> {
+    fn load_built(&mut self, sampler: &mut BpfPrograms, key: &ExecutableKey, table: BuiltTable, pieces: Option<Option<PendingTable>>, urgent: bool) -> Option<TableId> {
         match table {
             BuiltTable::Whole(table) => self.insert(sampler, key, &table, urgent),
             BuiltTable::Pieces { .. } => match sampler.finish_table(pieces.flatten()?, urgent) {

@@ -50,11 +50,11 @@ impl CudaFunctions {
 
 /// Hooks on the CUDA functions of one file, in every process that maps it. Dropping it detaches
 /// them.
-pub struct CudaHooks {
+pub struct CudaHookLink {
     _link: Link,
 }
 
-impl CudaHooks {
+impl CudaHookLink {
     /// Detaches without waiting. The kernel takes the breakpoints out at once, then waits for an
     /// RCU grace period (~100 ms) before the call returns; that wait happens on a thread of its
     /// own, so that the caller does not wait for it.
@@ -95,8 +95,9 @@ impl Drop for TorchProbes {
     }
 }
 
-/// A loaded and attached sampler. Dropping it detaches everything.
-pub struct CpuSampler {
+/// The BPF object, loaded and attached: the CPU sampler, the switch and process-event programs, the
+/// unwinder's maps, the CUDA hooks and probes, the ring buffers. Dropping it detaches everything.
+pub struct BpfPrograms {
     // Field order is drop order: detach and stop reading before the object goes.
     _links: Vec<Link>,
     usdt: Rc<RefCell<UsdtLinks>>,
@@ -107,7 +108,7 @@ pub struct CpuSampler {
     skel: CpuSamplerSkel<'static>,
 }
 
-impl CpuSampler {
+impl BpfPrograms {
     /// Loads the programs, opens one CPU-clock event per online CPU and starts sampling.
     pub fn start(config: &SamplerConfig) -> Result<Self, BpfError> {
         if !Path::new(BTF_PATH).exists() {
@@ -185,7 +186,7 @@ impl CpuSampler {
             builder.build().map_err(BpfError::RingBuffer)?
         };
 
-        let sampler = CpuSampler {
+        let sampler = BpfPrograms {
             _links: sampler_links,
             usdt: Rc::default(),
             ring,
@@ -202,7 +203,7 @@ impl CpuSampler {
         Ok(sampler)
     }
 
-    /// Starts sampling: one CPU-clock event per online CPU. Separate from [`CpuSampler::start`]
+    /// Starts sampling: one CPU-clock event per online CPU. Separate from [`BpfPrograms::start`]
     /// so that unwind tables of known processes can be loaded first.
     pub fn enable(&mut self, frequency_hz: u64) -> Result<(), BpfError> {
         self.attach_perf_events(frequency_hz)
@@ -369,7 +370,7 @@ impl CpuSampler {
 
     /// Hooks the entry and return of `functions` of the file at `path`, in every process that maps
     /// it now or later; the programs keep to the targets.
-    pub fn attach_cuda(&self, path: &Path, functions: &CudaFunctions) -> Result<CudaHooks, BpfError> {
+    pub fn attach_cuda(&self, path: &Path, functions: &CudaFunctions) -> Result<CudaHookLink, BpfError> {
         let opts = UprobeMultiOpts { offsets: functions.offsets.clone(), cookies: functions.cookies.clone(), session: true, ..Default::default() };
         let link = self
             .skel
@@ -377,7 +378,7 @@ impl CpuSampler {
             .on_cuda_call
             .attach_uprobe_multi_with_opts(-1, path, "", opts)
             .map_err(|source| attach_error(&format!("CUDA hooks to {}", path.display()), source))?;
-        Ok(CudaHooks { _link: link })
+        Ok(CudaHookLink { _link: link })
     }
 
     /// Attaches to PyTorch's allocator probes in the file at `path` (libbpf reads its notes,

@@ -1,8 +1,8 @@
 //! The memory timeline's points made into a chart: the sites that held most become bands named
 //! by their Python line, the others one band.
 
-use crate::cuda::timeline::MemoryTimeline;
-use crate::output::timeline::{Band, ChartOom, ChartPoint, DeviceChart};
+use crate::cuda::memory_points::MemoryTimeline;
+use crate::output::memory_svg::{Band, ChartOom, ChartPoint, DeviceChart};
 use crate::stacks::Stacks;
 
 use super::oom::holder_label;
