@@ -9,6 +9,7 @@
 
 #include "events.h"
 #include "maps.h"
+#include "records.h"
 #include "native_unwind.h"
 #include "cuda_hooks.h"
 #include "torch_probes.h"
@@ -52,7 +53,6 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32, slot = SCRATCH_SAMPLER;
 	struct event_record *e;
-	__u64 flags;
 
 	if (!is_target(tgid))
 		return 0;
@@ -61,12 +61,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	e = bpf_map_lookup_elem(&sample_scratch, &slot);
 	if (!e)
 		return 0;
-	e->header.kind = EVENT_CPU_SAMPLE;
-	e->header.timestamp_ns = bpf_ktime_get_boot_ns();
-	e->header.pid = tgid;
-	e->header.tid = (__u32)id;
-	e->header.cpu = bpf_get_smp_processor_id();
-	bpf_get_current_comm(e->header.comm, sizeof(e->header.comm));
+	record_header(e, EVENT_CPU_SAMPLE, tgid, (__u32)id, NULL);
 
 	/* A sample taken in user mode has no kernel part; only real failures are counted. */
 	e->stack.kernel_stack_bytes = bpf_get_stack(ctx, e->kernel_stack, sizeof(e->kernel_stack), 0);
@@ -74,8 +69,6 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 		count(COUNTER_KSTACK_FAILED);
 	unwind_user_stack(e, slot);
 
-	flags = wake_when_filling();
-	if (bpf_ringbuf_output(&samples, e, sizeof(*e), flags))
-		count(COUNTER_LOST);
+	send_record(e, sizeof(*e), WAKE_WHEN_FILLING, COUNTER_LOST);
 	return 0;
 }

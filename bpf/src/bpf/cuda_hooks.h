@@ -155,8 +155,7 @@ static __always_inline void send_kernel_name(struct event_record *e, __u64 id, s
 	e->payload.kernel_name.handle = handle;
 	e->payload.kernel_name.name_len = len - 1;
 	e->payload.kernel_name._pad = 0;
-	if (bpf_ringbuf_output(&samples, e, EVENT_FIXED_BYTES + CUDA_NAME_MAX, 0))
-		count(COUNTER_CUDA_LOST);
+	send_record(e, EVENT_FIXED_BYTES + CUDA_NAME_MAX, WAKE_ADAPTIVE, COUNTER_CUDA_LOST);
 }
 
 /* `api`: the call whose return this is. */

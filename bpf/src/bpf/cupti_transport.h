@@ -15,7 +15,7 @@ struct cupti_kernels_event {
 /* The injection library's calls: everything is in their arguments, so they are sent at entry. */
 static __always_inline void cupti_enter(struct pt_regs *ctx, __u64 id, __u32 api)
 {
-	__u32 slot = SCRATCH_CUDA, n, frames, bytes;
+	__u32 slot = SCRATCH_CUDA, n, bytes;
 	struct event_record *e = bpf_map_lookup_elem(&sample_scratch, &slot);
 	__u64 size = EVENT_FIXED_BYTES;
 	long len;
@@ -28,14 +28,9 @@ static __always_inline void cupti_enter(struct pt_regs *ctx, __u64 id, __u32 api
 		e->payload.cupti_launch.correlation = PT_REGS_PARM1(ctx);
 		e->payload.cupti_launch.callback = PT_REGS_PARM2(ctx);
 		unwind_user_stack(e, slot);
-		if (e->header.tid != (__u32)id || e->header.kind != EVENT_CUPTI_LAUNCH) {
-			count(COUNTER_CUDA_RACE);
+		if (!record_still_ours(e, (__u32)id, EVENT_CUPTI_LAUNCH))
 			return;
-		}
-		frames = e->stack.user_frames;
-		if (frames > MAX_USER_FRAMES)
-			frames = MAX_USER_FRAMES;
-		size += (__u64)frames * sizeof(__u64);
+		size = record_bytes_with_frames(e);
 		break;
 	case CUPTI_KERNELS: {
 		struct cupti_kernels_event *r;
@@ -78,8 +73,7 @@ static __always_inline void cupti_enter(struct pt_regs *ctx, __u64 id, __u32 api
 		e->payload.cupti_status.ready_word = PT_REGS_PARM2(ctx);
 		break;
 	}
-	if (bpf_ringbuf_output(&samples, e, size, 0))
-		count(COUNTER_CUDA_LOST);
+	send_record(e, size, WAKE_ADAPTIVE, COUNTER_CUDA_LOST);
 }
 
 #endif

@@ -28,6 +28,7 @@
 
 #include "maps.h"
 #include "native_unwind.h"
+#include "records.h"
 #include "targets.h"
 
 #define TASK_RUNNING_STATE 0x0
@@ -163,22 +164,14 @@ static __always_inline void send_offcpu_end(struct task_struct *task, struct off
 	e = bpf_map_lookup_elem(&sample_scratch, &slot);
 	if (!e)
 		return;
-	e->header.kind = EVENT_OFFCPU_END;
-	e->header.pid = task->tgid;
-	e->header.tid = task->pid;
-	e->header.cpu = bpf_get_smp_processor_id();
-	e->header.timestamp_ns = bpf_ktime_get_boot_ns();
-	__builtin_memcpy(e->header.comm, task->comm, sizeof(e->header.comm));
-	__builtin_memset(&e->stack, 0, sizeof(e->stack));
+	record_header(e, EVENT_OFFCPU_END, task->tgid, task->pid, task);
 	e->payload.offcpu_end.wait = seq;
 	e->payload.offcpu_end.off_ns = off_ns;
 	e->payload.offcpu_end.chance = t->chance;
 	e->payload.offcpu_end.short_rest_ns = t->short_rest_ns;
 	e->payload.offcpu_end.long_rest_ns = t->long_rest_ns;
-	if (bpf_ringbuf_output(&samples, e, EVENT_FIXED_BYTES, BPF_RB_NO_WAKEUP)) {
-		count(COUNTER_OFFCPU_LOST);
+	if (!send_record(e, EVENT_FIXED_BYTES, WAKE_NEVER, COUNTER_OFFCPU_LOST))
 		return;
-	}
 	t->short_rest_ns = 0;
 	t->long_rest_ns = 0;
 }
@@ -231,19 +224,12 @@ static __always_inline void offcpu_switch_out(void *ctx, struct task_struct *pre
 		return;
 	t->seq = ++t->next_seq;
 	count(COUNTER_OFFCPU_UNWOUND);
-	e->header.kind = EVENT_OFFCPU_STACK;
-	e->header.pid = prev->tgid;
-	e->header.tid = tid;
-	e->header.cpu = bpf_get_smp_processor_id();
-	e->header.timestamp_ns = bpf_ktime_get_boot_ns();
-	bpf_get_current_comm(e->header.comm, sizeof(e->header.comm));
+	record_header(e, EVENT_OFFCPU_STACK, prev->tgid, tid, NULL);
 	e->payload.offcpu_stack.wait = t->seq;
 	e->payload.offcpu_stack.state = prev_state;
 	e->payload.offcpu_stack._pad = 0;
 	unwind_user_stack(e, slot);
-	frames = e->stack.user_frames;
-	if (frames > MAX_USER_FRAMES)
-		frames = MAX_USER_FRAMES;
+	frames = record_user_frames(e);
 	/* user_stack and kernel_stack are one array of MAX_USER_FRAMES + MAX_KERNEL_FRAMES slots. */
 	/* Its leaf frames are this program and the tracepoint's; user space leaves them out by name
 	 * (how many there are differs between calls). */
@@ -253,13 +239,8 @@ static __always_inline void offcpu_switch_out(void *ctx, struct task_struct *pre
 		kbytes = 0;
 	}
 	e->stack.kernel_stack_bytes = kbytes;
-	size = EVENT_FIXED_BYTES + (__u64)frames * 8 + (kbytes & 0x3ff);
-	if (size > sizeof(*e))
-		size = sizeof(*e);
-	if (bpf_ringbuf_output(&samples, e, size, BPF_RB_NO_WAKEUP)) {
-		count(COUNTER_OFFCPU_LOST);
+	if (!send_record(e, EVENT_FIXED_BYTES + (__u64)frames * 8 + (kbytes & 0x3ff), WAKE_NEVER, COUNTER_OFFCPU_LOST))
 		t->seq = 0;
-	}
 }
 
 static __always_inline void offcpu_switch_in(struct task_struct *next, __u64 now)

@@ -85,8 +85,7 @@ static __always_inline void send_tensor_without_stack(struct event_record *e, __
 
 	c->flags |= CUDA_CALL_SAMPLED_OUT;
 	c->hook_ns = hook_ns;
-	if (bpf_ringbuf_output(&samples, e, EVENT_FIXED_BYTES, wake_when_filling()))
-		count(COUNTER_CUDA_LOST);
+	send_record(e, EVENT_FIXED_BYTES, WAKE_WHEN_FILLING, COUNTER_CUDA_LOST);
 }
 
 /* An allocation handed `ptr` out again: its next free is a free. */
@@ -119,8 +118,7 @@ static __always_inline void send_tensor_free(__u64 id, __u32 api, __u64 ptr)
 	c->api = api;
 	c->addr = ptr;
 	count(COUNTER_CUDA_CALLS);
-	if (bpf_ringbuf_output(&samples, e, EVENT_FIXED_BYTES, wake_when_filling()))
-		count(COUNTER_CUDA_LOST);
+	send_record(e, EVENT_FIXED_BYTES, WAKE_WHEN_FILLING, COUNTER_CUDA_LOST);
 }
 
 static __always_inline void tensor_freed(struct pt_regs *ctx, __u64 id, __u32 api)
