@@ -25,6 +25,6 @@ pub use config::{tensor_stack_chance, OffCpuSampling, RingUse, SamplerConfig, Ta
 pub use counters::{Counter, Counters, CudaCounters, OffCpuCounters, PythonCounters, UnwindCounters};
 pub use cuda::{CudaApi, CudaClass};
 pub use error::BpfError;
-pub use events::{python_name_tag, CudaCall, CuptiLaunch, CuptiStatus, Event, GpuKernel, GpuKernelBatch, GpuKernelName, KernelName, LeafFile, OffCpuEnd, OffCpuStack, OffCpuState, ProcessEvent, ProcessEventKind, Sample, StackRead, UnwindStatus, UserFrame};
+pub use events::{python_name_tag, CudaCall, CuptiLaunch, CuptiStatus, Event, HookedStack, GpuKernel, GpuKernelBatch, GpuKernelName, KernelName, LeafFile, OffCpuEnd, OffCpuStack, OffCpuState, ProcessEvent, ProcessEventKind, Sample, StackRead, UnwindStatus, UserFrame};
 pub use programs::{BpfPrograms, CudaFunctions, CudaHookLink, TorchProbes};
 pub use unwind_maps::{monotonic_ns, ExecMapping, MappingTable, PendingTable, PythonProcess, TableId, UnwindCapacity};

@@ -31,6 +31,7 @@ pod!(
     types::cupti_status_payload,
     types::offcpu_stack_payload,
     types::offcpu_end_payload,
+    types::hooked_stack_payload,
     types::cupti_kernel,
     types::process_event,
     types::table_info,

@@ -9,6 +9,7 @@ use std::rc::{Rc, Weak};
 use std::time::Duration;
 
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::skel::Skel;
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder, UprobeMultiOpts};
 
 use gpuflame_unwind::{CompactTable, LoadSegment, RuleTable};
@@ -215,6 +216,20 @@ impl BpfPrograms {
             let link = prog.attach().map_err(|source| attach_error("the off-CPU tracepoints", source))?;
             self._links.push(link);
         }
+        Ok(())
+    }
+
+    /// Attaches a profile's own hook: the program named `program`, on the tracepoint
+    /// `category:name`, with `origin` as its cookie, which its records carry
+    /// ([`crate::HookedStack::origin`]).
+    pub fn attach_stack_hook(&mut self, program: &str, category: &str, name: &str, origin: u64) -> Result<(), BpfError> {
+        let what = format!("the program {program} to the tracepoint {category}:{name}");
+        let mut progs = self.skel.object_mut().progs_mut();
+        let prog = progs.find(|p| p.name() == program).ok_or_else(|| BpfError::Attach { what: what.clone(), source: libbpf_rs::Error::from_raw_os_error(libc::ENOENT) })?;
+        let opts = libbpf_rs::TracepointOpts { cookie: origin, ..Default::default() };
+        let category = libbpf_rs::TracepointCategory::Custom(category.to_string());
+        let link = prog.attach_tracepoint_with_opts(category, name, opts).map_err(|source| attach_error(&what, source))?;
+        self._links.push(link);
         Ok(())
     }
 

@@ -251,7 +251,7 @@ mod tests {
             let arg = cmd.get_arguments().find(|a| a.get_id() == "profiles").expect("--profiles");
             let help = arg.get_long_help().expect("long help").to_string();
             assert!(help.starts_with(&profiles_help(verb)), "{help}");
-            for d in &crate::profile_kind::DESCRIPTORS {
+            for d in crate::profile_kind::DESCRIPTORS {
                 assert!(help.contains(&format!("  {:<13} {}", d.name, d.about)), "{sub} --help lacks {}: {help}", d.name);
             }
         }

@@ -43,6 +43,15 @@ pub enum CudaHooks {
     DutyCycled,
 }
 
+/// A profile's own hook (`bpf/src/bpf/stack_hooks.h`): the BPF program that sends its stacks,
+/// and the tracepoint it is attached to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StackHook {
+    pub program: &'static str,
+    pub category: &'static str,
+    pub tracepoint: &'static str,
+}
+
 /// What a profile needs from the BPF side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Needs {
@@ -53,9 +62,11 @@ pub struct Needs {
     pub cuda: Option<CudaHooks>,
     /// The CUPTI injection library's kernel records (processes started with it).
     pub cupti: bool,
+    /// A hook of its own that sends stacks with what they weigh (the source `HookedStacks`).
+    pub stack_hook: Option<StackHook>,
 }
 
-const NOTHING: Needs = Needs { cpu_samples: false, switches: false, cuda: None, cupti: false };
+const NOTHING: Needs = Needs { cpu_samples: false, switches: false, cuda: None, cupti: false, stack_hook: None };
 
 /// The source that makes a profile (`sources/`): some make two, from one state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -69,6 +80,8 @@ pub enum SourceKind {
     CudaCalls,
     GpuTime,
     Collectives,
+    /// Profiles of stacks that their own hooks send (`Needs::stack_hook`), summed per stack.
+    HookedStacks,
 }
 
 pub struct Descriptor {
@@ -91,7 +104,7 @@ pub struct Descriptor {
     pub adds_frames: &'static [FrameKind],
 }
 
-pub const DESCRIPTORS: [Descriptor; 12] = [
+pub const DESCRIPTORS: &[Descriptor] = &[
     Descriptor {
         kind: ProfileKind::Cpu,
         source: SourceKind::Cpu,
@@ -244,8 +257,8 @@ pub const DESCRIPTORS: [Descriptor; 12] = [
 ];
 
 impl ProfileKind {
-    pub const ALL: [ProfileKind; 12] = {
-        let mut all = [ProfileKind::Cpu; 12];
+    pub const ALL: [ProfileKind; DESCRIPTORS.len()] = {
+        let mut all = [ProfileKind::Cpu; DESCRIPTORS.len()];
         let mut i = 0;
         while i < DESCRIPTORS.len() {
             all[i] = DESCRIPTORS[i].kind;
@@ -264,6 +277,11 @@ impl ProfileKind {
 
     pub fn name(self) -> &'static str {
         self.descriptor().name
+    }
+
+    /// The number a profile's own hook is attached with, which its stacks carry back.
+    pub fn origin(self) -> u64 {
+        self as u64
     }
 
     pub fn sample_types(self) -> Vec<ValueType> {
@@ -331,7 +349,7 @@ pub fn profiles_long_help(verb: &str) -> String {
         help.push_str(". With more than one, each goes to its own file, named by profile (out.cpu.svg, …)");
     }
     help.push(':');
-    for d in &DESCRIPTORS {
+    for d in DESCRIPTORS {
         help.push_str(&format!("\n  {:<13} {}", d.name, d.about));
     }
     help
@@ -383,7 +401,7 @@ mod tests {
     #[test]
     fn the_readme_names_every_profile_as_the_table_does() {
         let readme = include_str!("../../README.md");
-        for d in &DESCRIPTORS {
+        for d in DESCRIPTORS {
             let row = format!("| `{}` | {}", d.name, type_ids(d));
             assert!(readme.contains(&row), "README.md's table of profile type IDs lacks {row:?}");
             assert!(readme.contains(&format!("`{}`", d.name)), "{}", d.name);

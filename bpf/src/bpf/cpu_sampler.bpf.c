@@ -15,6 +15,7 @@
 #include "torch_probes.h"
 #include "process_events.h"
 #include "offcpu.h"
+#include "stack_hooks.h"
 #include "targets.h"
 
 #ifndef EFAULT

@@ -48,6 +48,8 @@ enum event_kind {
 	EVENT_OFFCPU_END = 6,   /* an unwound wait ended: offcpu_end; nothing after the fixed part */
 	EVENT_CUPTI_LAUNCH = 7, /* the injection library saw a launch: cupti_launch; its user stack */
 	EVENT_CUPTI_STATUS = 8, /* the injection library's state: cupti_status; nothing after */
+	EVENT_HOOKED_STACK = 9, /* a stack from a profile's own hook (stack_hooks.h): hooked_stack; its
+				 * user frames, then stack.kernel_stack_bytes of kernel frames after them */
 };
 
 /* Who and when: every record. */
@@ -141,6 +143,12 @@ struct cupti_status_payload {
 	__u64 ready_word;  /* the address of the word it waits on */
 };
 
+/* EVENT_HOOKED_STACK: a stack a profile's own hook took, with the value it weighs. */
+struct hooked_stack_payload {
+	__u64 origin; /* the hook's attach cookie: which profile, as user space numbered them */
+	__u64 value;  /* what the stack stands for (events, bytes) */
+};
+
 /* EVENT_OFFCPU_STACK: where a target thread left the CPU, in a wait drawn for unwinding. */
 struct offcpu_stack_payload {
 	__u64 wait;  /* its number within the thread, which the wait's offcpu_end carries */
@@ -167,6 +175,7 @@ union event_payload {
 	struct cupti_status_payload cupti_status;
 	struct offcpu_stack_payload offcpu_stack;
 	struct offcpu_end_payload offcpu_end;
+	struct hooked_stack_payload hooked_stack;
 };
 
 /* Records are sent cut after what their kind uses (EVENT_FIXED_BYTES, then its stack or name):
@@ -187,7 +196,8 @@ struct event_record {
 #define SCRATCH_SAMPLER 0
 #define SCRATCH_CUDA 1
 #define SCRATCH_OFFCPU 2
-#define SCRATCH_SLOTS 3
+#define SCRATCH_HOOKED 3
+#define SCRATCH_SLOTS 4
 
 /* Process life-cycle events for the process tracker, through the `process_events` ring buffer. */
 enum process_event_kind {

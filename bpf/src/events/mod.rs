@@ -4,12 +4,14 @@
 //! in the module of its concern, from the payload's own generated struct.
 
 mod cuda;
+mod hooked;
 mod offcpu;
 mod process;
 pub(crate) mod record;
 mod sample;
 
 pub use cuda::{CudaCall, CuptiLaunch, CuptiStatus, GpuKernel, GpuKernelBatch, GpuKernelName, KernelName};
+pub use hooked::HookedStack;
 pub use offcpu::{OffCpuEnd, OffCpuStack, OffCpuState};
 pub use process::{ProcessEvent, ProcessEventKind};
 pub(crate) use process::decode_process_event;
@@ -31,6 +33,7 @@ pub enum Event {
     KernelName(KernelName),
     GpuKernels(GpuKernelBatch),
     GpuKernelName(GpuKernelName),
+    HookedStack(HookedStack),
 }
 
 /// Decodes a record of the `samples` ring. None: too short for its kind, or of a kind unknown.
@@ -52,6 +55,8 @@ pub(crate) fn decode_record(data: &[u8]) -> Option<Event> {
         Some(Event::GpuKernels(cuda::decode_cupti_kernels(&r)))
     } else if k == kind::EVENT_CUPTI_NAME.0 {
         Some(Event::GpuKernelName(cuda::decode_cupti_name(&r)))
+    } else if k == kind::EVENT_HOOKED_STACK.0 {
+        Some(Event::HookedStack(hooked::decode(&r)))
     } else if k == kind::EVENT_OFFCPU_STACK.0 {
         Some(Event::OffCpu(offcpu::decode_stack(&r)))
     } else if k == kind::EVENT_OFFCPU_END.0 {

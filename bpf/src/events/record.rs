@@ -106,6 +106,7 @@ pub(super) mod tests {
             size_of::<types::cupti_status_payload>(),
             size_of::<types::offcpu_stack_payload>(),
             size_of::<types::offcpu_end_payload>(),
+            size_of::<types::hooked_stack_payload>(),
         ] {
             assert!(size <= size_of::<types::event_payload>());
         }

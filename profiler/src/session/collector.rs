@@ -67,6 +67,10 @@ impl Collector {
                 sources.all().for_each(|s| s.add(&Input::CuptiLaunch { launch, stack: &stack }, stacks));
             }
             Event::CuptiStatus(status) => self.offer(&Input::CuptiStatus(status)),
+            Event::HookedStack(record) => {
+                let stack = stacks.stack(&record.sample, files, python, false);
+                sources.all().for_each(|s| s.add(&Input::HookedStack { record, stack: &stack }, stacks));
+            }
             Event::OffCpuEnd(e) => self.offer(&Input::OffCpuEnd(e)),
             Event::KernelName(k) => self.offer(&Input::KernelName(k)),
             Event::GpuKernels(b) => self.offer(&Input::GpuKernels(b)),

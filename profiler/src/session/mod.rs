@@ -133,6 +133,11 @@ impl Session {
         if needs.cpu_samples {
             sampler.enable(frequency_hz)?;
         }
+        for kind in &config.profiles {
+            if let Some(h) = kind.descriptor().needs.stack_hook {
+                sampler.attach_stack_hook(h.program, h.category, h.tracepoint, kind.origin()).map_err(user_facing)?;
+            }
+        }
         if needs.switches {
             sampler.enable_off_cpu()?;
         }

@@ -11,6 +11,7 @@ pub(super) fn record_sample(event: &Event) -> Option<&Sample> {
         Event::OffCpu(o) => Some(&o.sample),
         Event::Cuda(c) => Some(&c.sample),
         Event::CuptiLaunch(l) => Some(&l.sample),
+        Event::HookedStack(h) => Some(&h.sample),
         _ => None,
     }
 }

@@ -11,6 +11,7 @@ mod cpu;
 mod cuda_api;
 mod cycled;
 mod gpu_time;
+mod hooked;
 pub mod device_memory;
 mod launches;
 pub mod offcpu;
@@ -59,6 +60,7 @@ pub fn for_profiles(kinds: &[ProfileKind], trap_cost: TrapCost, tensor_sample_by
                 SourceKind::CudaCalls => Box::new(cycled::CycledHooks::new(trap_cost, wants(ProfileKind::GpuLaunches), wants(ProfileKind::CudaApi))),
                 SourceKind::GpuTime => Box::new(gpu_time::GpuTimeSource::default()),
                 SourceKind::Collectives => Box::new(collectives::Collectives::new(wants(ProfileKind::Collectives), wants(ProfileKind::CollectiveTime))),
+                SourceKind::HookedStacks => Box::new(hooked::HookedStacks::new(kinds.iter().copied().filter(|k| k.descriptor().source == SourceKind::HookedStacks))),
             })
         })
         .collect();

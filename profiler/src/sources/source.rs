@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use gpuflame_bpf::{CudaCall, CuptiLaunch, CuptiStatus, GpuKernelBatch, GpuKernelName, KernelName, OffCpuEnd, OffCpuStack, Sample};
+use gpuflame_bpf::{CudaCall, CuptiLaunch, CuptiStatus, GpuKernelBatch, HookedStack, GpuKernelName, KernelName, OffCpuEnd, OffCpuStack, Sample};
 use gpuflame_symbolizer::MappedFile;
 
 use crate::cuda::hbm::HbmStats;
@@ -28,6 +28,8 @@ pub enum Input<'a> {
     CuptiLaunch { launch: &'a CuptiLaunch, stack: &'a StackKey },
     /// The CUPTI injection library said how it is doing.
     CuptiStatus(&'a CuptiStatus),
+    /// A stack from a profile's own hook, with what it weighs.
+    HookedStack { record: &'a HookedStack, stack: &'a StackKey },
     KernelName(&'a KernelName),
     GpuKernels(&'a GpuKernelBatch),
     GpuKernelName(&'a GpuKernelName),
