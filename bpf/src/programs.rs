@@ -223,7 +223,10 @@ impl BpfPrograms {
     /// `category:name`, with `origin` as its cookie, which its records carry
     /// ([`crate::HookedStack::origin`]).
     pub fn attach_stack_hook(&mut self, program: &str, category: &str, name: &str, origin: u64) -> Result<(), BpfError> {
-        let what = format!("the program {program} to the tracepoint {category}:{name}");
+        // libbpf finds a tracepoint's id in tracefs, which not every machine mounts.
+        let mounted = ["/sys/kernel/tracing/events", "/sys/kernel/debug/tracing/events"].iter().any(|d| std::path::Path::new(d).is_dir());
+        let hint = if mounted { "" } else { " (tracefs is not mounted: mount -t tracefs nodev /sys/kernel/tracing)" };
+        let what = format!("the program {program} to the tracepoint {category}:{name}{hint}");
         let mut progs = self.skel.object_mut().progs_mut();
         let prog = progs.find(|p| p.name() == program).ok_or_else(|| BpfError::Attach { what: what.clone(), source: libbpf_rs::Error::from_raw_os_error(libc::ENOENT) })?;
         let opts = libbpf_rs::TracepointOpts { cookie: origin, ..Default::default() };

@@ -4,7 +4,8 @@
 //! knows nothing of BPF maps, files or the network.
 //!
 //! To add a profile: its descriptor in `profile_kind.rs` (which names its source), a file here, a
-//! line in [`for_profiles`]; see docs/ARCHITECTURE.md.
+//! line in [`for_profiles`]; a profile with a hook of its own needs no file here (`hooked.rs`).
+//! See docs/ARCHITECTURE.md.
 
 mod collectives;
 mod cpu;
