@@ -153,7 +153,7 @@ fn call_calibration_stepped(x: u32) -> u32 {
 
 /// The file offset of the function `name` (such as [`gpuflame_calibration_point`]) in the
 /// running executable: what a uprobe on it attaches to.
-pub(crate) fn symbol_offset(name: &str) -> Option<usize> {
+pub fn symbol_offset(name: &str) -> Option<usize> {
     use object::{Object, ObjectSegment, ObjectSymbol};
     let data = std::fs::read("/proc/self/exe").ok()?;
     let elf = object::File::parse(&*data).ok()?;

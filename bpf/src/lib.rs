@@ -9,10 +9,6 @@ mod counters;
 mod cuda;
 mod error;
 mod events;
-#[cfg(test)]
-mod loaded_tests;
-#[cfg(test)]
-mod loaded_fork_tests;
 mod perf;
 mod pod;
 mod process_maps;
@@ -20,7 +16,7 @@ mod programs;
 mod skel;
 mod unwind_maps;
 
-pub use calibrate::{HookTraps, TrapCost};
+pub use calibrate::{symbol_offset, HookTraps, TrapCost};
 pub use config::{tensor_stack_chance, OffCpuSampling, RingUse, SamplerConfig, Targets};
 pub use counters::{Counter, Counters, CudaCounters, OffCpuCounters, PythonCounters, UnwindCounters};
 pub use cuda::{CudaApi, CudaClass};

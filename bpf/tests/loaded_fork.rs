@@ -6,8 +6,10 @@ use std::ffi::CString;
 use std::hint::black_box;
 use std::time::Duration;
 
-use crate::loaded_tests::spin;
-use crate::*;
+use gpuflame_bpf::*;
+
+mod common;
+use common::spin;
 
 /// Forks a child that spins, then (with `exec`) execs it; waits for it.
 fn child(exec: Option<&[CString]>) -> u32 {

@@ -7,10 +7,12 @@
 use std::ffi::c_char;
 use std::hint::black_box;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::calibrate::symbol_offset;
-use crate::*;
+use gpuflame_bpf::*;
+
+mod common;
+use common::spin;
 
 #[no_mangle]
 #[inline(never)]
@@ -77,17 +79,6 @@ pub struct GpuKernelRecord {
 /// Spins for `d` of wall time; nothing in it allocates or locks, so a forked child of this
 /// many-threaded test process may run it too (loaded_fork_tests.rs).
 #[inline(never)]
-pub(crate) fn spin(d: Duration) -> u64 {
-    let start = Instant::now();
-    let mut x = 1u64;
-    while start.elapsed() < d {
-        for _ in 0..10_000 {
-            x = black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
-        }
-    }
-    x
-}
-
 fn tid() -> u32 {
     // SAFETY: gettid has no preconditions.
     unsafe { libc::gettid() as u32 }
