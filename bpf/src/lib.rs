@@ -22,5 +22,6 @@ pub use counters::{Counter, Counters, CudaCounters, OffCpuCounters, PythonCounte
 pub use cuda::{CudaApi, CudaClass};
 pub use error::BpfError;
 pub use events::{python_name_tag, CudaCall, CuptiLaunch, CuptiStatus, Event, HookedStack, GpuKernel, GpuKernelBatch, GpuKernelName, KernelName, LeafFile, OffCpuEnd, OffCpuStack, OffCpuState, ProcessEvent, ProcessEventKind, Sample, StackRead, UnwindStatus, UserFrame};
-pub use programs::{BpfPrograms, CudaFunctions, CudaHookLink, TorchProbes};
+pub use programs::hooks::TorchProbes;
+pub use programs::{BpfPrograms, CudaFunctions, CudaHookLink};
 pub use unwind_maps::{monotonic_ns, ExecMapping, MappingTable, PendingTable, PythonProcess, TableId, UnwindCapacity};

@@ -5,11 +5,10 @@ use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, IntoRawFd};
 use std::path::Path;
 use std::collections::HashMap;
-use std::rc::{Rc, Weak};
+use std::rc::Rc;
 use std::time::Duration;
 
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::skel::Skel;
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder, UprobeMultiOpts};
 
 use gpuflame_unwind::{CompactTable, LoadSegment, RuleTable};
@@ -23,6 +22,8 @@ use crate::events::{self, Event};
 use crate::perf;
 use crate::skel::{types, CpuSamplerSkel, CpuSamplerSkelBuilder};
 use crate::unwind_maps::{ExecMapping, PendingTable, PythonProcess, TableId, UnwindCapacity, UnwindMaps};
+
+pub(crate) mod hooks;
 
 const BTF_PATH: &str = "/sys/kernel/btf/vmlinux";
 const COOKIE_STEPPED: u64 = types::cuda_cookie::CUDA_COOKIE_STEPPED.0 as u64;
@@ -67,33 +68,11 @@ impl CudaHookLink {
     }
 }
 
-/// PyTorch's USDT probes (pytorch:malloc, pytorch:free) in one file, in every process that maps
-/// it, with their semaphores raised while attached. Dropping it detaches them, and the kernel
-/// lowers the semaphores: the program pays nothing for them again.
-///
-/// The links live in the sampler: a USDT link refers to libbpf's USDT manager, which closing the
-/// BPF object frees, so one destroyed after the object would write to freed memory (an agent
-/// whose session dropped its sampler before its hooks aborted with `corrupted double-linked
-/// list`). The sampler destroys the links it still holds before it closes the object; this
-/// handle only asks for them to go sooner.
-pub struct TorchProbes {
-    id: u64,
-    registry: Weak<RefCell<UsdtLinks>>,
-}
-
 /// The USDT links a sampler holds, by the id of the handle that asked for them.
 #[derive(Default)]
 struct UsdtLinks {
     next: u64,
     links: HashMap<u64, [Link; 2]>,
-}
-
-impl Drop for TorchProbes {
-    fn drop(&mut self) {
-        if let Some(registry) = self.registry.upgrade() {
-            registry.borrow_mut().links.remove(&self.id);
-        }
-    }
 }
 
 /// The BPF object, loaded and attached: the CPU sampler, the switch and process-event programs, the
@@ -216,23 +195,6 @@ impl BpfPrograms {
             let link = prog.attach().map_err(|source| attach_error("the off-CPU tracepoints", source))?;
             self._links.push(link);
         }
-        Ok(())
-    }
-
-    /// Attaches a profile's own hook: the program named `program`, on the tracepoint
-    /// `category:name`, with `origin` as its cookie, which its records carry
-    /// ([`crate::HookedStack::origin`]).
-    pub fn attach_stack_hook(&mut self, program: &str, category: &str, name: &str, origin: u64) -> Result<(), BpfError> {
-        // libbpf finds a tracepoint's id in tracefs, which not every machine mounts.
-        let mounted = ["/sys/kernel/tracing/events", "/sys/kernel/debug/tracing/events"].iter().any(|d| std::path::Path::new(d).is_dir());
-        let hint = if mounted { "" } else { " (tracefs is not mounted: mount -t tracefs nodev /sys/kernel/tracing)" };
-        let what = format!("the program {program} to the tracepoint {category}:{name}{hint}");
-        let mut progs = self.skel.object_mut().progs_mut();
-        let prog = progs.find(|p| p.name() == program).ok_or_else(|| BpfError::Attach { what: what.clone(), source: libbpf_rs::Error::from_raw_os_error(libc::ENOENT) })?;
-        let opts = libbpf_rs::TracepointOpts { cookie: origin, ..Default::default() };
-        let category = libbpf_rs::TracepointCategory::Custom(category.to_string());
-        let link = prog.attach_tracepoint_with_opts(category, name, opts).map_err(|source| attach_error(&what, source))?;
-        self._links.push(link);
         Ok(())
     }
 
@@ -397,21 +359,6 @@ impl BpfPrograms {
             .attach_uprobe_multi_with_opts(-1, path, "", opts)
             .map_err(|source| attach_error(&format!("CUDA hooks to {}", path.display()), source))?;
         Ok(CudaHookLink { _link: link })
-    }
-
-    /// Attaches to PyTorch's allocator probes in the file at `path` (libbpf reads its notes,
-    /// their argument specs and semaphores); an error when it has no such probes.
-    pub fn attach_torch_probes(&self, path: &Path) -> Result<TorchProbes, BpfError> {
-        let progs = &self.skel.progs;
-        let attach = |prog: &libbpf_rs::ProgramMut<'_>, name: &str| {
-            prog.attach_usdt(-1, path, "pytorch", name).map_err(|source| attach_error(&format!("the probe pytorch:{name} of {}", path.display()), source))
-        };
-        let links = [attach(&progs.on_torch_malloc, "malloc")?, attach(&progs.on_torch_free, "free")?];
-        let mut registry = self.usdt.borrow_mut();
-        let id = registry.next;
-        registry.next += 1;
-        registry.links.insert(id, links);
-        Ok(TorchProbes { id, registry: Rc::downgrade(&self.usdt) })
     }
 
     /// What a hooked call costs on this machine beyond its programs: the entry and return traps,
