@@ -180,12 +180,11 @@ static __always_inline void send_offcpu_end(struct task_struct *task, struct off
  * its used entries with the kernel frames right after the user ones. */
 static __always_inline void offcpu_switch_out(void *ctx, struct task_struct *prev, unsigned int prev_state, __u64 now)
 {
-	__u32 tid = prev->pid, slot = SCRATCH_OFFCPU, zero = 0, frames;
+	__u32 tid = prev->pid, slot = SCRATCH_OFFCPU, zero = 0;
 	struct offcpu_thread *t;
 	struct offcpu_cpu *c;
 	struct event_record *e;
-	__u64 chance, size;
-	long kbytes;
+	__u64 chance;
 
 	if (prev->flags & (PF_KTHREAD_FLAG | PF_EXITING_FLAG) || prev_state & TASK_DEAD_STATE)
 		return; /* its last switches: its time ends with it */
@@ -229,17 +228,9 @@ static __always_inline void offcpu_switch_out(void *ctx, struct task_struct *pre
 	e->payload.offcpu_stack.state = prev_state;
 	e->payload.offcpu_stack._pad = 0;
 	unwind_user_stack(e, slot);
-	frames = record_user_frames(e);
-	/* user_stack and kernel_stack are one array of MAX_USER_FRAMES + MAX_KERNEL_FRAMES slots. */
-	/* Its leaf frames are this program and the tracepoint's; user space leaves them out by name
-	 * (how many there are differs between calls). */
-	kbytes = bpf_get_stack(ctx, &e->user_stack[frames], MAX_KERNEL_FRAMES * 8, 0);
-	if (kbytes < 0) {
-		count(COUNTER_KSTACK_FAILED);
-		kbytes = 0;
-	}
-	e->stack.kernel_stack_bytes = kbytes;
-	if (!send_record(e, EVENT_FIXED_BYTES + (__u64)frames * 8 + (kbytes & 0x3ff), WAKE_NEVER, COUNTER_OFFCPU_LOST))
+	/* Its kernel stack's leaf frames are this program and the tracepoint's; user space leaves
+	 * them out by name (how many there are differs between calls). */
+	if (!send_record(e, record_kernel_stack_after_user(ctx, e), WAKE_NEVER, COUNTER_OFFCPU_LOST))
 		t->seq = 0;
 }
 

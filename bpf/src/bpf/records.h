@@ -87,6 +87,21 @@ static __always_inline bool send_record(struct event_record *e, __u64 bytes, enu
 	return true;
 }
 
+/* The kernel stack, right after the user frames (user_stack and kernel_stack are one array, so
+ * no room is sent for a user stack shorter than the most); the record's bytes with both. */
+static __always_inline __u64 record_kernel_stack_after_user(void *ctx, struct event_record *e)
+{
+	__u32 frames = record_user_frames(e);
+	long kbytes = bpf_get_stack(ctx, &e->user_stack[frames], MAX_KERNEL_FRAMES * 8, 0);
+
+	if (kbytes < 0) {
+		count(COUNTER_KSTACK_FAILED);
+		kbytes = 0;
+	}
+	e->stack.kernel_stack_bytes = kbytes;
+	return EVENT_FIXED_BYTES + (__u64)frames * 8 + (kbytes & 0x3ff);
+}
+
 /* The fixed part and the user frames. */
 static __always_inline __u64 record_bytes_with_frames(struct event_record *e)
 {

@@ -14,9 +14,8 @@
 static __always_inline void send_hooked_stack(void *ctx, __u64 value)
 {
 	__u64 id = bpf_get_current_pid_tgid();
-	__u32 slot = SCRATCH_HOOKED, frames;
+	__u32 slot = SCRATCH_HOOKED;
 	struct event_record *e;
-	long kbytes;
 
 	e = bpf_map_lookup_elem(&sample_scratch, &slot);
 	if (!e)
@@ -27,15 +26,7 @@ static __always_inline void send_hooked_stack(void *ctx, __u64 value)
 	unwind_user_stack(e, slot);
 	if (!record_still_ours(e, (__u32)id, EVENT_HOOKED_STACK))
 		return;
-	frames = record_user_frames(e);
-	/* user_stack and kernel_stack are one array: the kernel frames go right after the user ones. */
-	kbytes = bpf_get_stack(ctx, &e->user_stack[frames], MAX_KERNEL_FRAMES * 8, 0);
-	if (kbytes < 0) {
-		count(COUNTER_KSTACK_FAILED);
-		kbytes = 0;
-	}
-	e->stack.kernel_stack_bytes = kbytes;
-	send_record(e, EVENT_FIXED_BYTES + (__u64)frames * 8 + (kbytes & 0x3ff), WAKE_WHEN_FILLING, COUNTER_LOST);
+	send_record(e, record_kernel_stack_after_user(ctx, e), WAKE_WHEN_FILLING, COUNTER_LOST);
 }
 
 #endif

@@ -1,8 +1,8 @@
 //! Stacks from profiles' own hooks (stack_hooks.h): the stack, what it weighs, and which profile's
 //! hook took it, as the attach cookie that user space gave the hook says.
 
-use super::record::{Record, USER_SLOTS};
-use super::sample::{sample_of, Sample, StackRead};
+use super::record::Record;
+use super::sample::{sample_with_kernel_after_user, Sample};
 use crate::skel::types;
 
 /// A stack that a profile's own hook took.
@@ -19,19 +19,14 @@ pub struct HookedStack {
 /// EVENT_HOOKED_STACK: cut after its frames, the kernel ones right after the user ones.
 pub(super) fn decode(r: &Record) -> HookedStack {
     let types::hooked_stack_payload { origin, value } = r.payload();
-    let slots = r.slots();
-    let users = (r.stack.user_frames as usize).min(slots.len()).min(USER_SLOTS);
-    let kernel_bytes = r.stack.kernel_stack_bytes.max(0) as usize;
-    let kernel_end = (users + kernel_bytes / size_of::<u64>()).min(slots.len());
-    let kernel = slots[users..kernel_end].iter().copied().take_while(|&ip| ip != 0).collect();
-    HookedStack { sample: sample_of(r, &slots[..users], StackRead::Frames(kernel)), origin, value }
+    HookedStack { sample: sample_with_kernel_after_user(r), origin, value }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::events::record::tests::{decoded, header, record};
-    use crate::events::sample::UserFrame;
+    use crate::events::sample::{StackRead, UserFrame};
 
     #[test]
     fn decodes_a_hooked_stack_with_its_kernel_frames_after_the_user_ones() {

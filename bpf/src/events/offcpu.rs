@@ -1,8 +1,8 @@
 //! Off-CPU records: where a target thread left the CPU in a wait drawn for unwinding, and, at its
 //! return, how long it was away and what chance the wait was drawn with.
 
-use super::sample::{sample_of, Sample, StackRead};
-use super::record::{Record, USER_SLOTS};
+use super::sample::{sample_with_kernel_after_user, Sample};
+use super::record::Record;
 use crate::skel::types;
 
 /// Why a thread left the CPU: its scheduler state at the switch-out.
@@ -80,12 +80,7 @@ impl OffCpuEnd {
 /// is sent for a user stack shorter than the most).
 pub(super) fn decode_stack(r: &Record) -> OffCpuStack {
     let types::offcpu_stack_payload { wait, state, _pad: _ } = r.payload();
-    let slots = r.slots();
-    let users = (r.stack.user_frames as usize).min(slots.len()).min(USER_SLOTS);
-    let kernel_bytes = r.stack.kernel_stack_bytes.max(0) as usize;
-    let kernel_end = (users + kernel_bytes / size_of::<u64>()).min(slots.len());
-    let kernel = slots[users..kernel_end].iter().copied().take_while(|&ip| ip != 0).collect();
-    OffCpuStack { sample: sample_of(r, &slots[..users], StackRead::Frames(kernel)), wait, state: OffCpuState::from_raw(state) }
+    OffCpuStack { sample: sample_with_kernel_after_user(r), wait, state: OffCpuState::from_raw(state) }
 }
 
 /// EVENT_OFFCPU_END: the fixed part alone.
@@ -98,7 +93,7 @@ pub(super) fn decode_end(r: &Record) -> OffCpuEnd {
 mod tests {
     use super::*;
     use crate::events::record::tests::{decoded, header, record};
-    use crate::events::sample::UserFrame;
+    use crate::events::sample::{StackRead, UserFrame};
 
     #[test]
     fn decodes_an_off_cpu_stack_with_its_kernel_frames_after_the_user_ones() {

@@ -188,6 +188,17 @@ impl LeafFile {
     }
 }
 
+/// A record whose kernel frames follow its user frames in one array (off-CPU stacks, hooked
+/// stacks: no room is sent for a user stack shorter than the most), as a sample.
+pub(super) fn sample_with_kernel_after_user(r: &Record) -> Sample {
+    let slots = r.slots();
+    let users = (r.stack.user_frames as usize).min(slots.len()).min(USER_SLOTS);
+    let kernel_bytes = r.stack.kernel_stack_bytes.max(0) as usize;
+    let kernel_end = (users + kernel_bytes / size_of::<u64>()).min(slots.len());
+    let kernel = slots[users..kernel_end].iter().copied().take_while(|&ip| ip != 0).collect();
+    sample_of(r, &slots[..users], StackRead::Frames(kernel))
+}
+
 /// The sample part of a record with a stack: its header, its user stack out of `slots` (those the
 /// record carries before anything else of its kind), and `kernel_stack` as the kind has it.
 pub(super) fn sample_of(r: &Record, slots: &[u64], kernel_stack: StackRead) -> Sample {
