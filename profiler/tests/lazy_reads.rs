@@ -43,7 +43,16 @@ fn at_19_hz_commands_of_milliseconds_are_never_read_and_a_new_program_is_whole_a
     let script = format!("n=0; while :; do sleep 0.005; n=$((n + 1)); echo $n > {}; done", count.display());
     let churn = Workload(Command::new("sh").args(["-c", &script]).spawn().unwrap());
     let ranked = Workload(Command::new(&exe).arg("60").env("RANK", "5").env("WORLD_SIZE", "8").spawn().unwrap());
-    let commands = || std::fs::read_to_string(&count).ok().and_then(|t| t.trim().parse::<u64>().ok()).unwrap_or(0);
+    // The shell truncates the file before it writes the count: a read between the two finds it
+    // empty (a CI run counted 0 commands while 411 programs exited), so it is read again.
+    let commands = || {
+        (0..100)
+            .find_map(|_| std::fs::read_to_string(&count).ok().and_then(|t| t.trim().parse::<u64>().ok()).or_else(|| {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                None
+            }))
+            .unwrap_or(0)
+    };
     let (before, first) = (http_get(metrics_port), commands());
     // CPU time, not wall time: a loaded machine gives the program its samples later.
     wait_cpu(ranked.0.id(), 3.0);
