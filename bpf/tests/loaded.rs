@@ -16,7 +16,7 @@ use common::spin;
 
 #[no_mangle]
 #[inline(never)]
-pub extern "C" fn gpuflame_test_cuda_malloc(out: *mut u64, size: u64) -> i32 {
+extern "C" fn gpuflame_test_cuda_malloc(out: *mut u64, size: u64) -> i32 {
     // SAFETY: the test passes a valid pointer.
     unsafe { out.write_volatile(0x7f00_0000_0000 + size) };
     0
@@ -24,14 +24,14 @@ pub extern "C" fn gpuflame_test_cuda_malloc(out: *mut u64, size: u64) -> i32 {
 
 #[no_mangle]
 #[inline(never)]
-pub extern "C" fn gpuflame_test_cu_mem_map(ptr: u64, size: u64, offset: u64, handle: u64, flags: u64) -> i32 {
+extern "C" fn gpuflame_test_cu_mem_map(ptr: u64, size: u64, offset: u64, handle: u64, flags: u64) -> i32 {
     black_box((ptr, size, offset, handle, flags));
     0
 }
 
 #[no_mangle]
 #[inline(never)]
-pub extern "C" fn gpuflame_test_module_get_function(out: *mut u64, module: u64, name: *const c_char) -> i32 {
+extern "C" fn gpuflame_test_module_get_function(out: *mut u64, module: u64, name: *const c_char) -> i32 {
     black_box((module, name));
     // SAFETY: the test passes a valid pointer.
     unsafe { out.write_volatile(0xf00d) };
@@ -40,25 +40,25 @@ pub extern "C" fn gpuflame_test_module_get_function(out: *mut u64, module: u64, 
 
 #[no_mangle]
 #[inline(never)]
-pub extern "C" fn gpuflame_test_cupti_launch(correlation: u32, callback: u32) {
+extern "C" fn gpuflame_test_cupti_launch(correlation: u32, callback: u32) {
     black_box((correlation, callback));
 }
 
 #[no_mangle]
 #[inline(never)]
-pub extern "C" fn gpuflame_test_cupti_kernels(records: *const GpuKernelRecord, n: u32, dropped_total: u64) {
+extern "C" fn gpuflame_test_cupti_kernels(records: *const GpuKernelRecord, n: u32, dropped_total: u64) {
     black_box((records, n, dropped_total));
 }
 
 #[no_mangle]
 #[inline(never)]
-pub extern "C" fn gpuflame_test_cupti_name(id: u32, name: *const c_char) {
+extern "C" fn gpuflame_test_cupti_name(id: u32, name: *const c_char) {
     black_box((id, name));
 }
 
 #[no_mangle]
 #[inline(never)]
-pub extern "C" fn gpuflame_test_cupti_status(code: u32, ready: *mut u32) {
+extern "C" fn gpuflame_test_cupti_status(code: u32, ready: *mut u32) {
     black_box((code, ready));
 }
 

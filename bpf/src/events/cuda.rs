@@ -142,8 +142,7 @@ pub(super) fn decode_cupti_launch(r: &Record) -> CuptiLaunch {
 /// EVENT_CUPTI_STATUS: a call of the injection library's status function, without a stack.
 pub(super) fn decode_cupti_status(r: &Record) -> CuptiStatus {
     let types::cupti_status_payload { code, _pad: _, ready_word } = r.payload();
-    let sample = sample_of(r, &[], StackRead::Frames(Vec::new()));
-    CuptiStatus { pid: sample.pid, comm: sample.comm, code, ready_word }
+    CuptiStatus { pid: r.header.pid, comm: r.comm(), code, ready_word }
 }
 
 /// EVENT_CUDA_KERNEL: the handle, and the name after the fixed part.

@@ -53,7 +53,7 @@ impl BpfPrograms {
     /// ([`crate::HookedStack::origin`]).
     pub fn attach_stack_hook(&mut self, program: &str, category: &str, name: &str, origin: u64) -> Result<(), BpfError> {
         // libbpf finds a tracepoint's id in tracefs, which not every machine mounts.
-        let mounted = ["/sys/kernel/tracing/events", "/sys/kernel/debug/tracing/events"].iter().any(|d| std::path::Path::new(d).is_dir());
+        let mounted = ["/sys/kernel/tracing/events", "/sys/kernel/debug/tracing/events"].iter().any(|d| Path::new(d).is_dir());
         let hint = if mounted { "" } else { " (tracefs is not mounted: mount -t tracefs nodev /sys/kernel/tracing)" };
         let what = format!("the program {program} to the tracepoint {category}:{name}{hint}");
         let mut progs = self.skel.object_mut().progs_mut();

@@ -287,9 +287,9 @@ impl FoldedLines {
                 }
                 None => sanitize(&line.function),
             };
-            // Marked as folded text marks the kernel's frames, unless read so marked already
-            // (perf's ` [k]`).
-            if location.kind == FrameKind::Kernel && !name.ends_with(" [k]") && !name.ends_with(KERNEL_SUFFIX) {
+            // Marked as folded text marks the kernel's frames, unless read from folded text that
+            // marked it perf's way (` [k]`, kept in its name).
+            if location.kind == FrameKind::Kernel && !name.ends_with(" [k]") {
                 name.push_str(KERNEL_SUFFIX);
             }
             let id = names.id_owned(name);

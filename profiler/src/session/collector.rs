@@ -160,7 +160,6 @@ impl Collector {
         stats
     }
 
-
     pub fn unknown_python_frames(&self) -> u64 {
         self.stacks.unknown_python_frames()
     }

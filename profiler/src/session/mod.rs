@@ -73,7 +73,6 @@ impl Session {
         // Descendants followed: a command started with the recording (record -- CMD).
         let command = matches!(config.targets, Targets::Processes { follow_forks: true, .. });
         let needs = needs_of(&config.profiles);
-        // CPU samples alone come at a rate known now; switches and CUDA calls at any.
         // CPU samples alone come at a rate known now; switches and CUDA calls at any. Tensors
         // come in bursts (a training step's thousands in milliseconds, each malloc and free a
         // record even under byte sampling): a 4 MiB ring lost records of a 205,000-tensor burst

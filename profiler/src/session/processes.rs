@@ -127,11 +127,11 @@ impl Processes {
             return Gone::default();
         }
         let seen = Instant::now();
+        tracing::debug!(pid = ev.pid, kind = ?ev.kind, "process event");
         match ev.kind {
             ProcessEventKind::Exit => {
                 refreshed.retain(|&p| p != ev.pid);
                 self.exited(sampler, ev.pid);
-                tracing::debug!(pid = ev.pid, kind = ?ev.kind, "process event");
                 return Gone(vec![ev.pid]);
             }
             // Read late (lazy reads), a new program's environment is read with its maps, or at
@@ -144,7 +144,6 @@ impl Processes {
             _ => {}
         }
         self.tracker.handle(sampler, ev);
-        tracing::debug!(pid = ev.pid, kind = ?ev.kind, "process event");
         match ev.kind {
             // A fork reads nothing: the child's first mapping of its own is news.
             ProcessEventKind::Fork { .. } => {}
@@ -159,7 +158,7 @@ impl Processes {
     /// The one way out: everything kept of `pid` goes, but its labels, which its last records
     /// (read late on a loaded machine) still need for a window.
     fn exited(&mut self, sampler: &mut BpfPrograms, pid: u32) {
-        self.tracker.handle(sampler, ProcessEvent { pid, kind: ProcessEventKind::Exit });
+        self.tracker.exited(sampler, pid);
         self.ranks.forget(pid);
         self.seen.remove(&pid);
         self.dying.insert(pid);

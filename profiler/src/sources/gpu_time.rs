@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 
-
 use super::source::{Closed, Input, Source, WindowInfo};
 use crate::cuda::kernel_attribution::GpuTime;
 use crate::cuda::ready::STATUS_WAITING;
