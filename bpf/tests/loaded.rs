@@ -130,7 +130,9 @@ fn every_record_kind_goes_through_the_loaded_programs_and_decodes() {
     let mut ready = 0u32;
     gpuflame_test_cupti_status(4, &mut ready);
     black_box(spin(Duration::from_millis(300)));
-    for _ in 0..3 {
+    // Three sleeps must be drawn with a whole chance; beside CPU hogs the CPU's scale can draw a
+    // few with less (3 runs in 40 beside three hogs missed one), so it sleeps more often.
+    for _ in 0..8 {
         std::thread::sleep(Duration::from_millis(20));
     }
     let events = sampler.drain().unwrap();
@@ -189,7 +191,7 @@ fn every_record_kind_goes_through_the_loaded_programs_and_decodes() {
     let k = GpuKernel { start: 10, end: 30, correlation: 78, device: 1, stream: 7, name_id: 4, graph: 2, graph_node: 5 };
     assert_eq!(b.kernels[1], k);
 
-    // Each of the three sleeps: a stack where the thread left, and the end of that wait.
+    // Sleeps: a stack where the thread left, and the end of that wait, for three at least.
     let slept: Vec<_> = stacks.iter().filter(|o| o.state == OffCpuState::Sleeping).collect();
     assert!(slept.len() >= 3, "{stacks:?}");
     for o in &slept {
