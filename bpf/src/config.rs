@@ -32,6 +32,10 @@ pub struct SamplerConfig {
     /// Byte sampling of PyTorch tensors' stacks (torch_allocator.h): the interval in bytes, 0 for
     /// every tensor's stack. Every tensor is still sent; see [`tensor_stack_chance`].
     pub tensor_sample_bytes: u64,
+    /// Tests: every CPU sample carries a copy of its stack from the leaf, with the walk's own
+    /// stack, for the user-space unwinder to check the BPF one (stack_copy.h). Python frames are
+    /// not walked then.
+    pub copy_every_stack: bool,
 }
 
 /// The chance that the stack of a tensor of `size` bytes was taken, under byte sampling with
@@ -75,7 +79,9 @@ impl SamplerConfig {
     /// 19 Hz on a 2-CPU machine, 16 MiB were 32 MiB of its resident memory for 0.2 MB/s.
     pub fn samples_ring_bytes(frequency_hz: u64, cpus: u64) -> u32 {
         let per_second = frequency_hz.saturating_mul(cpus).saturating_mul(crate::events::record::RECORD_BYTES as u64);
-        let wanted = per_second.saturating_mul(4).clamp(u64::from(Self::MIN_RING_BYTES), u64::from(Self::MAX_RING_BYTES));
+        // And 16 stack copies per CPU (stack_copy.h), for the seconds after attaching.
+        let copies = cpus.saturating_mul(16 * crate::events::STACK_COPY_RECORD_BYTES as u64);
+        let wanted = per_second.saturating_mul(4).saturating_add(copies).clamp(u64::from(Self::MIN_RING_BYTES), u64::from(Self::MAX_RING_BYTES));
         // A power of two (the kernel's rule for a ring) no larger than the largest, itself one.
         u32::try_from(wanted.next_power_of_two()).unwrap_or(Self::MAX_RING_BYTES)
     }
@@ -87,8 +93,8 @@ mod tests {
 
     #[test]
     fn the_ring_follows_the_sample_rate() {
-        assert_eq!(SamplerConfig::samples_ring_bytes(19, 2), 1 << 20);
-        assert_eq!(SamplerConfig::samples_ring_bytes(99, 2), 4 << 20);
+        assert_eq!(SamplerConfig::samples_ring_bytes(19, 2), 2 << 20);
+        assert_eq!(SamplerConfig::samples_ring_bytes(99, 2), 8 << 20);
         assert_eq!(SamplerConfig::samples_ring_bytes(99, 96), 16 << 20);
         assert_eq!(SamplerConfig::samples_ring_bytes(5000, 2), 16 << 20);
     }

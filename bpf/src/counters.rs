@@ -115,6 +115,10 @@ counters! {
         scanned_frames = COUNTER_UNWIND_SCANNED, "Callers of code without CFI found by scanning the stack.";
         bp_recovered = COUNTER_UNWIND_BP_RECOVERED, "Callers of scanned frames given the rbp saved under the return address: the code without CFI had used rbp as a register.";
         by_file = COUNTER_UNWIND_BY_FILE, "Frames unwound with their file's table before the process's maps were read.";
+        stack_copies = COUNTER_STACK_COPIES, "Stacks copied where the walk met a table not loaded yet, for user space to finish.";
+        stack_copy_bytes = COUNTER_STACK_COPY_BYTES, "Bytes of those copies sent to the ring.";
+        stack_copy_budget = COUNTER_STACK_COPY_BUDGET, "Copies the per-CPU budget turned away (the sample keeps its cut stack).";
+        stack_copy_lost = COUNTER_STACK_COPY_LOST, "Copies the full ring turned away.";
     }
     /// The Python walker's counters.
     python: PythonCounters {

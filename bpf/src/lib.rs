@@ -15,13 +15,15 @@ mod process_maps;
 mod programs;
 mod skel;
 mod unwind_maps;
+mod unwind_view;
 
 pub use calibrate::{symbol_offset, HookTraps, TrapCost};
 pub use config::{tensor_stack_chance, OffCpuSampling, RingUse, SamplerConfig, Targets};
 pub use counters::{Counter, Counters, CudaCounters, OffCpuCounters, PythonCounters, UnwindCounters};
 pub use cuda::{CudaApi, CudaClass};
 pub use error::BpfError;
-pub use events::{python_name_tag, CudaCall, CuptiLaunch, CuptiStatus, Event, HookedStack, GpuKernel, GpuKernelBatch, GpuKernelName, KernelName, LeafFile, OffCpuEnd, OffCpuStack, OffCpuState, ProcessEvent, ProcessEventKind, Sample, StackRead, UnwindStatus, UserFrame};
+pub use events::{python_name_tag, CudaCall, CuptiLaunch, CuptiStatus, Event, HookedStack, GpuKernel, GpuKernelBatch, GpuKernelName, KernelName, LeafFile, OffCpuEnd, OffCpuStack, OffCpuState, ProcessEvent, ProcessEventKind, Sample, StackCopy, StackRead, UnwindStatus, UserFrame, STACK_COPY_BYTES, STACK_COPY_RECORD_BYTES};
 pub use programs::hooks::TorchProbes;
 pub use programs::{BpfPrograms, CudaFunctions, CudaHookLink};
+pub use unwind_view::{ProcessUnwindView, PythonEval};
 pub use unwind_maps::{monotonic_ns, ExecMapping, MappingTable, PendingTable, PythonProcess, TableId, UnwindCapacity};

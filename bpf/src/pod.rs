@@ -32,9 +32,16 @@ pod!(
     types::offcpu_stack_payload,
     types::offcpu_end_payload,
     types::hooked_stack_payload,
+    types::stack_copy_payload,
     types::cupti_kernel,
     types::process_event,
     types::table_info,
+    types::process_info,
+    types::exec_mapping,
+    types::py_process,
+    types::py_offsets,
+    types::unwind_block,
+    types::unwind_rule,
 );
 
 /// The `T` at the start of `data`, if it is long enough.

@@ -89,6 +89,15 @@ pub struct BpfPrograms {
 }
 
 impl BpfPrograms {
+    pub(crate) fn skel(&self) -> &CpuSamplerSkel<'static> {
+        &self.skel
+    }
+
+    /// The inner map of unwind rows number `index`, once created.
+    pub(crate) fn unwind_shard(&self, index: u32) -> Option<&libbpf_rs::MapHandle> {
+        self.unwind.shard(index)
+    }
+
     /// Loads the programs, opens one CPU-clock event per online CPU and starts sampling.
     pub fn start(config: &SamplerConfig) -> Result<Self, BpfError> {
         if !Path::new(BTF_PATH).exists() {
@@ -123,7 +132,10 @@ impl BpfPrograms {
         rodata.samples_wakeup_bytes = u64::from(ring / 4);
         rodata.process_events_lazy = u8::from(config.lazy_process_events);
         rodata.tensor_sample_bytes = config.tensor_sample_bytes;
+        rodata.copy_every_stack = u8::from(config.copy_every_stack);
         open.maps.samples.set_max_entries(ring).map_err(BpfError::load)?;
+        let cpus = libbpf_rs::num_possible_cpus().map_err(BpfError::load)?;
+        open.maps.stack_copies.set_max_entries(u32::try_from(cpus).unwrap_or(u32::MAX)).map_err(BpfError::load)?;
         let skel = open.load().map_err(BpfError::load)?;
         if config.tensor_sample_bytes > 0 {
             let n = skel.maps.tensor_draws.max_entries() as usize;
@@ -144,13 +156,15 @@ impl BpfPrograms {
         let malformed = Rc::new(RefCell::new(0u64));
         let ring = {
             let (sample_inbox, sample_malformed) = (Rc::clone(&inbox), Rc::clone(&malformed));
+            let mut copies = events::CopiesAwaitingSamples::default();
             let (process_inbox, process_malformed) = (Rc::clone(&inbox), Rc::clone(&malformed));
             let mut builder = RingBufferBuilder::new();
             builder
                 .add(&skel.maps.samples, move |data: &[u8]| {
-                    match events::decode_record(data) {
-                        Some(event) => sample_inbox.borrow_mut().push(event),
-                        None => *sample_malformed.borrow_mut() += 1,
+                    match events::decode_ring_record(data, &mut copies) {
+                        Ok(Some(event)) => sample_inbox.borrow_mut().push(event),
+                        Ok(None) => {}
+                        Err(()) => *sample_malformed.borrow_mut() += 1,
                     }
                     0
                 })

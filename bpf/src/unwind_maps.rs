@@ -303,6 +303,10 @@ impl UnwindMaps {
         Ok(TableId(pending.id))
     }
 
+    pub(crate) fn shard(&self, index: u32) -> Option<&MapHandle> {
+        self.shards.get(index as usize)
+    }
+
     /// Gives back what a pending table took.
     pub(crate) fn abort_table(&mut self, pending: PendingTable) {
         self.slots.release(pending.first_slot, MAX_TABLE_PAGES);

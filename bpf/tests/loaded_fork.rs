@@ -45,6 +45,7 @@ fn a_forked_child_unwinds_with_its_parents_copy_until_it_execs() {
         ring: RingUse::Any,
         lazy_process_events: false,
         tensor_sample_bytes: 0,
+        copy_every_stack: false,
     };
     let mut sampler = BpfPrograms::start(&config).unwrap_or_else(|e| panic!("{e}"));
     // An entry without mappings: a copy of it makes the child's walks stop at an unknown

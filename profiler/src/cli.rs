@@ -130,6 +130,10 @@ pub struct RecordArgs {
     /// default) takes every stack: exact bytes per stack.
     #[arg(long, value_name = "BYTES", default_value_t = 0)]
     pub tensor_sample_bytes: u64,
+    /// Tests: unwind every sample's stack again in user space from a copy and report where it
+    /// differs from the BPF unwinder's (the unwinder's oracle).
+    #[arg(long, hide = true)]
+    pub check_unwinder: bool,
     /// A sample label read from each process's environment, from the first of the variables
     /// that holds a number (repeatable; replaces the default list of rank, local_rank,
     /// world_size and group_rank; `none` reads none).
@@ -170,6 +174,7 @@ impl RecordArgs {
             detail: detail(self.lines),
             memory_timeline: self.memory_timeline.clone(),
             tensor_sample_bytes: self.tensor_sample_bytes,
+            check_unwinder: self.check_unwinder,
             rank_labels: crate::workload::rank::RankLabels::parse(&self.rank_labels).map_err(crate::UserError)?,
         })
     }

@@ -36,6 +36,7 @@ fn sample(tid: u32, comm: &str, user: &[u64], unwind: UnwindStatus) -> Sample {
         leaf_file: None,
         forked_from: None,
         by_file: false,
+        stack_copy: None,
     }
 }
 

@@ -50,6 +50,9 @@ enum event_kind {
 	EVENT_CUPTI_STATUS = 8, /* the injection library's state: cupti_status; nothing after */
 	EVENT_HOOKED_STACK = 9, /* a stack from a profile's own hook (stack_hooks.h): hooked_stack; its
 				 * user frames, then stack.kernel_stack_bytes of kernel frames after them */
+	EVENT_STACK_COPY = 10,  /* the user stack from the frame where a CPU sample's walk stopped for
+				 * want of a table: stack_copy; stack_copy.bytes of stack. Sent right
+				 * before its sample, which is marked STACK_COPIED (stack_copy.h) */
 };
 
 /* Who and when: every record. */
@@ -90,6 +93,10 @@ enum stack_flags {
 	 * published for their file (file_tables): user space names them once it has read the
 	 * process's maps, and keeps only the leaf where it could not. */
 	STACK_BY_FILE = 1,
+	/* The stack from where the walk stopped was sent just before this record (EVENT_STACK_COPY),
+	 * for user space to unwind once the table comes; the Python frames after the gap are
+	 * split by PY_CALL_MARK into the eval-loop calls that run them. */
+	STACK_COPIED = 2,
 };
 
 /* EVENT_CUDA_CALL: the return of an outermost hooked call. */
@@ -149,6 +156,21 @@ struct hooked_stack_payload {
 	__u64 value;  /* what the stack stands for (events, bytes) */
 };
 
+/* EVENT_STACK_COPY: the registers of the frame where the walk stopped (its instruction pointer
+ * the last native frame of the sample, or, at an eval-loop call, the Python frames put in its
+ * place), and the stack above its sp. */
+struct stack_copy_payload {
+	__u64 ip;
+	__u64 sp;
+	__u64 bp;
+	__u64 bp_below_ra; /* see native_unwind_state */
+	__u32 bytes;       /* bytes of stack from sp on, after the fixed part */
+	__u8 adjust;       /* 1: ip is a return address, looked up at ip - 1 */
+	__u8 scans;        /* stack scans the walk did already */
+	__u8 from_leaf;    /* taken at the sample's leaf whatever the walk did (the oracle's copies) */
+	__u8 _pad;
+};
+
 /* EVENT_OFFCPU_STACK: where a target thread left the CPU, in a wait drawn for unwinding. */
 struct offcpu_stack_payload {
 	__u64 wait;  /* its number within the thread, which the wait's offcpu_end carries */
@@ -176,6 +198,7 @@ union event_payload {
 	struct offcpu_stack_payload offcpu_stack;
 	struct offcpu_end_payload offcpu_end;
 	struct hooked_stack_payload hooked_stack;
+	struct stack_copy_payload stack_copy;
 };
 
 /* Records are sent cut after what their kind uses (EVENT_FIXED_BYTES, then its stack or name):
@@ -351,6 +374,9 @@ struct unwind_rule {
 /* A one-slot marker (the tag bit with address 1, never a code object) between the native frames
  * recovered and Python frames emitted after the native walk stopped early: a gap. */
 #define USER_GAP_MARK (PY_FRAME_TAG | 1)
+/* After the gap of a STACK_COPIED sample: the end of one eval-loop call's Python frames, then
+ * the address of the shim frame that ended them (3.12+), or 0 (one slot more). */
+#define PY_CALL_MARK (PY_FRAME_TAG | 2)
 
 enum py_frame_kind {
 	PY_FRAME_OBJECT = 0,   /* 3.8-3.10: one PyFrameObject per evaluation-loop call */

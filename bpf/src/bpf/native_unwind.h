@@ -9,6 +9,7 @@
 #include "unwind_tables.h"
 #include "no_cfi.h"
 #include "file_vmas.h"
+#include "stack_copy.h"
 
 /* Asks user space for the table of the file mapped at `begin`; at most every 200 ms. */
 static __always_inline void ask_table(struct native_unwind_state *st, __u64 begin)
@@ -86,6 +87,7 @@ __noinline long unwind_one(struct native_unwind_state *st)
 	/* Return addresses point after the call; the call itself is what the rows describe. */
 	adjust = st->leaf_done ? 1 : 0;
 	st->leaf_done = 1;
+	st->adjust = adjust;
 
 	proc = bpf_map_lookup_elem(&processes, &st->pid);
 	idx = proc ? find_mapping_index(st->pid, st->ip) : -1;
@@ -274,8 +276,17 @@ static __always_inline void unwind_user_stack(struct event_record *e, __u32 slot
 		e->stack.forked_from = proc->forked_from;
 	if (slot == SCRATCH_SAMPLER)
 		new_vma_lookup();
+	/* The oracle's copies are of the native stack alone, as the user-space unwinder reads it. */
+	if (copy_every_stack && slot == SCRATCH_SAMPLER)
+		st.py.enabled = 0;
 	/* Python frames take steps of their own: room for a full stack of both. */
 	bpf_loop(2 * MAX_USER_FRAMES + 1, unwind_step, &st, 0);
+	/* A CPU sample cut where a table is missing keeps its stack, for user space to finish; the
+	 * Python frames after it then say which eval-loop call runs them. */
+	if (slot == SCRATCH_SAMPLER && copy_every_stack)
+		send_stack_copy(e, &st, true);
+	else if (slot == SCRATCH_SAMPLER && st.status == UNWIND_NO_TABLE_YET)
+		st.py.mark_calls = send_stack_copy(e, &st, false);
 	/* The Python frames are readable without the native stack: a gap in it keeps them. */
 	if (st.py.enabled && stopped_early(st.status))
 		bpf_loop(MAX_USER_FRAMES / 2, py_rest_step, &st, 0);

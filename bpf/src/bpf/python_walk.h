@@ -22,6 +22,7 @@ struct py_walk {
 	__u8 shim_known; /* next_shim is current */
 	__u8 via_shim;   /* emitting for a frame found by its shim: no native slot to skip after */
 	__u8 gap_marked; /* the gap marker is out: Python frames after an early native stop */
+	__u8 mark_calls; /* the stack was copied: the frames after the gap are split by call */
 };
 
 static __always_inline int py_read(void *dst, __u32 size, __u64 addr)
@@ -168,6 +169,22 @@ static __always_inline bool py_step(struct py_walk *w, __u32 pid, __u32 *frames,
 	return true;
 }
 
+/* The end of one eval-loop call's frames after the gap (PY_CALL_MARK), where the stack was copied
+ * for user space to finish: its shim's address (3.12+) or 0. Returns 1 when the sample is full. */
+static __always_inline long py_mark_call(struct py_walk *w, __u32 *frames, struct event_record *e, __u64 shim)
+{
+	if (!w->mark_calls || !w->gap_marked)
+		return 0;
+	if (*frames + 2 > MAX_USER_FRAMES) {
+		count(COUNTER_PY_TRUNCATED);
+		return 1;
+	}
+	e->user_stack[*frames & (MAX_USER_FRAMES - 1)] = PY_CALL_MARK;
+	e->user_stack[(*frames + 1) & (MAX_USER_FRAMES - 1)] = shim;
+	*frames += 2;
+	return 0;
+}
+
 /* After the native walk stopped early: the thread's Python frames that remain, all of them, after
  * a gap marker, so that a sample in code without unwind information still has its Python line.
  * Returns 1 when done, 0 to go on. Global, so that the verifier checks it once. */
@@ -193,7 +210,9 @@ __noinline long py_emit_rest(struct py_walk *w, __u32 pid, __u32 tid, __u32 *fra
 	if (o->frame_kind != PY_FRAME_OBJECT && py_read(&marker, sizeof(marker), f + o->frame_entry))
 		marker = 0;
 	if (o->frame_kind == PY_FRAME_OWNER && marker == o->owner_cstack)
-		return 0; /* a C-stack shim: nothing to show */
+		/* A C-stack shim: nothing to show, but the end of a call when the native stack is
+		 * finished later; its address finds the eval-loop frame that holds it. */
+		return py_mark_call(w, frames, e, f);
 	if (py_read(&code, sizeof(code), f + o->frame_code) || !code)
 		return 0;
 	if (o->code_tagged)
@@ -212,6 +231,9 @@ __noinline long py_emit_rest(struct py_walk *w, __u32 pid, __u32 tid, __u32 *fra
 		count(COUNTER_PY_TRUNCATED);
 		return 1;
 	}
+	/* 3.8-3.10: one frame per eval-loop call; 3.11: the entry frame is the call's last. */
+	if (o->frame_kind == PY_FRAME_OBJECT || (o->frame_kind == PY_FRAME_IS_ENTRY && marker))
+		return py_mark_call(w, frames, e, 0);
 	return 0;
 }
 

@@ -19,6 +19,7 @@ struct native_unwind_state {
 	__u32 slot; /* the sample_scratch entry being filled */
 	__u8 asked_refresh;
 	__u8 leaf_done;
+	__u8 adjust; /* the current frame's: 1 when its ip is a return address */
 	__u8 scans; /* stack scans done for code without CFI */
 	/* After a stack scan: the word under the return address found, which is the caller's rbp
 	 * when the code without CFI pushed rbp first (as compilers do) and then used it as a

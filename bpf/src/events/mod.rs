@@ -9,6 +9,7 @@ mod offcpu;
 mod process;
 pub(crate) mod record;
 mod sample;
+mod stack_copy;
 
 pub use cuda::{CudaCall, CuptiLaunch, CuptiStatus, GpuKernel, GpuKernelBatch, GpuKernelName, KernelName};
 pub use hooked::HookedStack;
@@ -16,6 +17,8 @@ pub use offcpu::{OffCpuEnd, OffCpuStack, OffCpuState};
 pub use process::{ProcessEvent, ProcessEventKind};
 pub(crate) use process::decode_process_event;
 pub use sample::{python_name_tag, LeafFile, Sample, StackRead, UnwindStatus, UserFrame};
+pub use stack_copy::{StackCopy, STACK_COPY_BYTES, STACK_COPY_RECORD_BYTES};
+pub(crate) use stack_copy::CopiesAwaitingSamples;
 
 use record::Record;
 use crate::skel::types;
@@ -34,6 +37,21 @@ pub enum Event {
     GpuKernels(GpuKernelBatch),
     GpuKernelName(GpuKernelName),
     HookedStack(HookedStack),
+}
+
+/// Decodes a record of the `samples` ring, a stack copy kept until its sample comes. None: a copy,
+/// or a record too short for its kind or of a kind unknown (`Err` then).
+pub(crate) fn decode_ring_record(data: &[u8], copies: &mut CopiesAwaitingSamples) -> Result<Option<Event>, ()> {
+    let r = Record::new(data).ok_or(())?;
+    if r.header.kind == types::event_kind::EVENT_STACK_COPY.0 {
+        copies.copy(r.header.tid, r.header.timestamp_ns, stack_copy::decode(&r));
+        return Ok(None);
+    }
+    let mut event = decode_record(data).ok_or(())?;
+    if let Event::Sample(s) = &mut event {
+        copies.pair(s, r.stack.flags & types::stack_flags::STACK_COPIED.0 != 0);
+    }
+    Ok(Some(event))
 }
 
 /// Decodes a record of the `samples` ring. None: too short for its kind, or of a kind unknown.

@@ -93,12 +93,16 @@ pub enum UserFrame {
     /// Frames missing here: the native walk stopped early, and the Python frames that follow
     /// were read from the interpreter on their own.
     Gap,
+    /// After a gap in a sample whose stack was copied: the Python frames before this ran in one
+    /// call of the evaluation loop, whose native frame holds `shim` (3.12+; 0 before).
+    CallEnd { shim: u64 },
 }
 
 const PY_FRAME_TAG: u64 = 1 << 63;
 const PY_NAME_TAG_SHIFT: u32 = 47;
 const PY_ADDR_MASK: u64 = (1 << PY_NAME_TAG_SHIFT) - 1;
 const USER_GAP_MARK: u64 = PY_FRAME_TAG | 1;
+const PY_CALL_MARK: u64 = PY_FRAME_TAG | 2;
 
 /// The tag the walker gives a code object whose name string has `length ^ hash` (as
 /// PyASCIIObject holds them; PY_NAME_TAG_SHIFT in events.h): user space checks it against the
@@ -117,6 +121,9 @@ fn split_user_frames(slots: &[u64]) -> Vec<UserFrame> {
         if v == USER_GAP_MARK {
             out.push(UserFrame::Gap);
             i += 1;
+        } else if v == PY_CALL_MARK {
+            out.push(UserFrame::CallEnd { shim: slots.get(i + 1).copied().unwrap_or(0) });
+            i += 2;
         } else if v & PY_FRAME_TAG != 0 {
             let second = slots.get(i + 1).copied().unwrap_or(0);
             out.push(UserFrame::Python {
@@ -159,6 +166,9 @@ pub struct Sample {
     /// their file, found by its identity (the first milliseconds of a program, a library just
     /// mapped): they can be named only once the process's maps are read.
     pub by_file: bool,
+    /// The stack above the frame where the walk stopped for want of a table, for user space to
+    /// finish once the table is in; or, from the leaf, the copy the unwinder's oracle checks.
+    pub stack_copy: Option<Box<super::StackCopy>>,
 }
 
 /// A file by identity, and an offset in it.
@@ -219,6 +229,7 @@ pub(super) fn sample_of(r: &Record, slots: &[u64], kernel_stack: StackRead) -> S
         leaf_file: (leaf_ino != 0).then(|| LeafFile::from_kernel(leaf_dev, leaf_ino, leaf_size, leaf_offset, (leaf_vma_begin, leaf_vma_end))),
         forked_from: (forked_from != 0).then_some(forked_from),
         by_file: flags & types::stack_flags::STACK_BY_FILE.0 != 0,
+        stack_copy: None,
     }
 }
 

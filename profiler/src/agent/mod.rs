@@ -156,6 +156,7 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
         tensor_sample_bytes: cfg.tensor_sample_bytes,
         tensors_by_hooks: cfg.profiles_asked,
         service_names: Some(namer),
+        check_unwinder: false,
     })?;
     eprintln!(
         "gpuflame agent: profiling the whole machine ({} processes) at {} Hz, pushing every {} s to {}",

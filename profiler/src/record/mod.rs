@@ -53,6 +53,8 @@ pub struct RecordOptions {
     pub memory_timeline: Option<PathBuf>,
     /// Byte sampling of tensors' stacks: the interval, 0 for every stack.
     pub tensor_sample_bytes: u64,
+    /// `--check-unwinder` (tests).
+    pub check_unwinder: bool,
 }
 
 impl RecordOptions {
@@ -171,6 +173,7 @@ fn record(opts: &RecordOptions, format: Format, outputs: &[(ProfileKind, Output)
         tensor_sample_bytes: opts.tensor_sample_bytes,
         tensors_by_hooks: true,
         service_names: None,
+        check_unwinder: opts.check_unwinder,
     })?;
     let mut ooms = OomWriter { output: opts.output.clone(), format, detail: opts.detail, count: 0 };
     let mut child = start_command(opts, &mut session)?;

@@ -9,7 +9,7 @@ use crate::cuda::hooks::{AllocatorFollowed, HookStats};
 use crate::cuda::Coverage;
 use crate::output::Format;
 use crate::process::TrackerStats;
-use crate::session::{Session, Window, WindowStats};
+use crate::session::{LateStats, Session, Window, WindowStats};
 use crate::sources::SourceStats;
 use crate::workload::rank::RankStats;
 
@@ -24,6 +24,9 @@ pub(super) struct End {
     unknown_python: u64,
     off_cpu_threads_left: Option<u64>,
     ranks: RankStats,
+    late: LateStats,
+    /// `--check-unwinder`: the lines that say how the unwinders compared.
+    check: Option<Vec<String>>,
 }
 
 impl End {
@@ -49,6 +52,19 @@ impl End {
             unknown_python: session.unknown_python_frames(),
             off_cpu_threads_left: off_cpu.then(|| session.programs().off_cpu_threads().ok()).flatten(),
             ranks: session.rank_stats(),
+            late: session.late_stats(),
+            check: session.unwinder_check().map(|c| {
+                let mut lines = vec![format!(
+                    "unwinder check: {} stacks, {} identical frame for frame ({} as far as the copy went), {} differ, {} not compared (walked before the maps were read, or before an exec)",
+                    c.compared,
+                    c.identical,
+                    c.cut_by_copy,
+                    c.compared - c.identical,
+                    c.skipped
+                )];
+                lines.extend(c.differences.iter().map(|d| format!("unwinder check: differs: {d}")));
+                lines
+            }),
             counters,
         })
     }
@@ -56,21 +72,24 @@ impl End {
     /// The summary line, then what went wrong or, with `-v`, what was counted.
     pub(super) fn report(&self, stats: &WindowStats, duration: Duration, format: Format, written: &[String]) {
         let counters = &self.counters;
-        let failed = counters.kernel_stack_failed + counters.user_stack_failed;
+        // A stack BPF cut for want of a table and finished whole later is complete.
+        let failed = (counters.kernel_stack_failed + counters.user_stack_failed).saturating_sub(self.late.finished_whole);
         let malformed = self.malformed;
         eprintln!(
-            "gpuflame: {} samples from {} processes in {:.1} s ({} lost, {failed} incomplete stacks{}{}) → {} ({format})",
+            "gpuflame: {} samples from {} processes in {:.1} s ({} lost, {failed} incomplete stacks{}{}{}) → {} ({format})",
             stats.samples,
             stats.processes(),
             duration.as_secs_f64(),
             counters.lost,
             stats.complete_fraction().map_or(String::new(), |c| format!(", {:.1}% of user stacks complete", c * 100.0)),
+            late_part(&self.late),
             if malformed > 0 { format!(", {malformed} malformed records") } else { String::new() },
             written.join(", "),
         );
-        for line in &self.memory {
+        for line in self.memory.iter().chain(self.check.iter().flatten()) {
             eprintln!("gpuflame: {line}");
         }
+        tracing::info!(finished = self.late.finished, whole = self.late.finished_whole, gave_up = self.late.gave_up, "stacks copied where a table was missing, finished when it came");
         report_unwinding(counters, &self.tracker, self.capacity, self.unknown_python);
         report_ranks(&self.ranks);
         if let Some(left) = self.off_cpu_threads_left {
@@ -94,6 +113,15 @@ impl End {
         if counters.targets_full > 0 {
             tracing::warn!(count = counters.targets_full, "new processes could not be followed: the target map was full");
         }
+    }
+}
+
+/// ", N finished late" when samples waited for their tables.
+fn late_part(l: &LateStats) -> String {
+    match (l.finished, l.gave_up) {
+        (0, 0) => String::new(),
+        (f, 0) => format!(", {f} finished late"),
+        (f, g) => format!(", {f} finished late, {g} whose table never came"),
     }
 }
 

@@ -3,6 +3,7 @@
 //! are closed here (`window.rs`): `record` runs one window, the agent one after another.
 
 mod collector;
+mod late;
 mod order;
 mod processes;
 mod window;
@@ -15,6 +16,8 @@ use gpuflame_bpf::{BpfError, BpfPrograms, Event, OffCpuSampling, TrapCost, Proce
 pub use collector::Collector;
 pub use processes::{CudaState, Gone, ProcessView, Processes};
 pub use window::{Flow, Oom, Window, WindowStats};
+use late::LateStacks;
+pub use late::{LateStats, UnwinderCheck};
 use order::{record_sample, reports_first_for_new_processes};
 use window::OpenWindow;
 
@@ -31,6 +34,9 @@ use crate::UserError;
 const PRELOAD_WAIT: Duration = Duration::from_millis(1000);
 /// How often the work of a window's caller runs, between polls.
 const TICK: Duration = Duration::from_millis(100);
+
+/// How long the last window waits for the tables its held samples need.
+const LAST_TABLES_WAIT: Duration = Duration::from_secs(5);
 
 pub struct SessionConfig {
     pub targets: Targets,
@@ -51,6 +57,9 @@ pub struct SessionConfig {
     pub tensors_by_hooks: bool,
     /// Name each process's service, pod and container at its first record (the agent).
     pub service_names: Option<ServiceNamer>,
+    /// Tests: every CPU sample's stack is unwound again in user space from a copy and compared
+    /// with BPF's walk (`late::UnwinderCheck`).
+    pub check_unwinder: bool,
 }
 
 pub struct Session {
@@ -59,6 +68,10 @@ pub struct Session {
     collector: Collector,
     profiles: Vec<ProfileKind>,
     window: window::OpenWindow,
+    /// Samples that wait for their table, to be finished from their copies.
+    late: LateStacks,
+    /// `check_unwinder`: the comparison of both unwinders.
+    check: Option<UnwinderCheck>,
 }
 
 impl Session {
@@ -92,6 +105,7 @@ impl Session {
             ring,
             lazy_process_events: read_delay.is_some(),
             tensor_sample_bytes: config.tensor_sample_bytes,
+            copy_every_stack: config.check_unwinder,
         };
         let mut sampler = BpfPrograms::start(&sampler_config).map_err(user_facing)?;
         let mut tracker = ProcessTracker::new();
@@ -147,7 +161,8 @@ impl Session {
         }
         let mut processes = Processes::new(tracker, RankReader::new(config.rank_labels), config.service_names, cuda);
         processes.report_ready();
-        Ok(Session { sampler, processes, collector, profiles: config.profiles, window: window::OpenWindow::now() })
+        let check = config.check_unwinder.then(UnwinderCheck::default);
+        Ok(Session { sampler, processes, collector, profiles: config.profiles, window: window::OpenWindow::now(), late: LateStacks::default(), check })
     }
 
     /// Waits up to `timeout` for events and handles them; attaches and detaches the duty-cycled
@@ -162,6 +177,7 @@ impl Session {
             let events = self.sampler.poll(wait)?;
             self.handle(events);
             self.processes.after_batch(&mut self.sampler);
+            self.release_late(false);
             if Instant::now() >= deadline {
                 return Ok(());
             }
@@ -199,12 +215,48 @@ impl Session {
                     self.collector.offer(&Input::CuptiStatus(&status));
                 }
                 Event::Cuda(_) if self.processes.cuda().is_none() => {}
-                other => {
-                    let view = record_sample(&other).map(|s| self.processes.record(s)).unwrap_or_default();
-                    self.collector.record(&other, view);
+                Event::Sample(mut s) if s.stack_copy.is_some() => {
+                    if let Some(check) = self.check.as_mut() {
+                        check.check(&self.sampler, &s);
+                        s.stack_copy = None;
+                    }
+                    if let Some(s) = self.late.offer(s) {
+                        self.collect(Event::Sample(s));
+                    }
                 }
+                other => self.collect(other),
             }
         }
+    }
+
+    fn collect(&mut self, event: Event) {
+        let view = record_sample(&event).map(|s| self.processes.record(s)).unwrap_or_default();
+        self.collector.record(&event, view);
+    }
+
+    /// Finishes the held samples whose tables came (`all`: every one, as far as it can) and
+    /// asks for the tables they still need.
+    fn release_late(&mut self, all: bool) {
+        if self.late.is_empty() {
+            return;
+        }
+        let (samples, needs) = self.late.release(&self.sampler, all);
+        for n in needs {
+            self.processes.tracker_mut().ask_table(&mut self.sampler, n.pid, n.addr);
+        }
+        for s in samples {
+            self.collect(Event::Sample(s));
+        }
+    }
+
+    /// What finishing copied stacks did so far.
+    pub fn late_stats(&self) -> LateStats {
+        self.late.stats()
+    }
+
+    /// `check_unwinder`: how the two unwinders compared.
+    pub fn unwinder_check(&self) -> Option<&UnwinderCheck> {
+        self.check.as_ref()
     }
 
     /// Whether target threads' switches are followed (the off-cpu and wall profiles).
@@ -279,6 +331,13 @@ impl Session {
     }
 
     fn close_window(&mut self, stopped: bool) -> Window {
+        // The last window: the held samples wait for their tables a while, then go on.
+        if stopped && !self.late.is_empty() {
+            self.processes.tracker_mut().wait_for_tables(&mut self.sampler, LAST_TABLES_WAIT);
+            self.release_late(true);
+        } else {
+            self.release_late(false);
+        }
         let open = std::mem::replace(&mut self.window, OpenWindow::now());
         let duration = open.start.elapsed();
         let coverage = self.processes.cuda_mut().map(|c| c.hooks.take_coverage());

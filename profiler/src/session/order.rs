@@ -68,6 +68,7 @@ mod tests {
             leaf_file: None,
             forked_from: None,
             by_file: false,
+            stack_copy: None,
         })
     }
 

@@ -214,7 +214,7 @@ impl Stacks {
             .filter_map(|(i, f)| match f {
                 UserFrame::Native(a) if i == 0 && !at_return => Some(*a),
                 UserFrame::Native(a) => Some(a.saturating_sub(1)),
-                UserFrame::Python { .. } | UserFrame::Gap => None,
+                UserFrame::Python { .. } | UserFrame::Gap | UserFrame::CallEnd { .. } => None,
             })
             .collect();
         let normalized = match files {
@@ -249,6 +249,8 @@ impl Stacks {
                     user.push(UserKey::Native(placed));
                 }
                 UserFrame::Gap => user.push(UserKey::Gap(gap_label(sample.unwind))),
+                // Where a copied stack could not be finished: the calls' ends say nothing.
+                UserFrame::CallEnd { .. } => {}
                 UserFrame::Python { code, name_tag, first_line, lasti } => {
                     let Some(interp) = python else { continue };
                     let name = NameTag { tag: name_tag, of: gpuflame_bpf::python_name_tag };
@@ -359,6 +361,7 @@ mod tests {
             leaf_file: None,
             forked_from: None,
             by_file: false,
+            stack_copy: None,
         }
     }
 

@@ -15,6 +15,11 @@ impl ProcessTracker {
         self.builder.demand_at_low_priority(low);
     }
 
+    /// A copied stack of `pid` waits for the table of the file mapped at `addr`.
+    pub fn ask_table(&mut self, sampler: &mut BpfPrograms, pid: u32, addr: u64) {
+        self.need_table(sampler, pid, addr);
+    }
+
     /// A sample of `pid` met the file mapped at `addr` without its table.
     pub(super) fn need_table(&mut self, sampler: &mut BpfPrograms, pid: u32, addr: u64) {
         let find = |t: &Self| -> Option<ExecutableKey> {

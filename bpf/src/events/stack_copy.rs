@@ -1,0 +1,85 @@
+//! Stacks copied where a CPU sample's walk met a table not loaded yet (stack_copy.h), and their
+//! pairing with the sample they belong to, which the same program sends right after.
+
+use std::collections::HashMap;
+use std::mem::{offset_of, size_of};
+
+use super::record::Record;
+use super::sample::Sample;
+use crate::skel::types;
+
+/// Bytes of the largest copy record: what the ring must make room for.
+pub const STACK_COPY_RECORD_BYTES: usize = offset_of!(types::stack_copy_record, bytes) + STACK_COPY_BYTES;
+/// The most stack a copy holds (STACK_COPY_BYTES in stack_copy.h; its array has a page more).
+pub const STACK_COPY_BYTES: usize = 32 * 1024;
+const _: () = assert!(size_of::<types::stack_copy_record>() >= STACK_COPY_RECORD_BYTES + 4096);
+
+/// The registers of the frame where the walk stopped, and the stack above its sp.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StackCopy {
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+    /// After a stack scan of code without CFI: the word under the return address it found.
+    pub bp_below_ra: u64,
+    /// `ip` is a return address: its rule is the one of `ip - 1`.
+    pub adjust: bool,
+    /// Stack scans the walk did before it stopped.
+    pub scans: u8,
+    /// Taken at the sample's leaf, beside a whole walk (the unwinder's oracle), not where it
+    /// stopped.
+    pub from_leaf: bool,
+    /// The stack from `sp` on.
+    pub bytes: Vec<u8>,
+}
+
+impl StackCopy {
+    /// The word at `addr`, when the copy holds it.
+    pub fn word(&self, addr: u64) -> Option<u64> {
+        let at = usize::try_from(addr.checked_sub(self.sp)?).ok()?;
+        let b = self.bytes.get(at..at.checked_add(8)?)?;
+        Some(u64::from_ne_bytes(b.try_into().ok()?))
+    }
+}
+
+pub(super) fn decode(r: &Record) -> StackCopy {
+    let p: types::stack_copy_payload = r.payload();
+    let types::stack_copy_payload { ip, sp, bp, bp_below_ra, bytes, adjust, scans, from_leaf, _pad: _ } = p;
+    let tail = r.tail();
+    StackCopy { ip, sp, bp, bp_below_ra, adjust: adjust != 0, scans, from_leaf: from_leaf != 0, bytes: tail[..(bytes as usize).min(tail.len())].to_vec() }
+}
+
+/// Copies read, each waiting for its sample: the next record of its thread with its time.
+#[derive(Default)]
+pub(crate) struct CopiesAwaitingSamples {
+    by_tid: HashMap<u32, (u64, StackCopy)>,
+    /// Copies whose sample never came (the ring was full for it).
+    pub(crate) unpaired: u64,
+}
+
+impl CopiesAwaitingSamples {
+    /// Threads with a copy waiting at most: a sample lost to a full ring leaves one behind.
+    const MAX_WAITING: usize = 1024;
+
+    pub(crate) fn copy(&mut self, tid: u32, timestamp_ns: u64, copy: StackCopy) {
+        if self.by_tid.len() >= Self::MAX_WAITING {
+            self.unpaired += self.by_tid.len() as u64;
+            self.by_tid.clear();
+        }
+        if self.by_tid.insert(tid, (timestamp_ns, copy)).is_some() {
+            self.unpaired += 1;
+        }
+    }
+
+    /// Gives a sample marked as copied its copy.
+    pub(crate) fn pair(&mut self, sample: &mut Sample, copied: bool) {
+        if !copied {
+            return;
+        }
+        match self.by_tid.remove(&sample.tid) {
+            Some((ts, copy)) if ts == sample.timestamp_ns => sample.stack_copy = Some(Box::new(copy)),
+            Some(_) => self.unpaired += 1,
+            None => {}
+        }
+    }
+}

@@ -1,0 +1,74 @@
+//! The BPF unwinder's oracle (`record --check-unwinder`, for tests): every CPU sample comes with
+//! a copy of its stack from the leaf, which is unwound here with the same tables, and the two
+//! walks are compared frame for frame.
+
+use std::fs::File;
+
+use gpuflame_bpf::{BpfPrograms, Sample, UnwindStatus, UserFrame};
+use gpuflame_unwind::{walk_copied, CopiedStack, WalkEnd};
+
+use super::finish::{Code, MAX_NATIVE_FRAMES};
+
+#[derive(Debug, Default)]
+pub struct UnwinderCheck {
+    /// Stacks compared, and those that agreed frame for frame.
+    pub compared: u64,
+    pub identical: u64,
+    /// Stacks the copy was too short to compare to their end: compared as far as it goes.
+    pub cut_by_copy: u64,
+    /// Stacks BPF walked with other state than the maps hold when they are read here.
+    pub skipped: u64,
+    /// The first differences, as text.
+    pub differences: Vec<String>,
+}
+
+impl UnwinderCheck {
+    /// Compares the BPF walk of `sample` with the user-space walk of its copy from the leaf.
+    pub fn check(&mut self, programs: &BpfPrograms, sample: &Sample) {
+        let Some(copy) = sample.stack_copy.as_ref().filter(|c| c.from_leaf) else { return };
+        // Walks BPF made with other state than the maps hold now are not compared: before the
+        // process's maps were read (by its files' tables), or before an exec.
+        let now_comm = std::fs::read(format!("/proc/{}/comm", sample.pid)).ok();
+        let same_program = now_comm.is_some_and(|c| c.strip_suffix(b"\n").unwrap_or(&c) == sample.comm.as_bytes());
+        if !sample.unwind.has_user_stack() || sample.by_file || matches!(sample.unwind, UnwindStatus::NoProcess) || !same_program {
+            self.skipped += 1;
+            return;
+        }
+        let Some(mut view) = programs.unwind_view(sample.pid) else { return };
+        let memory = File::open(format!("/proc/{}/mem", sample.pid)).ok();
+        let mut code = Code { view: &mut view, memory: memory.as_ref() };
+        let stack = CopiedStack { ip: copy.ip, sp: copy.sp, bp: copy.bp, bp_below_ra: 0, adjust: false, scans: 0, bytes: &copy.bytes };
+        let walk = walk_copied(&stack, &mut code, MAX_NATIVE_FRAMES);
+        let bpf: Vec<u64> = sample.user_stack.iter().filter_map(|f| if let UserFrame::Native(a) = f { Some(*a) } else { None }).collect();
+        let ours: Vec<u64> = walk.frames.iter().map(|f| f.ip).collect();
+        self.compared += 1;
+        // Where the copy ends before the stack does, the walks agree as far as it goes.
+        let cut = walk.end == WalkEnd::ReadFault && copy.bytes.len() >= gpuflame_bpf::STACK_COPY_BYTES && ours.len() <= bpf.len();
+        let same = if cut { bpf.starts_with(&ours) } else { bpf == ours && same_end(sample.unwind, walk.end) };
+        if cut {
+            self.cut_by_copy += 1;
+        }
+        if same {
+            self.identical += 1;
+        } else if self.differences.len() < 10 {
+            self.differences.push(format!(
+                "pid {} ({}): BPF {:?} {:x?}, user space {:?} {:x?}",
+                sample.pid, sample.comm, sample.unwind, bpf, walk.end, ours
+            ));
+        }
+    }
+}
+
+fn same_end(bpf: UnwindStatus, ours: WalkEnd) -> bool {
+    matches!(
+        (bpf, ours),
+        (UnwindStatus::EndOfStack, WalkEnd::EndOfStack)
+            | (UnwindStatus::ZeroReturnAddress, WalkEnd::ZeroReturnAddress)
+            | (UnwindStatus::Truncated, WalkEnd::Truncated)
+            | (UnwindStatus::ReadFault, WalkEnd::ReadFault)
+            | (UnwindStatus::BadCfa, WalkEnd::BadCfa)
+            | (UnwindStatus::NoMapping, WalkEnd::NoMapping)
+            | (UnwindStatus::NoTableYet, WalkEnd::TablePending { .. })
+            | (UnwindStatus::BadFrame, WalkEnd::BadFrame)
+    )
+}

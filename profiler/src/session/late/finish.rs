@@ -1,0 +1,126 @@
+//! Finishing one copied sample: the BPF walk goes on over the copy from the frame where it
+//! stopped, and the Python frames read at sample time go in place of the eval-loop frames it
+//! finds, as the BPF walk puts them.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+
+use gpuflame_bpf::{ProcessUnwindView, PythonEval, Sample, StackCopy, UnwindStatus, UserFrame};
+use gpuflame_unwind::{walk_copied, CodeAt, CopiedStack, ProcessCode, Walk, WalkEnd, WalkedFrame};
+
+/// Native frames a finished stack holds at most, as many as a BPF walk's sample.
+pub const MAX_NATIVE_FRAMES: usize = 512;
+
+/// The process's code as the walker needs it: BPF's mappings and tables, and its memory for the
+/// call check of code without CFI (none once it is gone: such a frame then ends the walk).
+pub struct Code<'v, 'p> {
+    pub view: &'v mut ProcessUnwindView<'p>,
+    pub memory: Option<&'v File>,
+}
+
+impl ProcessCode for Code<'_, '_> {
+    fn code_at(&mut self, ip: u64, adjust: bool) -> CodeAt {
+        self.view.code_at(ip, adjust)
+    }
+
+    fn code_before(&mut self, addr: u64) -> Option<[u8; 8]> {
+        let mut b = [0u8; 8];
+        self.memory?.read_exact_at(&mut b, addr.checked_sub(8)?).ok()?;
+        Some(b)
+    }
+}
+
+pub enum Outcome {
+    /// The sample's stack is whole, or ended for another reason than a missing table.
+    Finished,
+    /// The walk met a file whose table is not loaded yet, at this address.
+    Waiting { ip: u64 },
+}
+
+/// Walks `copy` for `sample` and, unless a table is still missing, puts the frames in its stack.
+pub fn finish(sample: &mut Sample, copy: &StackCopy, code: &mut Code<'_, '_>, python: Option<&PythonEval>) -> Outcome {
+    let stack = CopiedStack { ip: copy.ip, sp: copy.sp, bp: copy.bp, bp_below_ra: copy.bp_below_ra, adjust: copy.adjust, scans: copy.scans, bytes: &copy.bytes };
+    let walk = walk_copied(&stack, code, MAX_NATIVE_FRAMES);
+    if let WalkEnd::TablePending { ip } = walk.end {
+        return Outcome::Waiting { ip };
+    }
+    let status = status_of(&walk, copy);
+    sample.user_stack = merged(&sample.user_stack, &walk, python);
+    sample.unwind = status;
+    Outcome::Finished
+}
+
+fn status_of(walk: &Walk, copy: &StackCopy) -> UnwindStatus {
+    match walk.end {
+        WalkEnd::EndOfStack => UnwindStatus::EndOfStack,
+        WalkEnd::ZeroReturnAddress => UnwindStatus::ZeroReturnAddress,
+        WalkEnd::Truncated => UnwindStatus::Truncated,
+        // The stack goes on past the most BPF copies: deeper than it walks.
+        WalkEnd::ReadFault if copy.bytes.len() >= gpuflame_bpf::STACK_COPY_BYTES => UnwindStatus::Truncated,
+        WalkEnd::ReadFault => UnwindStatus::ReadFault,
+        WalkEnd::BadCfa => UnwindStatus::BadCfa,
+        WalkEnd::NoMapping => UnwindStatus::NoMapping,
+        WalkEnd::TablePending { .. } => UnwindStatus::NoTableYet,
+        WalkEnd::BadFrame => UnwindStatus::BadFrame,
+    }
+}
+
+/// The Python frames after the gap, by the eval-loop call that runs them, with its shim.
+struct Call {
+    frames: Vec<UserFrame>,
+    shim: u64,
+}
+
+fn calls_after_gap(rest: &[UserFrame]) -> Vec<Call> {
+    let mut calls = Vec::new();
+    let mut frames = Vec::new();
+    for f in rest {
+        match *f {
+            UserFrame::CallEnd { shim } => calls.push(Call { frames: std::mem::take(&mut frames), shim }),
+            UserFrame::Python { .. } => frames.push(*f),
+            UserFrame::Native(_) | UserFrame::Gap => {}
+        }
+    }
+    if !frames.is_empty() {
+        calls.push(Call { frames, shim: 0 });
+    }
+    calls
+}
+
+/// The sample's frames up to where BPF stopped, the walk's callers after them, and each call's
+/// Python frames in place of its eval-loop frame; calls no frame was found for stay after a gap.
+fn merged(user: &[UserFrame], walk: &Walk, python: Option<&PythonEval>) -> Vec<UserFrame> {
+    let gap = user.iter().position(|f| *f == UserFrame::Gap).unwrap_or(user.len());
+    let mut out: Vec<UserFrame> = user[..gap].to_vec();
+    let mut calls = calls_after_gap(user.get(gap + 1..).unwrap_or(&[])).into_iter().peekable();
+    let holds_call = |f: &WalkedFrame, call: Option<&Call>| -> bool {
+        let (Some(py), Some(call)) = (python, call) else { return false };
+        if py.by_shim {
+            call.shim != 0 && f.cfa != 0 && f.sp <= call.shim && call.shim < f.cfa
+        } else {
+            py.ranges.iter().any(|&(lo, hi)| lo <= f.ip && f.ip < hi)
+        }
+    };
+    for (i, f) in walk.frames.iter().enumerate() {
+        // By address (before 3.12), the frame BPF stopped at had its Python frames put in already.
+        let by_shim = python.is_some_and(|p| p.by_shim);
+        if (i > 0 || by_shim) && holds_call(f, calls.peek()) {
+            if i == 0 && out.last() == Some(&UserFrame::Native(f.ip)) {
+                out.pop();
+            }
+            out.extend(calls.next().map(|c| c.frames).unwrap_or_default());
+        } else if i > 0 {
+            out.push(UserFrame::Native(f.ip));
+        }
+    }
+    let rest: Vec<UserFrame> = calls.flat_map(|c| c.frames).collect();
+    if !rest.is_empty() {
+        out.push(UserFrame::Gap);
+        out.extend(rest);
+    }
+    out
+}
+
+#[cfg(test)]
+#[path = "finish_tests.rs"]
+mod tests;
