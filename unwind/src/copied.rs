@@ -36,12 +36,14 @@ pub struct CopiedStack<'a> {
     pub adjust: bool,
     /// Stack scans done before the copy (at most MAX_SCANS in a walk).
     pub scans: u8,
+    /// The stack from `base` on (at or below sp).
+    pub base: u64,
     pub bytes: &'a [u8],
 }
 
 impl CopiedStack<'_> {
     fn word(&self, addr: u64) -> Option<u64> {
-        let at = usize::try_from(addr.checked_sub(self.sp)?).ok()?;
+        let at = usize::try_from(addr.checked_sub(self.base)?).ok()?;
         let b = self.bytes.get(at..at.checked_add(8)?)?;
         Some(u64::from_ne_bytes(b.try_into().ok()?))
     }

@@ -158,13 +158,13 @@ struct hooked_stack_payload {
 
 /* EVENT_STACK_COPY: the registers of the frame where the walk stopped (its instruction pointer
  * the last native frame of the sample, or, at an eval-loop call, the Python frames put in its
- * place), and the stack above its sp. */
+ * place), and the stack from 128 bytes below its sp up. */
 struct stack_copy_payload {
 	__u64 ip;
 	__u64 sp;
 	__u64 bp;
 	__u64 bp_below_ra; /* see native_unwind_state */
-	__u32 bytes;       /* bytes of stack from sp on, after the fixed part */
+	__u32 bytes;       /* bytes of stack from sp - STACK_COPY_BELOW_SP on, after the fixed part */
 	__u8 adjust;       /* 1: ip is a return address, looked up at ip - 1 */
 	__u8 scans;        /* stack scans the walk did already */
 	__u8 from_leaf;    /* taken at the sample's leaf whatever the walk did (the oracle's copies) */

@@ -14,6 +14,9 @@
  * is 10-25 KiB (Python 3.11-3.13). A power of two. */
 #define STACK_COPY_BYTES (32 * 1024)
 #define PAGE_SIZE_BYTES 4096
+/* The copy starts this far below sp: the red zone, where leaf code keeps data, and the slots an
+ * epilogue has just popped, which CFI may still name as where a register is saved. */
+#define STACK_COPY_BELOW_SP 128
 
 struct stack_copy_record {
 	struct event_header header;
@@ -138,7 +141,7 @@ __noinline bool send_stack_copy(struct event_record *e, struct native_unwind_sta
 		sp = st->sp;
 		bp = st->bp;
 	}
-	pages.from = sp;
+	pages.from = sp - STACK_COPY_BELOW_SP;
 	bpf_loop(STACK_COPY_BYTES / PAGE_SIZE_BYTES + 1, copy_page, &pages, 0);
 	if (!pages.len)
 		return false;

@@ -29,16 +29,18 @@ pub struct StackCopy {
     /// Taken at the sample's leaf, beside a whole walk (the unwinder's oracle), not where it
     /// stopped.
     pub from_leaf: bool,
-    /// The stack from `sp` on.
+    /// The stack from [`Self::base`] on.
     pub bytes: Vec<u8>,
 }
 
+/// How far below sp a copy starts (STACK_COPY_BELOW_SP in stack_copy.h): the red zone, and
+/// slots an epilogue has just popped, which CFI may still name.
+pub const STACK_COPY_BELOW_SP: u64 = 128;
+
 impl StackCopy {
-    /// The word at `addr`, when the copy holds it.
-    pub fn word(&self, addr: u64) -> Option<u64> {
-        let at = usize::try_from(addr.checked_sub(self.sp)?).ok()?;
-        let b = self.bytes.get(at..at.checked_add(8)?)?;
-        Some(u64::from_ne_bytes(b.try_into().ok()?))
+    /// The address of the copy's first byte.
+    pub fn base(&self) -> u64 {
+        self.sp.wrapping_sub(STACK_COPY_BELOW_SP)
     }
 }
 

@@ -37,7 +37,7 @@ impl UnwinderCheck {
         let Some(mut view) = programs.unwind_view(sample.pid) else { return };
         let memory = File::open(format!("/proc/{}/mem", sample.pid)).ok();
         let mut code = Code { view: &mut view, memory: memory.as_ref() };
-        let stack = CopiedStack { ip: copy.ip, sp: copy.sp, bp: copy.bp, bp_below_ra: 0, adjust: false, scans: 0, bytes: &copy.bytes };
+        let stack = CopiedStack { ip: copy.ip, sp: copy.sp, bp: copy.bp, bp_below_ra: 0, adjust: false, scans: 0, base: copy.base(), bytes: &copy.bytes };
         let walk = walk_copied(&stack, &mut code, MAX_NATIVE_FRAMES);
         let bpf: Vec<u64> = sample.user_stack.iter().filter_map(|f| if let UserFrame::Native(a) = f { Some(*a) } else { None }).collect();
         let ours: Vec<u64> = walk.frames.iter().map(|f| f.ip).collect();
@@ -52,8 +52,8 @@ impl UnwinderCheck {
             self.identical += 1;
         } else if self.differences.len() < 10 {
             self.differences.push(format!(
-                "pid {} ({}): BPF {:?} {:x?}, user space {:?} {:x?}",
-                sample.pid, sample.comm, sample.unwind, bpf, walk.end, ours
+                "pid {} ({}): BPF {:?} {:x?}, user space {:?} {:x?} (copy of {} bytes from sp {:#x})",
+                sample.pid, sample.comm, sample.unwind, bpf, walk.end, ours, copy.bytes.len(), copy.sp
             ));
         }
     }

@@ -39,7 +39,7 @@ pub enum Outcome {
 
 /// Walks `copy` for `sample` and, unless a table is still missing, puts the frames in its stack.
 pub fn finish(sample: &mut Sample, copy: &StackCopy, code: &mut Code<'_, '_>, python: Option<&PythonEval>) -> Outcome {
-    let stack = CopiedStack { ip: copy.ip, sp: copy.sp, bp: copy.bp, bp_below_ra: copy.bp_below_ra, adjust: copy.adjust, scans: copy.scans, bytes: &copy.bytes };
+    let stack = CopiedStack { ip: copy.ip, sp: copy.sp, bp: copy.bp, bp_below_ra: copy.bp_below_ra, adjust: copy.adjust, scans: copy.scans, base: copy.base(), bytes: &copy.bytes };
     let walk = walk_copied(&stack, code, MAX_NATIVE_FRAMES);
     if let WalkEnd::TablePending { ip } = walk.end {
         return Outcome::Waiting { ip };
