@@ -55,7 +55,7 @@ impl End {
             late: session.late_stats(),
             check: session.unwinder_check().map(|c| {
                 let mut lines = vec![format!(
-                    "unwinder check: {} stacks, {} identical frame for frame ({} as far as the copy went), {} differ, {} not compared (walked before the maps were read, or before an exec)",
+                    "unwinder check: {} stacks, {} identical frame for frame ({} as far as the copy went), {} differ, {} not compared (walked before the maps or a table were in, or before an exec)",
                     c.compared,
                     c.identical,
                     c.cut_by_copy,

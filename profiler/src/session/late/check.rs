@@ -27,10 +27,11 @@ impl UnwinderCheck {
     pub fn check(&mut self, programs: &BpfPrograms, sample: &Sample) {
         let Some(copy) = sample.stack_copy.as_ref().filter(|c| c.from_leaf) else { return };
         // Walks BPF made with other state than the maps hold now are not compared: before the
-        // process's maps were read (by its files' tables), or before an exec.
+        // process's maps or a table were in (by its files' tables, cut where one was missing, at
+        // code not known yet), or before an exec.
         let now_comm = std::fs::read(format!("/proc/{}/comm", sample.pid)).ok();
         let same_program = now_comm.is_some_and(|c| c.strip_suffix(b"\n").unwrap_or(&c) == sample.comm.as_bytes());
-        if !sample.unwind.has_user_stack() || sample.by_file || matches!(sample.unwind, UnwindStatus::NoProcess) || !same_program {
+        if !sample.unwind.has_user_stack() || sample.by_file || matches!(sample.unwind, UnwindStatus::NoProcess | UnwindStatus::NoTableYet | UnwindStatus::NoMapping) || !same_program {
             self.skipped += 1;
             return;
         }
