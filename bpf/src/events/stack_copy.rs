@@ -42,6 +42,12 @@ impl StackCopy {
     pub fn base(&self) -> u64 {
         self.sp.wrapping_sub(STACK_COPY_BELOW_SP)
     }
+
+    /// Where the user-space walk starts: where BPF's stopped, or the leaf for `from_leaf`.
+    pub fn walk_start(&self) -> gpuflame_unwind::CopiedStack<'_> {
+        let (bp_below_ra, adjust, scans) = if self.from_leaf { (0, false, 0) } else { (self.bp_below_ra, self.adjust, self.scans) };
+        gpuflame_unwind::CopiedStack { ip: self.ip, sp: self.sp, bp: self.bp, bp_below_ra, adjust, scans, base: self.base(), bytes: &self.bytes }
+    }
 }
 
 pub(super) fn decode(r: &Record) -> StackCopy {

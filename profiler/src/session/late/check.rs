@@ -5,7 +5,7 @@
 use std::fs::File;
 
 use gpuflame_bpf::{BpfPrograms, Sample, UnwindStatus, UserFrame};
-use gpuflame_unwind::{walk_copied, CopiedStack, WalkEnd};
+use gpuflame_unwind::{walk_copied, WalkEnd};
 
 use super::finish::{Code, MAX_NATIVE_FRAMES};
 
@@ -38,8 +38,7 @@ impl UnwinderCheck {
         let Some(mut view) = programs.unwind_view(sample.pid) else { return };
         let memory = File::open(format!("/proc/{}/mem", sample.pid)).ok();
         let mut code = Code { view: &mut view, memory: memory.as_ref() };
-        let stack = CopiedStack { ip: copy.ip, sp: copy.sp, bp: copy.bp, bp_below_ra: 0, adjust: false, scans: 0, base: copy.base(), bytes: &copy.bytes };
-        let walk = walk_copied(&stack, &mut code, MAX_NATIVE_FRAMES);
+        let walk = walk_copied(&copy.walk_start(), &mut code, MAX_NATIVE_FRAMES);
         let bpf: Vec<u64> = sample.user_stack.iter().filter_map(|f| if let UserFrame::Native(a) = f { Some(*a) } else { None }).collect();
         let ours: Vec<u64> = walk.frames.iter().map(|f| f.ip).collect();
         self.compared += 1;

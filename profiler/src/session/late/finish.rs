@@ -6,7 +6,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 
 use gpuflame_bpf::{ProcessUnwindView, PythonEval, Sample, StackCopy, UnwindStatus, UserFrame};
-use gpuflame_unwind::{walk_copied, CodeAt, CopiedStack, ProcessCode, Walk, WalkEnd, WalkedFrame};
+use gpuflame_unwind::{walk_copied, CodeAt, ProcessCode, Walk, WalkEnd, WalkedFrame};
 
 /// Native frames a finished stack holds at most, as many as a BPF walk's sample.
 pub const MAX_NATIVE_FRAMES: usize = 512;
@@ -39,8 +39,7 @@ pub enum Outcome {
 
 /// Walks `copy` for `sample` and, unless a table is still missing, puts the frames in its stack.
 pub fn finish(sample: &mut Sample, copy: &StackCopy, code: &mut Code<'_, '_>, python: Option<&PythonEval>) -> Outcome {
-    let stack = CopiedStack { ip: copy.ip, sp: copy.sp, bp: copy.bp, bp_below_ra: copy.bp_below_ra, adjust: copy.adjust, scans: copy.scans, base: copy.base(), bytes: &copy.bytes };
-    let walk = walk_copied(&stack, code, MAX_NATIVE_FRAMES);
+    let walk = walk_copied(&copy.walk_start(), code, MAX_NATIVE_FRAMES);
     if let WalkEnd::TablePending { ip } = walk.end {
         return Outcome::Waiting { ip };
     }
