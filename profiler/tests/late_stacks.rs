@@ -110,3 +110,46 @@ fn the_user_space_unwinder_walks_every_stack_as_the_bpf_one_does() {
     assert!(compared >= 600, "expected ~1,200 stacks compared, got {compared}\n{log}");
     assert_eq!(differ, 0, "the two unwinders differ:\n{log}");
 }
+
+/// Whether `frames` holds `names` in this order (other frames between them).
+fn in_order(frames: &[&str], names: &[&str]) -> bool {
+    let mut it = frames.iter();
+    names.iter().all(|n| it.any(|f| f == n))
+}
+
+/// pyenv's Python 3.minor.
+fn pyenv_python(minor: u32) -> PathBuf {
+    std::fs::read_dir("/root/.pyenv/versions")
+        .ok()
+        .and_then(|d| d.flatten().map(|e| e.path()).find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(&format!("3.{minor}.")))))
+        .map(|p| p.join(format!("bin/python3.{minor}")))
+        .unwrap_or_else(|| panic!("pyenv's Python 3.{minor} is needed for this test (/root/.pyenv/versions/3.{minor}.x)"))
+}
+
+#[test]
+fn python_frames_go_where_their_eval_loop_calls_are_in_stacks_finished_late() {
+    require_bpf();
+    let dir = tempfile::tempdir().unwrap();
+    let lib = big_library(dir.path());
+    let script = dir.path().join("call_lib.py");
+    std::fs::write(&script, "import ctypes, sys\ndef work(lib):\n    lib.lib_entry(ctypes.c_double(2.0))\ndef main():\n    work(ctypes.CDLL(sys.argv[1]))\nmain()\n").unwrap();
+    // 3.10: a frame object per eval-loop call; 3.11: entry frames; 3.12 and 3.13: shim frames.
+    for minor in [10, 11, 12, 13] {
+        let python = pyenv_python(minor);
+        let out = dir.path().join(format!("py{minor}.folded"));
+        let run = gpuflame_ok(&["record", "-F", "199", "-o", out.to_str().unwrap(), "--", python.to_str().unwrap(), script.to_str().unwrap(), lib.to_str().unwrap()], 0);
+        let log = String::from_utf8_lossy(&run.stderr);
+        let stacks = read_folded(&out);
+        let in_lib: Vec<Stack> = stacks.iter().filter(|s| s.user().contains(&"lib_spin")).cloned().collect();
+        let all = total(&in_lib);
+        let whole: u64 = in_lib
+            .iter()
+            .filter(|s| s.user().first() == Some(&"_start") && in_order(&s.user(), &["<module> (call_lib.py)", "main (call_lib.py)", "work (call_lib.py)", "lib_entry"]) && s.has_sequence(&["lib_entry", "lib_inner", "lib_spin"]))
+            .map(|s| s.count)
+            .sum();
+        eprintln!("python 3.{minor}: {whole} of {all} samples in the library whole with their Python frames; {} finished late", finished_late(&log));
+        assert!(all >= 200, "3.{minor}: expected ~400 samples in the library, got {all}\n{log}");
+        assert!(finished_late(&log) > 0, "3.{minor}: no sample waited for a table\n{log}");
+        assert!(whole * 1000 >= all * 995, "3.{minor}: only {whole} of {all} whole:\n{}", describe(&in_lib));
+    }
+}

@@ -62,6 +62,10 @@ impl End {
                     c.compared - c.identical,
                     c.skipped
                 )];
+                let mut d = c.depths.clone();
+                d.sort_unstable();
+                let at = |q: f64| d.get(((d.len() as f64 - 1.0) * q) as usize).copied().unwrap_or(0);
+                lines.push(format!("unwinder check: stack depth from the leaf, bytes: median {}, p99 {}, max {}", at(0.5), at(0.99), at(1.0)));
                 lines.extend(c.differences.iter().map(|d| format!("unwinder check: differs: {d}")));
                 lines
             }),

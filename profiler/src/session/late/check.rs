@@ -20,6 +20,9 @@ pub struct UnwinderCheck {
     pub skipped: u64,
     /// The first differences, as text.
     pub differences: Vec<String>,
+    /// Bytes from the leaf's sp to the outermost frame's, of stacks walked to their end: what a
+    /// copy needs to hold.
+    pub depths: Vec<u64>,
 }
 
 impl UnwinderCheck {
@@ -42,6 +45,9 @@ impl UnwinderCheck {
         let bpf: Vec<u64> = sample.user_stack.iter().filter_map(|f| if let UserFrame::Native(a) = f { Some(*a) } else { None }).collect();
         let ours: Vec<u64> = walk.frames.iter().map(|f| f.ip).collect();
         self.compared += 1;
+        if let (WalkEnd::EndOfStack | WalkEnd::ZeroReturnAddress, Some(last)) = (walk.end, walk.frames.last()) {
+            self.depths.push(last.sp.saturating_sub(copy.sp));
+        }
         // Where the copy ends before the stack does, the walks agree as far as it goes.
         let cut = walk.end == WalkEnd::ReadFault && copy.bytes.len() >= gpuflame_bpf::STACK_COPY_BYTES && ours.len() <= bpf.len();
         let same = if cut { bpf.starts_with(&ours) } else { bpf == ours && same_end(sample.unwind, walk.end) };
