@@ -10,8 +10,10 @@
 #include "maps.h"
 #include "unwind_state.h"
 
-/* Bytes copied at most: the stack of a PyTorch training step from libtorch to the thread's root
- * is 10-25 KiB (Python 3.11-3.13). A power of two. */
+/* Bytes copied at most (a power of two). Measured with record --check-unwinder on the PyPI torch
+ * wheel (Python 3.11): a training step's stacks reach their root within 13.7 KiB of the leaf;
+ * importing torch within 32 KiB for 92% of samples (the rest are also deeper than the 512
+ * frames a sample holds). OpenBLAS kernels keep 28 KiB buffers on the stack: theirs do not fit. */
 #define STACK_COPY_BYTES (32 * 1024)
 #define PAGE_SIZE_BYTES 4096
 /* The copy starts this far below sp: the red zone, where leaf code keeps data, and the slots an

@@ -21,6 +21,8 @@ pub struct AgentMetrics {
     pub maps_reads_saved: u64,
     pub series: super::series::Stats,
     pub ranks: crate::workload::rank::RankStats,
+    /// Samples copied where a table was missing: finished, given up, held now.
+    pub late: crate::session::LateStats,
     /// Reserved against allocated per device.
     pub devices: Vec<crate::cuda::memory::DeviceUse>,
     pub tensors: crate::cuda::hbm::HbmStats,
@@ -56,6 +58,14 @@ pub fn render(m: &AgentMetrics, q: &QueueStats) -> String {
     let bpf: Vec<(String, u64)> = m.counters.named().into_iter().map(|(name, v)| (format!("{{counter=\"{name}\"}}"), v)).collect();
     let bpf: Vec<(&str, u64)> = bpf.iter().map(|(l, v)| (l.as_str(), *v)).collect();
     metric("gpuflame_bpf_counter_total", "counter", "The BPF programs' counters, by name (group.field).", &bpf);
+    let l = &m.late;
+    metric(
+        "gpuflame_late_stacks_total",
+        "counter",
+        "CPU samples whose stack BPF copied where a table was missing: finished once it came, sent on cut (it did not come in 10 s, or 64 MiB of stacks were waiting).",
+        &[("{outcome=\"finished\"}", l.finished), ("{outcome=\"gave_up\"}", l.gave_up), ("{outcome=\"not_held\"}", l.turned_away)],
+    );
+    metric("gpuflame_late_stack_bytes", "gauge", "Bytes of copied stacks waiting for their tables.", &[("", l.waiting_bytes)]);
     metric("gpuflame_windows_total", "counter", "Profile windows completed.", &[("", m.windows)]);
     metric("gpuflame_profiles_pushed_total", "counter", "Push requests delivered.", &[("", q.pushed.load(Ordering::Relaxed))]);
     metric("gpuflame_profiles_failed_total", "counter", "Push requests the server refused (4xx).", &[("", q.failed.load(Ordering::Relaxed))]);

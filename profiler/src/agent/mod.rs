@@ -196,6 +196,7 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
                 m.maps_reads_saved = session.processes().tracker().stats.reads_saved;
                 m.series = stats;
                 m.ranks = session.rank_stats();
+                m.late = session.late_stats();
                 let sources = session.source_stats();
                 m.devices = sources.devices;
                 m.tensors = sources.tensors;

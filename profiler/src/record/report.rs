@@ -93,7 +93,7 @@ impl End {
         for line in self.memory.iter().chain(self.check.iter().flatten()) {
             eprintln!("gpuflame: {line}");
         }
-        tracing::info!(finished = self.late.finished, whole = self.late.finished_whole, gave_up = self.late.gave_up, "stacks copied where a table was missing, finished when it came");
+        tracing::info!(finished = self.late.finished, whole = self.late.finished_whole, gave_up = self.late.gave_up, turned_away = self.late.turned_away, "stacks copied where a table was missing, finished when it came");
         report_unwinding(counters, &self.tracker, self.capacity, self.unknown_python);
         report_ranks(&self.ranks);
         if let Some(left) = self.off_cpu_threads_left {
@@ -122,11 +122,17 @@ impl End {
 
 /// ", N finished late" when samples waited for their tables.
 fn late_part(l: &LateStats) -> String {
-    match (l.finished, l.gave_up) {
-        (0, 0) => String::new(),
-        (f, 0) => format!(", {f} finished late"),
-        (f, g) => format!(", {f} finished late, {g} whose table never came"),
+    let mut s = String::new();
+    if l.finished > 0 {
+        s += &format!(", {} finished late", l.finished);
     }
+    if l.gave_up > 0 {
+        s += &format!(", {} whose table never came", l.gave_up);
+    }
+    if l.turned_away > 0 {
+        s += &format!(", {} not held (64 MiB of stacks waiting)", l.turned_away);
+    }
+    s
 }
 
 /// What reading processes' ranks counted (-v); a warning for values that were not numbers.

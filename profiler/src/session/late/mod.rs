@@ -20,6 +20,9 @@ use finish::{finish, Code, Outcome};
 const MAX_WAIT: Duration = Duration::from_secs(10);
 /// How often held samples are tried while tables are being built.
 const RETRY: Duration = Duration::from_millis(50);
+/// Stack bytes held at most: beyond, a sample goes on as BPF cut it (a machine of many CPUs whose
+/// every sample waits: at 19 Hz, 192 CPUs would hold 1.2 GB over MAX_WAIT).
+const MAX_HELD_BYTES: u64 = 64 << 20;
 
 /// What the late unwinding did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -29,6 +32,8 @@ pub struct LateStats {
     pub finished_whole: u64,
     /// Samples whose table did not come in time: they went on cut.
     pub gave_up: u64,
+    /// Samples not held, MAX_HELD_BYTES being held already: they went on cut.
+    pub turned_away: u64,
     /// Samples waiting now, and the bytes of stack they hold.
     pub waiting: u64,
     pub waiting_bytes: u64,
@@ -46,6 +51,8 @@ pub struct LateStacks {
     finished: u64,
     finished_whole: u64,
     gave_up: u64,
+    turned_away: u64,
+    held_bytes: u64,
 }
 
 /// An address whose file's table a held sample still needs.
@@ -56,14 +63,20 @@ pub struct NeedsTable {
 
 impl LateStacks {
     /// Keeps a sample with a copy to finish; gives back any other.
-    pub fn offer(&mut self, sample: Sample) -> Option<Sample> {
-        match &sample.stack_copy {
-            Some(copy) if !copy.from_leaf => {
-                self.held.push_back(Held { sample, since: Instant::now() });
-                None
-            }
-            _ => Some(sample),
+    pub fn offer(&mut self, mut sample: Sample) -> Option<Sample> {
+        let bytes = match &sample.stack_copy {
+            Some(copy) if !copy.from_leaf => copy.bytes.len() as u64,
+            _ => return Some(sample),
+        };
+        if self.held_bytes + bytes > MAX_HELD_BYTES {
+            self.turned_away += 1;
+            sample.stack_copy = None;
+            sample.user_stack.retain(|f| !matches!(f, UserFrame::CallEnd { .. }));
+            return Some(sample);
         }
+        self.held_bytes += bytes;
+        self.held.push_back(Held { sample, since: Instant::now() });
+        None
     }
 
     pub fn is_empty(&self) -> bool {
@@ -92,6 +105,7 @@ impl LateStacks {
                 python = programs.python_eval(pid);
             }
             let Some(copy) = h.sample.stack_copy.take() else { continue };
+            self.held_bytes = self.held_bytes.saturating_sub(copy.bytes.len() as u64);
             let outcome = match view.as_mut() {
                 Some(v) => {
                     let mut code = Code { view: v, memory: memory.as_ref() };
@@ -107,6 +121,7 @@ impl LateStacks {
                 }
                 Outcome::Waiting { ip } if !all && now.duration_since(h.since) < MAX_WAIT => {
                     needs.push(NeedsTable { pid, addr: ip });
+                    self.held_bytes += copy.bytes.len() as u64;
                     h.sample.stack_copy = Some(copy);
                     keep.push_back(h);
                 }
@@ -123,7 +138,13 @@ impl LateStacks {
     }
 
     pub fn stats(&self) -> LateStats {
-        let waiting_bytes = self.held.iter().filter_map(|h| h.sample.stack_copy.as_ref()).map(|c| c.bytes.len() as u64).sum();
-        LateStats { finished: self.finished, finished_whole: self.finished_whole, gave_up: self.gave_up, waiting: self.held.len() as u64, waiting_bytes }
+        LateStats {
+            finished: self.finished,
+            finished_whole: self.finished_whole,
+            gave_up: self.gave_up,
+            turned_away: self.turned_away,
+            waiting: self.held.len() as u64,
+            waiting_bytes: self.held_bytes,
+        }
     }
 }
