@@ -49,7 +49,9 @@ pub(crate) fn decode_ring_record(data: &[u8], copies: &mut CopiesAwaitingSamples
     }
     let mut event = decode_record(data).ok_or(())?;
     if let Event::Sample(s) = &mut event {
-        copies.pair(s, r.stack.flags & types::stack_flags::STACK_COPIED.0 != 0);
+        if r.stack.flags & types::stack_flags::STACK_COPIED.0 != 0 {
+            s.stack_copy = copies.take(s.tid, s.timestamp_ns).map(Box::new);
+        }
     }
     Ok(Some(event))
 }
@@ -119,6 +121,28 @@ mod tests {
         assert!(matches!(decoded(kind::EVENT_OFFCPU_STACK, &stack, &[]), Some(Event::OffCpu(_))));
         let end = types::offcpu_end_payload::default();
         assert!(matches!(decoded(kind::EVENT_OFFCPU_END, &end, &[]), Some(Event::OffCpuEnd(_))));
+    }
+
+    #[test]
+    fn a_stack_copy_goes_with_the_sample_of_its_thread_and_time() {
+        use types::event_kind as k;
+        let mut copies = CopiesAwaitingSamples::default();
+        let payload = types::stack_copy_payload { ip: 0x1000, sp: 0x7000, bytes: 16, adjust: 1, ..Default::default() };
+        let copy = record(header(k::EVENT_STACK_COPY, 1, 7, "x"), types::event_stack::default(), &payload, &[1, 2, 3]);
+        assert!(matches!(decode_ring_record(&copy, &mut copies), Ok(None)));
+        let stack = types::event_stack { flags: types::stack_flags::STACK_COPIED.0, ..Default::default() };
+        let sample = record(header(k::EVENT_CPU_SAMPLE, 1, 7, "x"), stack, &[0u8; 0], &[0; SLOTS]);
+        let Ok(Some(Event::Sample(s))) = decode_ring_record(&sample, &mut copies) else { panic!("not a sample") };
+        let c = s.stack_copy.expect("paired");
+        assert_eq!((c.ip, c.sp, c.adjust, c.bytes.len()), (0x1000, 0x7000, true, 16));
+        assert_eq!(c.base(), 0x7000 - 128);
+        // Another thread's sample, or one sent later, does not take it.
+        assert!(matches!(decode_ring_record(&copy, &mut copies), Ok(None)));
+        let other = record(header(k::EVENT_CPU_SAMPLE, 1, 8, "x"), stack, &[0u8; 0], &[0; SLOTS]);
+        assert!(matches!(decode_ring_record(&other, &mut copies), Ok(Some(Event::Sample(s))) if s.stack_copy.is_none()));
+        let later = record(types::event_header { timestamp_ns: 9999, ..header(k::EVENT_CPU_SAMPLE, 1, 7, "x") }, stack, &[0u8; 0], &[0; SLOTS]);
+        assert!(matches!(decode_ring_record(&later, &mut copies), Ok(Some(Event::Sample(s))) if s.stack_copy.is_none()));
+        assert_eq!(copies.unpaired, 1);
     }
 
     #[test]

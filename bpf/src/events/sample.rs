@@ -4,6 +4,7 @@
 use std::mem::size_of;
 
 use super::record::{Record, KERNEL_STACK_AT, RECORD_BYTES, USER_SLOTS};
+use super::stack_copy::StackCopy;
 use crate::skel::types;
 
 /// The outcome of the kernel stack read.
@@ -168,7 +169,7 @@ pub struct Sample {
     pub by_file: bool,
     /// The stack above the frame where the walk stopped for want of a table, for user space to
     /// finish once the table is in; or, from the leaf, the copy the unwinder's oracle checks.
-    pub stack_copy: Option<Box<super::StackCopy>>,
+    pub stack_copy: Option<Box<StackCopy>>,
 }
 
 /// A file by identity, and an offset in it.

@@ -5,7 +5,6 @@ use std::collections::HashMap;
 use std::mem::{offset_of, size_of};
 
 use super::record::Record;
-use super::sample::Sample;
 use crate::skel::types;
 
 /// Bytes of the largest copy record: what the ring must make room for.
@@ -79,15 +78,15 @@ impl CopiesAwaitingSamples {
         }
     }
 
-    /// Gives a sample marked as copied its copy.
-    pub(crate) fn pair(&mut self, sample: &mut Sample, copied: bool) {
-        if !copied {
-            return;
-        }
-        match self.by_tid.remove(&sample.tid) {
-            Some((ts, copy)) if ts == sample.timestamp_ns => sample.stack_copy = Some(Box::new(copy)),
-            Some(_) => self.unpaired += 1,
-            None => {}
+    /// The copy of the sample of thread `tid` taken at `timestamp_ns`, marked as copied.
+    pub(crate) fn take(&mut self, tid: u32, timestamp_ns: u64) -> Option<StackCopy> {
+        match self.by_tid.remove(&tid) {
+            Some((ts, copy)) if ts == timestamp_ns => Some(copy),
+            Some(_) => {
+                self.unpaired += 1;
+                None
+            }
+            None => None,
         }
     }
 }
