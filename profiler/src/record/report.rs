@@ -93,7 +93,7 @@ impl End {
         for line in self.memory.iter().chain(self.check.iter().flatten()) {
             eprintln!("gpuflame: {line}");
         }
-        tracing::info!(finished = self.late.finished, whole = self.late.finished_whole, gave_up = self.late.gave_up, turned_away = self.late.turned_away, "stacks copied where a table was missing, finished when it came");
+        tracing::info!(finished = self.late.finished, whole = self.late.finished_whole, deeper_than_copy = self.late.cut_by_copy, gave_up = self.late.gave_up, turned_away = self.late.turned_away, "stacks copied where a table was missing, finished when it came");
         report_unwinding(counters, &self.tracker, self.capacity, self.unknown_python);
         report_ranks(&self.ranks);
         if let Some(left) = self.off_cpu_threads_left {

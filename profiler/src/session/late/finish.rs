@@ -31,8 +31,9 @@ impl ProcessCode for Code<'_, '_> {
 }
 
 pub enum Outcome {
-    /// The sample's stack is whole, or ended for another reason than a missing table.
-    Finished,
+    /// The sample's stack is whole, or ended for another reason than a missing table;
+    /// `cut_by_copy`: it went on past what BPF copies.
+    Finished { cut_by_copy: bool },
     /// The walk met a file whose table is not loaded yet, at this address.
     Waiting { ip: u64 },
 }
@@ -46,7 +47,7 @@ pub fn finish(sample: &mut Sample, copy: &StackCopy, code: &mut Code<'_, '_>, py
     let status = status_of(&walk, copy);
     sample.user_stack = merged(&sample.user_stack, &walk, python);
     sample.unwind = status;
-    Outcome::Finished
+    Outcome::Finished { cut_by_copy: walk.end == WalkEnd::ReadFault && status == UnwindStatus::Truncated }
 }
 
 fn status_of(walk: &Walk, copy: &StackCopy) -> UnwindStatus {

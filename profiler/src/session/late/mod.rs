@@ -30,6 +30,8 @@ pub struct LateStats {
     /// Samples whose stack was finished from their copy, and those of them whole to their root.
     pub finished: u64,
     pub finished_whole: u64,
+    /// Of those, the ones whose stack went on past the copy (marked `[truncated]`).
+    pub cut_by_copy: u64,
     /// Samples whose table did not come in time: they went on cut.
     pub gave_up: u64,
     /// Samples not held, MAX_HELD_BYTES being held already: they went on cut.
@@ -50,6 +52,7 @@ pub struct LateStacks {
     tried: Option<Instant>,
     finished: u64,
     finished_whole: u64,
+    cut_by_copy: u64,
     gave_up: u64,
     turned_away: u64,
     held_bytes: u64,
@@ -111,11 +114,12 @@ impl LateStacks {
                     let mut code = Code { view: v, memory: memory.as_ref() };
                     finish(&mut h.sample, &copy, &mut code, python.as_ref())
                 }
-                None => Outcome::Finished, // the process is gone: its sample goes on as cut
+                None => Outcome::Finished { cut_by_copy: false }, // the process is gone: it goes on as cut
             };
             match outcome {
-                Outcome::Finished if view.is_some() => {
+                Outcome::Finished { cut_by_copy } if view.is_some() => {
                     self.finished += 1;
+                    self.cut_by_copy += u64::from(cut_by_copy);
                     self.finished_whole += u64::from(h.sample.unwind.is_complete());
                     out.push(h.sample);
                 }
@@ -141,6 +145,7 @@ impl LateStacks {
         LateStats {
             finished: self.finished,
             finished_whole: self.finished_whole,
+            cut_by_copy: self.cut_by_copy,
             gave_up: self.gave_up,
             turned_away: self.turned_away,
             waiting: self.held.len() as u64,
