@@ -25,17 +25,24 @@ pub trait ProcessCode {
     fn code_before(&mut self, addr: u64) -> Option<[u8; 8]>;
 }
 
-/// The registers of the first frame and the stack above its sp.
-#[derive(Debug, Clone, Copy)]
-pub struct CopiedStack<'a> {
+/// Where a walk starts: the frame's registers, and what the walk had found before it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WalkStart {
     pub ip: u64,
     pub sp: u64,
     pub bp: u64,
+    /// After a stack scan of code without CFI: the word under the return address it found.
     pub bp_below_ra: u64,
-    /// The first frame's ip is a return address.
+    /// `ip` is a return address: its rule is the one of `ip - 1`.
     pub adjust: bool,
-    /// Stack scans done before the copy (at most MAX_SCANS in a walk).
+    /// Stack scans done already (at most MAX_SCANS in a walk).
     pub scans: u8,
+}
+
+/// The first frame and the stack around it.
+#[derive(Debug, Clone, Copy)]
+pub struct CopiedStack<'a> {
+    pub start: WalkStart,
     /// The stack from `base` on (at or below sp).
     pub base: u64,
     pub bytes: &'a [u8],
@@ -98,9 +105,10 @@ struct State<'a, 'c> {
 
 /// Walks the copied stack for at most `max_frames` frames.
 pub fn walk_copied(stack: &CopiedStack<'_>, code: &mut dyn ProcessCode, max_frames: usize) -> Walk {
-    let mut s = State { stack, code, ip: stack.ip, sp: stack.sp, bp: stack.bp, bp_below_ra: stack.bp_below_ra, scans: stack.scans };
+    let w = stack.start;
+    let mut s = State { stack, code, ip: w.ip, sp: w.sp, bp: w.bp, bp_below_ra: w.bp_below_ra, scans: w.scans };
     let mut frames = Vec::new();
-    let mut adjust = stack.adjust;
+    let mut adjust = w.adjust;
     let end = loop {
         if frames.len() >= max_frames {
             break WalkEnd::Truncated;

@@ -44,7 +44,7 @@ fn cfa_rules_walk_to_the_end_of_the_stack() {
     // Leaf 0x1010: CFA sp+16, ra at sp+8 → 0x1110. There rbp-based: CFA = rbp+16 with rbp =
     // SP+16 (the saved rbp at CFA-16 = SP+16 holds SP+48), ra at SP+24 → 0x1210: the end.
     let bytes = stack(&[0, 0x1110, 0x7777, 0x1210, 0, 0, SP + 48]);
-    let copy = CopiedStack { ip: 0x1010, sp: SP, bp: SP + 16, bp_below_ra: 0, adjust: false, scans: 0, base: SP, bytes: &bytes };
+    let copy = CopiedStack { start: WalkStart { ip: 0x1010, sp: SP, bp: SP + 16, adjust: false, ..Default::default() }, base: SP, bytes: &bytes };
     let walk = walk_copied(&copy, &mut code, 16);
     assert_eq!(walk.frames.iter().map(|f| f.ip).collect::<Vec<_>>(), [0x1010, 0x1110, 0x1210]);
     assert_eq!(walk.frames[0].cfa, SP + 16);
@@ -60,7 +60,7 @@ fn code_without_cfi_is_stepped_by_frame_pointer_then_by_scan() {
     let mut words = vec![0, 0, 0, 0x3020, 0x42, 0x5010];
     words.resize(80, 0); // a scan reads 64 words
     let bytes = stack(&words);
-    let copy = CopiedStack { ip: 0x3010, sp: SP, bp: SP + 16, bp_below_ra: 0, adjust: false, scans: 0, base: SP, bytes: &bytes };
+    let copy = CopiedStack { start: WalkStart { ip: 0x3010, sp: SP, bp: SP + 16, adjust: false, ..Default::default() }, base: SP, bytes: &bytes };
     let walk = walk_copied(&copy, &mut code, 16);
     assert_eq!(walk.frames.iter().map(|f| f.ip).collect::<Vec<_>>(), [0x3010, 0x3020, 0x5010]);
     assert_eq!(walk.end, WalkEnd::TablePending { ip: 0x5010 });
@@ -71,13 +71,13 @@ fn code_without_cfi_is_stepped_by_frame_pointer_then_by_scan() {
 fn reads_past_the_copy_and_lost_frames_end_the_walk() {
     let mut code = Fake { rules: vec![(0x1000, 0x1100, rsp(64))] };
     let bytes = stack(&[0, 0x1010]);
-    let copy = CopiedStack { ip: 0x1010, sp: SP, bp: 0, bp_below_ra: 0, adjust: true, scans: 0, base: SP, bytes: &bytes };
+    let copy = CopiedStack { start: WalkStart { ip: 0x1010, sp: SP, bp: 0, adjust: true, ..Default::default() }, base: SP, bytes: &bytes };
     assert_eq!(walk_copied(&copy, &mut code, 16).end, WalkEnd::ReadFault);
-    let copy = CopiedStack { ip: 0x9000, ..copy };
+    let copy = CopiedStack { start: WalkStart { ip: 0x9000, ..copy.start }, ..copy };
     assert_eq!(walk_copied(&copy, &mut code, 16).end, WalkEnd::NoMapping);
     let mut code = Fake { rules: vec![(0x1000, 0x1100, rsp(8))] };
     let bytes = stack(&[0x1010; 8]);
-    let copy = CopiedStack { ip: 0x1010, sp: SP, bp: 0, bp_below_ra: 0, adjust: true, scans: 0, base: SP, bytes: &bytes };
+    let copy = CopiedStack { start: WalkStart { ip: 0x1010, sp: SP, bp: 0, adjust: true, ..Default::default() }, base: SP, bytes: &bytes };
     let walk = walk_copied(&copy, &mut code, 4);
     assert_eq!((walk.frames.len(), walk.end), (4, WalkEnd::Truncated));
 }

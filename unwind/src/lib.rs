@@ -21,7 +21,7 @@ mod table;
 pub use stream::{TablePiece, TableSummary};
 pub use compact::{CompactTable, RuleTable};
 pub use compact::CompactError;
-pub use copied::{follows_call, walk_copied, CodeAt, CopiedStack, ProcessCode, Walk, WalkEnd, WalkedFrame};
+pub use copied::{follows_call, walk_copied, CodeAt, CopiedStack, ProcessCode, Walk, WalkEnd, WalkStart, WalkedFrame};
 pub use elf::ExecutableKey;
 pub use error::UnwindError;
 pub use probe::{ElfProbe, ProbeError};

@@ -281,11 +281,12 @@ static __always_inline void unwind_user_stack(struct event_record *e, __u32 slot
 		st.py.enabled = 0;
 	/* Python frames take steps of their own: room for a full stack of both. */
 	bpf_loop(2 * MAX_USER_FRAMES + 1, unwind_step, &st, 0);
-	/* A CPU sample cut where a table is missing keeps its stack, for user space to finish; the
+	/* A CPU sample cut where a table is missing, or in code of a known process that user space
+	 * has not read yet (a library just mapped), keeps its stack, for user space to finish; the
 	 * Python frames after it then say which eval-loop call runs them. */
 	if (slot == SCRATCH_SAMPLER && copy_every_stack)
 		send_stack_copy(e, &st, true);
-	else if (slot == SCRATCH_SAMPLER && st.status == UNWIND_NO_TABLE_YET)
+	else if (slot == SCRATCH_SAMPLER && (st.status == UNWIND_NO_TABLE_YET || st.status == UNWIND_NO_MAPPING))
 		st.py.mark_calls = send_stack_copy(e, &st, false);
 	/* The Python frames are readable without the native stack: a gap in it keeps them. */
 	if (st.py.enabled && stopped_early(st.status))

@@ -134,7 +134,7 @@ mod tests {
         let sample = record(header(k::EVENT_CPU_SAMPLE, 1, 7, "x"), stack, &[0u8; 0], &[0; SLOTS]);
         let Ok(Some(Event::Sample(s))) = decode_ring_record(&sample, &mut copies) else { panic!("not a sample") };
         let c = s.stack_copy.expect("paired");
-        assert_eq!((c.ip, c.sp, c.adjust, c.bytes.len()), (0x1000, 0x7000, true, 16));
+        assert_eq!((c.start.ip, c.start.sp, c.start.adjust, c.bytes.len()), (0x1000, 0x7000, true, 16));
         assert_eq!(c.base(), 0x7000 - 128);
         // Another thread's sample, or one sent later, does not take it.
         assert!(matches!(decode_ring_record(&copy, &mut copies), Ok(None)));

@@ -5,6 +5,8 @@ use std::collections::HashMap;
 use std::mem::{offset_of, size_of};
 
 use super::record::Record;
+use gpuflame_unwind::{CopiedStack, WalkStart};
+
 use crate::skel::types;
 
 /// Bytes of the largest copy record: what the ring must make room for.
@@ -13,18 +15,11 @@ pub const STACK_COPY_RECORD_BYTES: usize = offset_of!(types::stack_copy_record, 
 pub const STACK_COPY_BYTES: usize = 32 * 1024;
 const _: () = assert!(size_of::<types::stack_copy_record>() >= STACK_COPY_RECORD_BYTES + 4096);
 
-/// The registers of the frame where the walk stopped, and the stack above its sp.
+/// The registers of the frame where the walk stopped (and the walk's state there), and the stack
+/// around its sp.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StackCopy {
-    pub ip: u64,
-    pub sp: u64,
-    pub bp: u64,
-    /// After a stack scan of code without CFI: the word under the return address it found.
-    pub bp_below_ra: u64,
-    /// `ip` is a return address: its rule is the one of `ip - 1`.
-    pub adjust: bool,
-    /// Stack scans the walk did before it stopped.
-    pub scans: u8,
+    pub start: WalkStart,
     /// Taken at the sample's leaf, beside a whole walk (the unwinder's oracle), not where it
     /// stopped.
     pub from_leaf: bool,
@@ -39,13 +34,12 @@ pub const STACK_COPY_BELOW_SP: u64 = 128;
 impl StackCopy {
     /// The address of the copy's first byte.
     pub fn base(&self) -> u64 {
-        self.sp.wrapping_sub(STACK_COPY_BELOW_SP)
+        self.start.sp.wrapping_sub(STACK_COPY_BELOW_SP)
     }
 
-    /// Where the user-space walk starts: where BPF's stopped, or the leaf for `from_leaf`.
-    pub fn walk_start(&self) -> gpuflame_unwind::CopiedStack<'_> {
-        let (bp_below_ra, adjust, scans) = if self.from_leaf { (0, false, 0) } else { (self.bp_below_ra, self.adjust, self.scans) };
-        gpuflame_unwind::CopiedStack { ip: self.ip, sp: self.sp, bp: self.bp, bp_below_ra, adjust, scans, base: self.base(), bytes: &self.bytes }
+    /// The stack for the user-space walk: from where BPF's stopped, or from the leaf.
+    pub fn copied(&self) -> CopiedStack<'_> {
+        CopiedStack { start: self.start, base: self.base(), bytes: &self.bytes }
     }
 }
 
@@ -53,7 +47,9 @@ pub(super) fn decode(r: &Record) -> StackCopy {
     let p: types::stack_copy_payload = r.payload();
     let types::stack_copy_payload { ip, sp, bp, bp_below_ra, bytes, adjust, scans, from_leaf, _pad: _ } = p;
     let tail = r.tail();
-    StackCopy { ip, sp, bp, bp_below_ra, adjust: adjust != 0, scans, from_leaf: from_leaf != 0, bytes: tail[..(bytes as usize).min(tail.len())].to_vec() }
+    // BPF leaves the walk's state out of a copy from the leaf: its walk starts afresh.
+    let start = WalkStart { ip, sp, bp, bp_below_ra, adjust: adjust != 0, scans };
+    StackCopy { start, from_leaf: from_leaf != 0, bytes: tail[..(bytes as usize).min(tail.len())].to_vec() }
 }
 
 /// Copies read, each waiting for its sample: the next record of its thread with its time.

@@ -41,12 +41,12 @@ impl UnwinderCheck {
         let Some(mut view) = programs.unwind_view(sample.pid) else { return };
         let memory = File::open(format!("/proc/{}/mem", sample.pid)).ok();
         let mut code = Code { view: &mut view, memory: memory.as_ref() };
-        let walk = walk_copied(&copy.walk_start(), &mut code, MAX_NATIVE_FRAMES);
+        let walk = walk_copied(&copy.copied(), &mut code, MAX_NATIVE_FRAMES);
         let bpf: Vec<u64> = sample.user_stack.iter().filter_map(|f| if let UserFrame::Native(a) = f { Some(*a) } else { None }).collect();
         let ours: Vec<u64> = walk.frames.iter().map(|f| f.ip).collect();
         self.compared += 1;
         if let (WalkEnd::EndOfStack | WalkEnd::ZeroReturnAddress, Some(last)) = (walk.end, walk.frames.last()) {
-            self.depths.push(last.sp.saturating_sub(copy.sp));
+            self.depths.push(last.sp.saturating_sub(copy.start.sp));
         }
         // Where the copy ends before the stack does, the walks agree as far as it goes.
         let cut = walk.end == WalkEnd::ReadFault && copy.bytes.len() >= gpuflame_bpf::STACK_COPY_BYTES && ours.len() <= bpf.len();
@@ -59,7 +59,7 @@ impl UnwinderCheck {
         } else if self.differences.len() < 10 {
             self.differences.push(format!(
                 "pid {} ({}): BPF {:?} {:x?}, user space {:?} {:x?} (copy of {} bytes from sp {:#x})",
-                sample.pid, sample.comm, sample.unwind, bpf, walk.end, ours, copy.bytes.len(), copy.sp
+                sample.pid, sample.comm, sample.unwind, bpf, walk.end, ours, copy.bytes.len(), copy.start.sp
             ));
         }
     }

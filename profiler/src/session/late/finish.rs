@@ -34,15 +34,19 @@ pub enum Outcome {
     /// The sample's stack is whole, or ended for another reason than a missing table;
     /// `cut_by_copy`: it went on past what BPF copies.
     Finished { cut_by_copy: bool },
-    /// The walk met a file whose table is not loaded yet, at this address.
+    /// The walk met, at this address, a file whose table is not loaded yet, or code in no
+    /// mapping read yet (a library just mapped).
     Waiting { ip: u64 },
 }
 
-/// Walks `copy` for `sample` and, unless a table is still missing, puts the frames in its stack.
-pub fn finish(sample: &mut Sample, copy: &StackCopy, code: &mut Code<'_, '_>, python: Option<&PythonEval>) -> Outcome {
-    let walk = walk_copied(&copy.walk_start(), code, MAX_NATIVE_FRAMES);
-    if let WalkEnd::TablePending { ip } = walk.end {
-        return Outcome::Waiting { ip };
+/// Walks `copy` for `sample` and, unless a table is still missing (or a mapping, until
+/// `maps_final`), puts the frames in its stack.
+pub fn finish(sample: &mut Sample, copy: &StackCopy, code: &mut Code<'_, '_>, python: Option<&PythonEval>, maps_final: bool) -> Outcome {
+    let walk = walk_copied(&copy.copied(), code, MAX_NATIVE_FRAMES);
+    match walk.end {
+        WalkEnd::TablePending { ip } => return Outcome::Waiting { ip },
+        WalkEnd::NoMapping if !maps_final => return Outcome::Waiting { ip: walk.frames.last().map_or(copy.start.ip, |f| f.ip) },
+        _ => {}
     }
     let status = status_of(&walk, copy);
     sample.user_stack = merged(&sample.user_stack, &walk, python);

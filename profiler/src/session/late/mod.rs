@@ -1,5 +1,6 @@
 //! Samples that wait for their table: BPF copied the stack where the walk met a file whose table
-//! was not loaded yet (stack_copy.h); they are held here, finished once the table is in, and go
+//! was not loaded yet, or code of a library user space had not read yet (stack_copy.h); they are
+//! held here, finished once the table is in, and go
 //! on to the profiles then, in the window they are finished in. A sample whose table does not
 //! come (the file gone, over the budget) goes on as BPF cut it, after MAX_WAIT or at the end.
 
@@ -18,6 +19,10 @@ use finish::{finish, Code, Outcome};
 /// How long a sample waits for its table at most: the biggest (libtorch_cpu, 2.7 M rows) take
 /// about a second to build and load on a loaded machine.
 const MAX_WAIT: Duration = Duration::from_secs(10);
+/// How long a sample waits for code it reached to be in a mapping read from the process: a
+/// library just mapped is read within a few hundred milliseconds; past that, the address is in
+/// no mapping at all (code gone, or never mapped).
+const MAPS_WAIT: Duration = Duration::from_secs(2);
 /// How often held samples are tried while tables are being built.
 const RETRY: Duration = Duration::from_millis(50);
 /// Stack bytes held at most: beyond, a sample goes on as BPF cut it (a machine of many CPUs whose
@@ -112,7 +117,7 @@ impl LateStacks {
             let outcome = match view.as_mut() {
                 Some(v) => {
                     let mut code = Code { view: v, memory: memory.as_ref() };
-                    finish(&mut h.sample, &copy, &mut code, python.as_ref())
+                    finish(&mut h.sample, &copy, &mut code, python.as_ref(), all || now.duration_since(h.since) >= MAPS_WAIT)
                 }
                 None => Outcome::Finished { cut_by_copy: false }, // the process is gone: it goes on as cut
             };
