@@ -10,7 +10,7 @@ use libbpf_rs::{MapCore, MapFlags};
 use crate::pod::read_pod;
 use crate::programs::BpfPrograms;
 use crate::skel::types;
-use crate::unwind_maps::BLOCKS_PER_SHARD;
+use crate::unwind_maps::{BLOCKS_PER_SHARD, ROWS_PER_BLOCK};
 
 /// One process's unwind state in the maps, read when made; rows are read as the walk needs
 /// them, and kept for the view's life.
@@ -30,8 +30,6 @@ pub struct PythonEval {
     /// 3.12+: an eval-loop frame is known by the shim frame in it.
     pub by_shim: bool,
 }
-
-const ROWS_PER_BLOCK: usize = 16;
 
 impl BpfPrograms {
     /// The unwind state BPF has for `pid`, or None when it has none.
@@ -64,12 +62,6 @@ impl ProcessUnwindView<'_> {
         }
         let pc = ip.wrapping_sub(u64::from(adjust)).wrapping_sub(m.load_bias);
         self.rule(m.table_id, pc).map_or(CodeAt::NoRow, CodeAt::Rule)
-    }
-
-    /// Whether `addr` is in one of the process's executable mappings.
-    pub fn mapped(&self, addr: u64) -> bool {
-        let i = self.mappings.partition_point(|m| m.begin <= addr);
-        i.checked_sub(1).is_some_and(|i| addr < self.mappings[i].end)
     }
 
     fn table(&mut self, id: u32) -> Option<types::table_info> {

@@ -45,6 +45,7 @@ enum stack_flags layout_stack_flags = STACK_BY_FILE;
 struct file_table layout_file_table = {};
 struct file_table_key layout_file_table_key = {};
 enum shard_layout layout_shard_layout = SHARD_BLOCKS;
+enum stack_copy_layout layout_stack_copy_layout = STACK_COPY_MAX_BYTES;
 struct table_info layout_table_info = {};
 struct unwind_block layout_unwind_block = {};
 

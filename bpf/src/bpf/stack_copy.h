@@ -20,12 +20,19 @@
  * epilogue has just popped, which CFI may still name as where a register is saved. */
 #define STACK_COPY_BELOW_SP 128
 
+/* The copy's layout as user space reads it (generated into the Rust mirror, never copied). */
+enum stack_copy_layout {
+	STACK_COPY_MAX_BYTES = STACK_COPY_BYTES,
+	STACK_COPY_START_BELOW_SP = STACK_COPY_BELOW_SP,
+	STACK_COPY_SLACK_BYTES = PAGE_SIZE_BYTES,
+};
+
 struct stack_copy_record {
 	struct event_header header;
 	struct event_stack stack;
 	union event_payload payload;
 	/* A page more than is copied: the verifier sees each page's read end within the array. */
-	__u8 bytes[STACK_COPY_BYTES + PAGE_SIZE_BYTES];
+	__u8 bytes[STACK_COPY_BYTES + STACK_COPY_SLACK_BYTES];
 };
 
 /* One entry per CPU, indexed by the CPU's number: a per-CPU array's values are at most 32 KiB.

@@ -11,9 +11,9 @@ use crate::skel::types;
 
 /// Bytes of the largest copy record: what the ring must make room for.
 pub const STACK_COPY_RECORD_BYTES: usize = offset_of!(types::stack_copy_record, bytes) + STACK_COPY_BYTES;
-/// The most stack a copy holds (STACK_COPY_BYTES in stack_copy.h; its array has a page more).
-pub const STACK_COPY_BYTES: usize = 32 * 1024;
-const _: () = assert!(size_of::<types::stack_copy_record>() >= STACK_COPY_RECORD_BYTES + 4096);
+/// The most stack a copy holds (its array has a page more, for the verifier).
+pub const STACK_COPY_BYTES: usize = types::stack_copy_layout::STACK_COPY_MAX_BYTES.0 as usize;
+const _: () = assert!(size_of::<types::stack_copy_record>() == STACK_COPY_RECORD_BYTES + types::stack_copy_layout::STACK_COPY_SLACK_BYTES.0 as usize);
 
 /// The registers of the frame where the walk stopped (and the walk's state there), and the stack
 /// around its sp.
@@ -27,14 +27,19 @@ pub struct StackCopy {
     pub bytes: Vec<u8>,
 }
 
-/// How far below sp a copy starts (STACK_COPY_BELOW_SP in stack_copy.h): the red zone, and
-/// slots an epilogue has just popped, which CFI may still name.
-pub const STACK_COPY_BELOW_SP: u64 = 128;
+/// How far below sp a copy starts: the red zone, and slots an epilogue has just popped, which
+/// CFI may still name.
+const STACK_COPY_BELOW_SP: u64 = types::stack_copy_layout::STACK_COPY_START_BELOW_SP.0 as u64;
 
 impl StackCopy {
     /// The address of the copy's first byte.
     pub fn base(&self) -> u64 {
         self.start.sp.wrapping_sub(STACK_COPY_BELOW_SP)
+    }
+
+    /// Whether the copy holds as much as BPF copies: the stack may go on past it.
+    pub fn is_full(&self) -> bool {
+        self.bytes.len() >= STACK_COPY_BYTES
     }
 
     /// The stack for the user-space walk: from where BPF's stopped, or from the leaf.

@@ -9,7 +9,7 @@ use crate::cuda::hooks::{AllocatorFollowed, HookStats};
 use crate::cuda::Coverage;
 use crate::output::Format;
 use crate::process::TrackerStats;
-use crate::session::{LateStats, Session, Window, WindowStats};
+use crate::session::{LateStats, Session, UnwinderCheck, Window, WindowStats};
 use crate::sources::SourceStats;
 use crate::workload::rank::RankStats;
 
@@ -53,22 +53,7 @@ impl End {
             off_cpu_threads_left: off_cpu.then(|| session.programs().off_cpu_threads().ok()).flatten(),
             ranks: session.rank_stats(),
             late: session.late_stats(),
-            check: session.unwinder_check().map(|c| {
-                let mut lines = vec![format!(
-                    "unwinder check: {} stacks, {} identical frame for frame ({} as far as the copy went), {} differ, {} not compared (walked before the maps or a table were in, or before an exec)",
-                    c.compared,
-                    c.identical,
-                    c.cut_by_copy,
-                    c.compared - c.identical,
-                    c.skipped
-                )];
-                let mut d = c.depths.clone();
-                d.sort_unstable();
-                let at = |q: f64| d.get(((d.len() as f64 - 1.0) * q) as usize).copied().unwrap_or(0);
-                lines.push(format!("unwinder check: stack depth from the leaf, bytes: median {}, p99 {}, max {}", at(0.5), at(0.99), at(1.0)));
-                lines.extend(c.differences.iter().map(|d| format!("unwinder check: differs: {d}")));
-                lines
-            }),
+            check: session.unwinder_check().map(UnwinderCheck::summary),
             counters,
         })
     }

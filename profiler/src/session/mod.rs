@@ -242,7 +242,7 @@ impl Session {
         }
         let (samples, needs) = self.late.release(&self.sampler, all);
         for n in needs {
-            self.processes.tracker_mut().ask_table(&mut self.sampler, n.pid, n.addr);
+            self.processes.tracker_mut().need_table(&mut self.sampler, n.pid, n.addr);
         }
         for s in samples {
             self.collect(Event::Sample(s));

@@ -15,13 +15,9 @@ impl ProcessTracker {
         self.builder.demand_at_low_priority(low);
     }
 
-    /// A copied stack of `pid` waits for the table of the file mapped at `addr`.
-    pub fn ask_table(&mut self, sampler: &mut BpfPrograms, pid: u32, addr: u64) {
-        self.need_table(sampler, pid, addr);
-    }
-
-    /// A sample of `pid` met the file mapped at `addr` without its table.
-    pub(super) fn need_table(&mut self, sampler: &mut BpfPrograms, pid: u32, addr: u64) {
+    /// A sample of `pid` met the file mapped at `addr` without its table (a process event, or a
+    /// copied stack that waits for it).
+    pub fn need_table(&mut self, sampler: &mut BpfPrograms, pid: u32, addr: u64) {
         let find = |t: &Self| -> Option<ExecutableKey> {
             let i = t.entries.get(&pid)?.iter().position(|e| e.start <= addr && addr < e.end)?;
             t.entry_keys.get(&pid)?.get(i)?.clone()

@@ -7,7 +7,7 @@ use std::fs::File;
 use gpuflame_bpf::{BpfPrograms, Sample, UnwindStatus, UserFrame};
 use gpuflame_unwind::{walk_copied, WalkEnd};
 
-use super::finish::{Code, MAX_NATIVE_FRAMES};
+use super::finish::{status_of, Code, MAX_NATIVE_FRAMES};
 
 #[derive(Debug, Default)]
 pub struct UnwinderCheck {
@@ -26,6 +26,24 @@ pub struct UnwinderCheck {
 }
 
 impl UnwinderCheck {
+    /// What the check found, as the lines `record` prints.
+    pub fn summary(&self) -> Vec<String> {
+        let mut lines = vec![format!(
+            "unwinder check: {} stacks, {} identical frame for frame ({} as far as the copy went), {} differ, {} not compared (walked before the maps or a table were in, or before an exec)",
+            self.compared,
+            self.identical,
+            self.cut_by_copy,
+            self.compared - self.identical,
+            self.skipped
+        )];
+        let mut d = self.depths.clone();
+        d.sort_unstable();
+        let at = |q: f64| d.get(((d.len() as f64 - 1.0) * q) as usize).copied().unwrap_or(0);
+        lines.push(format!("unwinder check: stack depth from the leaf, bytes: median {}, p99 {}, max {}", at(0.5), at(0.99), at(1.0)));
+        lines.extend(self.differences.iter().map(|d| format!("unwinder check: differs: {d}")));
+        lines
+    }
+
     /// Compares the BPF walk of `sample` with the user-space walk of its copy from the leaf.
     pub fn check(&mut self, programs: &BpfPrograms, sample: &Sample) {
         let Some(copy) = sample.stack_copy.as_ref().filter(|c| c.from_leaf) else { return };
@@ -49,8 +67,8 @@ impl UnwinderCheck {
             self.depths.push(last.sp.saturating_sub(copy.start.sp));
         }
         // Where the copy ends before the stack does, the walks agree as far as it goes.
-        let cut = walk.end == WalkEnd::ReadFault && copy.bytes.len() >= gpuflame_bpf::STACK_COPY_BYTES && ours.len() <= bpf.len();
-        let same = if cut { bpf.starts_with(&ours) } else { bpf == ours && same_end(sample.unwind, walk.end) };
+        let cut = walk.end == WalkEnd::ReadFault && copy.is_full() && ours.len() <= bpf.len();
+        let same = if cut { bpf.starts_with(&ours) } else { bpf == ours && sample.unwind == status_of(&walk, copy) };
         if cut {
             self.cut_by_copy += 1;
         }
@@ -63,18 +81,4 @@ impl UnwinderCheck {
             ));
         }
     }
-}
-
-fn same_end(bpf: UnwindStatus, ours: WalkEnd) -> bool {
-    matches!(
-        (bpf, ours),
-        (UnwindStatus::EndOfStack, WalkEnd::EndOfStack)
-            | (UnwindStatus::ZeroReturnAddress, WalkEnd::ZeroReturnAddress)
-            | (UnwindStatus::Truncated, WalkEnd::Truncated)
-            | (UnwindStatus::ReadFault, WalkEnd::ReadFault)
-            | (UnwindStatus::BadCfa, WalkEnd::BadCfa)
-            | (UnwindStatus::NoMapping, WalkEnd::NoMapping)
-            | (UnwindStatus::NoTableYet, WalkEnd::TablePending { .. })
-            | (UnwindStatus::BadFrame, WalkEnd::BadFrame)
-    )
 }

@@ -54,13 +54,14 @@ pub fn finish(sample: &mut Sample, copy: &StackCopy, code: &mut Code<'_, '_>, py
     Outcome::Finished { cut_by_copy: walk.end == WalkEnd::ReadFault && status == UnwindStatus::Truncated }
 }
 
-fn status_of(walk: &Walk, copy: &StackCopy) -> UnwindStatus {
+/// The status BPF gives a walk that ends so.
+pub(super) fn status_of(walk: &Walk, copy: &StackCopy) -> UnwindStatus {
     match walk.end {
         WalkEnd::EndOfStack => UnwindStatus::EndOfStack,
         WalkEnd::ZeroReturnAddress => UnwindStatus::ZeroReturnAddress,
         WalkEnd::Truncated => UnwindStatus::Truncated,
         // The stack goes on past the most BPF copies: deeper than it walks.
-        WalkEnd::ReadFault if copy.bytes.len() >= gpuflame_bpf::STACK_COPY_BYTES => UnwindStatus::Truncated,
+        WalkEnd::ReadFault if copy.is_full() => UnwindStatus::Truncated,
         WalkEnd::ReadFault => UnwindStatus::ReadFault,
         WalkEnd::BadCfa => UnwindStatus::BadCfa,
         WalkEnd::NoMapping => UnwindStatus::NoMapping,
@@ -105,9 +106,9 @@ fn merged(user: &[UserFrame], walk: &Walk, python: Option<&PythonEval>) -> Vec<U
             py.ranges.iter().any(|&(lo, hi)| lo <= f.ip && f.ip < hi)
         }
     };
+    // By address (before 3.12), the frame BPF stopped at had its Python frames put in already.
+    let by_shim = python.is_some_and(|p| p.by_shim);
     for (i, f) in walk.frames.iter().enumerate() {
-        // By address (before 3.12), the frame BPF stopped at had its Python frames put in already.
-        let by_shim = python.is_some_and(|p| p.by_shim);
         if (i > 0 || by_shim) && holds_call(f, calls.peek()) {
             if i == 0 && out.last() == Some(&UserFrame::Native(f.ip)) {
                 out.pop();

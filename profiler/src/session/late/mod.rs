@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::time::{Duration, Instant};
 
-use gpuflame_bpf::{BpfPrograms, Sample, UserFrame};
+use gpuflame_bpf::{BpfPrograms, Sample};
 
 pub use check::UnwinderCheck;
 use finish::{finish, Code, Outcome};
@@ -79,7 +79,6 @@ impl LateStacks {
         if self.held_bytes + bytes > MAX_HELD_BYTES {
             self.turned_away += 1;
             sample.stack_copy = None;
-            sample.user_stack.retain(|f| !matches!(f, UserFrame::CallEnd { .. }));
             return Some(sample);
         }
         self.held_bytes += bytes;
@@ -113,33 +112,27 @@ impl LateStacks {
                 python = programs.python_eval(pid);
             }
             let Some(copy) = h.sample.stack_copy.take() else { continue };
-            self.held_bytes = self.held_bytes.saturating_sub(copy.bytes.len() as u64);
-            let outcome = match view.as_mut() {
-                Some(v) => {
-                    let mut code = Code { view: v, memory: memory.as_ref() };
-                    finish(&mut h.sample, &copy, &mut code, python.as_ref(), all || now.duration_since(h.since) >= MAPS_WAIT)
-                }
-                None => Outcome::Finished { cut_by_copy: false }, // the process is gone: it goes on as cut
-            };
+            // None: the process is gone (its mappings with it), and its sample goes on as cut.
+            let outcome = view.as_mut().map(|v| {
+                let mut code = Code { view: v, memory: memory.as_ref() };
+                finish(&mut h.sample, &copy, &mut code, python.as_ref(), all || now.duration_since(h.since) >= MAPS_WAIT)
+            });
             match outcome {
-                Outcome::Finished { cut_by_copy } if view.is_some() => {
+                Some(Outcome::Waiting { ip }) if !all && now.duration_since(h.since) < MAX_WAIT => {
+                    needs.push(NeedsTable { pid, addr: ip });
+                    h.sample.stack_copy = Some(copy);
+                    keep.push_back(h);
+                    continue;
+                }
+                Some(Outcome::Finished { cut_by_copy }) => {
                     self.finished += 1;
                     self.cut_by_copy += u64::from(cut_by_copy);
                     self.finished_whole += u64::from(h.sample.unwind.is_complete());
-                    out.push(h.sample);
                 }
-                Outcome::Waiting { ip } if !all && now.duration_since(h.since) < MAX_WAIT => {
-                    needs.push(NeedsTable { pid, addr: ip });
-                    self.held_bytes += copy.bytes.len() as u64;
-                    h.sample.stack_copy = Some(copy);
-                    keep.push_back(h);
-                }
-                _ => {
-                    self.gave_up += 1;
-                    h.sample.user_stack.retain(|f| !matches!(f, UserFrame::CallEnd { .. }));
-                    out.push(h.sample);
-                }
+                _ => self.gave_up += 1,
             }
+            self.held_bytes = self.held_bytes.saturating_sub(copy.bytes.len() as u64);
+            out.push(h.sample);
         }
         self.held = keep;
         needs.dedup_by_key(|n| (n.pid, n.addr));
