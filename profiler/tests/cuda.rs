@@ -152,13 +152,18 @@ fn exact_launch_counts_match_what_the_program_did() {
 fn kernels_of_a_stripped_library_are_named_by_the_driver_launch_the_runtime_made() {
     let fx = Fixture::build();
     let out = fx.path("s.folded");
-    let (kv, stderr) = fx.record(&["--profiles", "gpu-launches", "--cuda-exact", "-o", &out], &[], &["stripped", "300"]);
+    // The program lives on for 300 ms after its launches, as a real one does. The launches follow
+    // the dlopen at once, so their stacks stop at `[native: unknown code]` above the library (as
+    // README says), and its frame is named from the maps read after the dlopen: one CI run of a
+    // program that exited within milliseconds of its dlopen (and 1 in 30 here beside two CPU hogs)
+    // was gone before they could be read, and the frame stayed `[unknown]`.
+    let env = [("LINGER_MS", "300".to_string())];
+    let (kv, stderr) = fx.record(&["--profiles", "gpu-launches", "--cuda-exact", "-o", &out], &env, &["stripped", "300"]);
     let stacks = read_folded(Path::new(&out));
     let ctx = format!("{}\n{stderr}", describe(&stacks));
     // The host stub has no symbol; the runtime launched it through cuLaunchKernel with the handle
-    // cuModuleGetFunction gave for its registered name, which is demangled. (The library was just
-    // dlopened: the first launches' stacks may stop at `[native: unknown code]` above it, as
-    // README says; the name is what this test is about.)
+    // cuModuleGetFunction gave for its registered name, which is demangled. The name is what this
+    // test is about.
     let named = under(&stacks, &["launch_softmax", "cudaLaunchKernel", "[gpu] softmax_kernel(float*)"]);
     assert_eq!(named, kv["stripped_launches"].parse::<u64>().unwrap(), "{ctx}");
     assert_eq!(total(&stacks), 300, "{ctx}");
