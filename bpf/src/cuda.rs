@@ -129,6 +129,10 @@ cuda_apis! {
     // Not a symbol (no name has a space): the instructions after the calls of C10Malloc.
     C10MallocReturned = C10_MALLOC_RETURNED, "_ZN3c104cuda20CUDACachingAllocator (return of malloc)", TensorAlloc;
     CuLibraryGetKernel = CU_LIBRARY_GET_KERNEL, "cuLibraryGetKernel", Meta;
+    // Not symbols either: call instructions, and the instructions after the calls of alloc_block.
+    C10MallocCalled = C10_MALLOC_CALLED, "_ZN3c104cuda20CUDACachingAllocator (call of malloc)", TensorAlloc;
+    C10AllocBlockCalled = C10_ALLOC_BLOCK_CALLED, "_ZN3c104cuda20CUDACachingAllocator (call of alloc_block)", TensorAlloc;
+    C10AllocBlockReturned = C10_ALLOC_BLOCK_RETURNED, "_ZN3c104cuda20CUDACachingAllocator (return of alloc_block)", TensorAlloc;
 }
 
 impl CudaApi {
@@ -145,7 +149,8 @@ impl CudaApi {
     /// names are mangled C++, the method.
     pub fn frame_name(self) -> &'static str {
         match self {
-            CudaApi::C10Malloc | CudaApi::C10MallocReturned => "CUDACachingAllocator::malloc",
+            CudaApi::C10Malloc | CudaApi::C10MallocReturned | CudaApi::C10MallocCalled => "CUDACachingAllocator::malloc",
+            CudaApi::C10AllocBlockCalled | CudaApi::C10AllocBlockReturned => "CUDACachingAllocator::alloc_block",
             CudaApi::C10Free => "CUDACachingAllocator::free",
             CudaApi::C10RawDelete => "CUDACachingAllocator::raw_delete",
             CudaApi::C10LocalRawDelete => "CUDACachingAllocator::local_raw_delete",

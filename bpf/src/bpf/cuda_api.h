@@ -90,7 +90,15 @@ enum cuda_api {
 	/* (CUkernel *out, CUlibrary, const char *name): CUDA 12's context-independent loading, which
 	 * cuBLAS 13 uses; its launches pass the CUkernel as their CUfunction */
 	CU_LIBRARY_GET_KERNEL = 64,
-	CUDA_API_MAX = 65,
+	/* Where the USDT probes follow tensors, hooks on call instructions, not on functions: they
+	 * trap only on the allocator's rare paths, where a hook on malloc's entry trapped for every
+	 * tensor. The call of malloc in raw_alloc (which has no probe): C10_MALLOC, read at the call. */
+	C10_MALLOC_CALLED = 65,
+	/* The calls of DeviceCachingAllocator::alloc_block (a new segment, on a cache miss) and the
+	 * instructions after them: the segment calls made between are made for a tensor. */
+	C10_ALLOC_BLOCK_CALLED = 66,
+	C10_ALLOC_BLOCK_RETURNED = 67,
+	CUDA_API_MAX = 68,
 };
 
 /* Hooked calls nest (cudaMalloc calls cuMemAlloc_v2): per thread and class, only the outermost

@@ -91,10 +91,19 @@ static __always_inline int cuda_enter(struct pt_regs *ctx)
 		return 1;
 	}
 	call.sp = PT_REGS_SP(ctx);
+	if (api == C10_MALLOC_CALLED || api == C10_ALLOC_BLOCK_CALLED) {
+		/* On the call instruction: the callee's return slot is the next one down. */
+		call.sp -= 8;
+		if (api == C10_MALLOC_CALLED)
+			api = C10_MALLOC;
+	}
 	/* A call of the same class deeper in this thread's stack is nested in one that counts. A
 	 * recorded call whose return was never seen (its hook went away) is higher up or gone. */
 	/* The allocator's malloc does not nest, and one that threw left its entry behind. */
 	outer = bpf_map_lookup_elem(&cuda_calls, &key);
+	/* A new segment for raw_alloc's malloc, which is recorded already and marks the thread. */
+	if (api == C10_ALLOC_BLOCK_CALLED && outer && call.sp < outer->sp)
+		return 1;
 	if (outer && call.sp < outer->sp && key.cls != CUDA_CLASS_TENSOR_ALLOC) {
 		/* The driver launch a runtime launch makes: its function handle names the kernel where
 		 * the runtime's host stub has no symbol (PyTorch's libraries have no .symtab). */
@@ -136,8 +145,9 @@ static __always_inline int cuda_enter(struct pt_regs *ctx)
 		count(COUNTER_CUDA_CALLS_FULL);
 		return 1;
 	}
-	/* Its return is seen where its callers resume (C10_MALLOC_RETURNED). */
-	return api == C10_MALLOC;
+	/* Its return is seen where its callers resume (C10_MALLOC_RETURNED, C10_ALLOC_BLOCK_RETURNED):
+	 * a return probe on a call instruction would take the caller's return address. */
+	return api == C10_MALLOC || api == C10_ALLOC_BLOCK_CALLED;
 }
 
 /* The kernel handle cuModuleGetFunction or cuLibraryGetKernel returned, with its name. */
@@ -182,6 +192,9 @@ static __always_inline int cuda_return(struct pt_regs *ctx, __u32 api)
 		return 0;
 	/* Read where it is, and forgotten on the way out: a copy on the stack left too little of
 	 * it for the unwinder's calls. */
+	/* The segment calls alloc_block made are made for a tensor; it sends nothing itself. */
+	if (api == C10_ALLOC_BLOCK_CALLED)
+		return forget_call(&key);
 	result = (__s32)PT_REGS_RC(ctx);
 	count(COUNTER_CUDA_CALLS);
 
@@ -284,6 +297,9 @@ int on_cuda_call(struct pt_regs *ctx)
 	if (!returned && api == C10_MALLOC_RETURNED) {
 		returned = true;
 		api = C10_MALLOC;
+	} else if (!returned && api == C10_ALLOC_BLOCK_RETURNED) {
+		returned = true;
+		api = C10_ALLOC_BLOCK_CALLED;
 	}
 	if (returned) {
 		cuda_return(ctx, api);

@@ -28,8 +28,9 @@ int on_torch_malloc(struct pt_regs *ctx)
 	if (!is_target(id >> 32))
 		return 0;
 	t0 = bpf_ktime_get_ns();
-	/* The malloc this went through, when its entry is hooked for raw_alloc's sake, has
-	 * returned: its entry goes, or a segment call later would look made inside it. */
+	/* The malloc this went through has returned: what marks the thread as allocating (malloc's
+	 * entry, hooked for raw_alloc's sake where alloc_block's calls are not found; an alloc_block
+	 * that threw) goes, or a segment call later would look made inside it. */
 	bpf_map_delete_elem(&cuda_calls, &key);
 	if (bpf_usdt_arg(ctx, 0, &ptr) || bpf_usdt_arg(ctx, 1, &device) || bpf_usdt_arg(ctx, 2, &size))
 		return 0;

@@ -19,6 +19,8 @@ use gpuflame_elfread::{consts, ElfError, ElfFile, ReadAt};
 /// read at a time.
 const MAX_SCAN_BYTES: u64 = 64 << 20;
 const CHUNK: u64 = 4 << 20;
+/// The length of the calls found: a site's call instruction starts this far before it.
+pub const CALL_LEN: u64 = 5;
 /// Call sites kept at most: a function called from more places is followed where it is.
 pub const MAX_SITES: usize = 64;
 

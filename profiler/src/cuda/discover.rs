@@ -7,7 +7,7 @@ use std::path::Path;
 use gpuflame_bpf::CudaApi;
 use gpuflame_elfread::{consts, open_regular, ElfError, ElfFile, ReadAt};
 
-use super::call_sites::return_sites;
+use super::call_sites::{return_sites, CALL_LEN};
 
 #[derive(Debug, thiserror::Error)]
 #[error("cannot search {path} for CUDA: {source}")]
@@ -24,14 +24,26 @@ pub struct CudaSearch {
     /// The file is PyTorch's libc10_cuda (it exports the caching allocator's configuration) but
     /// the allocator's methods were not all found: why, in words.
     pub allocator_missing: Option<String>,
-    /// The file carries PyTorch's USDT probes pytorch:malloc and pytorch:free: the hooks among
-    /// `functions` that they replace when they are attached.
-    pub probes_replace: Option<Vec<(CudaApi, u64)>>,
+    /// The file carries PyTorch's USDT probes pytorch:malloc and pytorch:free: how the hooks
+    /// change when they are attached.
+    pub probes_replace: Option<ProbesReplace>,
+}
+
+/// What attaching PyTorch's probes changes in a file's hooks.
+#[derive(Debug, Default, PartialEq)]
+pub struct ProbesReplace {
+    /// Hooks among `functions` that the probes make redundant.
+    pub replaced: Vec<(CudaApi, u64)>,
+    /// Hooks on call instructions that stand in for malloc's entry, which would trap for every
+    /// tensor: raw_alloc's call of malloc, and alloc_block's calls and returns.
+    pub added: Vec<(CudaApi, u64)>,
 }
 
 /// Mangled names start so in PyTorch's caching allocator.
 const ALLOCATOR_PREFIX: &[u8] = b"_ZN3c104cuda20CUDACachingAllocator";
 const NATIVE_MALLOC_PREFIX: &[u8] = b"_ZN3c104cuda20CUDACachingAllocator6Native22NativeCachingAllocator6malloc";
+/// DeviceCachingAllocator::alloc_block, whose parameters change between versions of PyTorch.
+const ALLOC_BLOCK_PREFIX: &[u8] = b"_ZN3c104cuda20CUDACachingAllocator6Native22DeviceCachingAllocator11alloc_blockE";
 /// c10::reportOutOfMemoryToProfiler, in libc10.so.
 const OOM_REPORT_PREFIX: &[u8] = b"_ZN3c1027reportOutOfMemoryToProfiler";
 
@@ -59,6 +71,7 @@ fn functions_in(src: impl ReadAt) -> Result<CudaSearch, ElfError> {
     let mut c10_cuda = false;
     let mut other_malloc: Option<String> = None;
     let mut malloc_vaddr = None;
+    let mut alloc_blocks: Vec<u64> = Vec::new();
     for kind in [consts::SHT_DYNSYM, consts::SHT_SYMTAB] {
         if kind == consts::SHT_SYMTAB && dynamic_cuda && !c10_cuda {
             break;
@@ -77,6 +90,9 @@ fn functions_in(src: impl ReadAt) -> Result<CudaSearch, ElfError> {
             let Some(api) = CudaApi::from_symbol(name) else {
                 if sym.name.starts_with(NATIVE_MALLOC_PREFIX) {
                     other_malloc = Some(name.to_string());
+                }
+                if sym.name.starts_with(ALLOC_BLOCK_PREFIX) && sym.is_defined() && alloc_blocks.len() < 8 {
+                    alloc_blocks.push(sym.value);
                 }
                 continue;
             };
@@ -111,38 +127,56 @@ fn functions_in(src: impl ReadAt) -> Result<CudaSearch, ElfError> {
     }
     found.sort();
     let allocator_missing = c10_cuda.then(|| no_return.or_else(|| allocator_check(&found, other_malloc))).flatten();
-    let probes_replace = if c10_cuda { replaced_by_probes(&elf, &found, &segments)? } else { None };
+    let probes_replace = if c10_cuda { replaced_by_probes(&elf, &found, &segments, &alloc_blocks)? } else { None };
     Ok(CudaSearch { functions: found, allocator_missing, probes_replace })
 }
 
 /// With pytorch:malloc and pytorch:free in the file's notes: the deleter's hook, and malloc's
 /// return in the functions that hold a malloc probe (allocate, allocateWithAddress), which would
-/// count their tensors twice. raw_alloc has no probe: its call of malloc keeps its hooks, and
-/// malloc's entry with them; without such a call, malloc's entry goes too. A file whose notes do
-/// not read is followed by its hooks.
-fn replaced_by_probes<R: ReadAt>(elf: &ElfFile<R>, found: &[(CudaApi, u64)], segments: &[(u64, u64, u64)]) -> Result<Option<Vec<(CudaApi, u64)>>, ElfError> {
+/// count their tensors twice. raw_alloc has no probe: its call of malloc keeps its return hook.
+/// malloc's entry, which would trap for every tensor, goes where alloc_block's calls are found:
+/// raw_alloc's call instruction is hooked instead, and alloc_block's calls and returns mark the
+/// segment calls made for a tensor. Where they are not found, malloc's entry stays if raw_alloc
+/// calls it. A file whose notes do not read is followed by its hooks.
+fn replaced_by_probes<R: ReadAt>(
+    elf: &ElfFile<R>,
+    found: &[(CudaApi, u64)],
+    segments: &[(u64, u64, u64)],
+    alloc_blocks: &[u64],
+) -> Result<Option<ProbesReplace>, ElfError> {
     let probes = elf.sdt_probes().unwrap_or_default();
     let of = |name: &str| probes.iter().filter(|p| p.provider == "pytorch" && p.name == name).map(|p| p.address).collect::<Vec<u64>>();
     let (mallocs, frees) = (of("malloc"), of("free"));
     if mallocs.is_empty() || frees.is_empty() {
         return Ok(None);
     }
-    let probed: Vec<(u64, u64)> = match elf.symbols(consts::SHT_SYMTAB)? {
-        Some(symbols) => symbols
-            .iter()
-            .filter(|s| s.is_function() && s.size > 0 && mallocs.iter().any(|&a| a >= s.value && a < s.value.saturating_add(s.size)))
-            .map(|s| (s.value, s.value.saturating_add(s.size)))
-            .collect(),
+    let functions: Vec<(u64, u64)> = match elf.symbols(consts::SHT_SYMTAB)? {
+        Some(symbols) => symbols.iter().filter(|s| s.is_function() && s.size > 0).map(|s| (s.value, s.value.saturating_add(s.size))).collect(),
         None => Vec::new(),
     };
+    let probed: Vec<(u64, u64)> = functions.iter().copied().filter(|&(s, e)| mallocs.iter().any(|&a| a >= s && a < e)).collect();
     let vaddr = |offset: u64| segments.iter().find(|&&(s, e, o)| offset >= o && offset - o < e - s).map(|&(s, _, o)| offset - o + s);
     let in_probed = |offset: u64| vaddr(offset).is_some_and(|a| probed.iter().any(|&(s, e)| a > s && a <= e));
     let mut replaced: Vec<(CudaApi, u64)> =
         found.iter().copied().filter(|&(api, off)| api == CudaApi::C10LocalRawDelete || (api == CudaApi::C10MallocReturned && in_probed(off))).collect();
-    if !found.iter().any(|&(api, off)| api == CudaApi::C10MallocReturned && !in_probed(off)) {
-        replaced.extend(found.iter().copied().filter(|&(api, _)| api == CudaApi::C10Malloc));
+    let raw_returns: Vec<u64> = found.iter().filter(|&&(api, off)| api == CudaApi::C10MallocReturned && !in_probed(off)).map(|&(_, off)| off).collect();
+    let mut block_returns = Vec::new();
+    for &target in alloc_blocks {
+        block_returns.extend(return_sites(elf, target, &functions)?);
     }
-    Ok(Some(replaced))
+    let mut added = Vec::new();
+    let malloc_entry = found.iter().copied().filter(|&(api, _)| api == CudaApi::C10Malloc);
+    if !block_returns.is_empty() {
+        replaced.extend(malloc_entry);
+        // A return site found is the end of a five-byte `call rel32` (call_sites.rs).
+        added.extend(raw_returns.iter().map(|&r| (CudaApi::C10MallocCalled, r - CALL_LEN)));
+        for r in block_returns {
+            added.extend([(CudaApi::C10AllocBlockCalled, r - CALL_LEN), (CudaApi::C10AllocBlockReturned, r)]);
+        }
+    } else if raw_returns.is_empty() {
+        replaced.extend(malloc_entry);
+    }
+    Ok(Some(ProbesReplace { replaced, added }))
 }
 
 /// Why the caching allocator of a libc10_cuda cannot be followed, if it cannot.
@@ -193,8 +227,10 @@ mod tests {
     }
 
     /// The stand-in libc10_cuda with PyTorch's probes (sys/sdt.h): the probes replace the
-    /// deleter's hook and malloc's return in allocate, which holds the malloc probe; raw_alloc's
-    /// return and malloc's entry stay, for raw_alloc. Without the notes, nothing is replaced.
+    /// deleter's hook, malloc's return in allocate, which holds the malloc probe, and malloc's
+    /// entry; raw_alloc's return stays, and its call of malloc and alloc_block's two calls (a
+    /// first try and one after the cache is emptied) and their returns are hooked instead.
+    /// Without the notes, nothing is replaced.
     #[test]
     fn the_probes_replace_the_hooks_of_what_they_see() {
         let dir = tempfile::tempdir().unwrap();
@@ -210,17 +246,30 @@ mod tests {
             assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
             let found = cuda_functions(&lib).unwrap();
             assert_eq!(found.allocator_missing, None);
-            let Some(replaced) = found.probes_replace else {
+            let Some(swap) = found.probes_replace else {
                 assert!(!notes, "the probes were not found");
                 continue;
             };
             assert!(notes, "probes found in a library built without them");
             let returns: Vec<u64> = found.functions.iter().filter(|(a, _)| *a == CudaApi::C10MallocReturned).map(|&(_, o)| o).collect();
             assert_eq!(returns.len(), 2, "malloc is called from allocate and raw_alloc: {:?}", found.functions);
-            let replaced_returns = replaced.iter().filter(|(a, _)| *a == CudaApi::C10MallocReturned).count();
-            assert_eq!(replaced_returns, 1, "allocate's return site, not raw_alloc's: {replaced:?}");
+            let replaced = &swap.replaced;
+            let replaced_returns: Vec<u64> = replaced.iter().filter(|(a, _)| *a == CudaApi::C10MallocReturned).map(|&(_, o)| o).collect();
+            assert_eq!(replaced_returns.len(), 1, "allocate's return site, not raw_alloc's: {replaced:?}");
             assert!(replaced.iter().any(|(a, _)| *a == CudaApi::C10LocalRawDelete));
-            assert!(!replaced.iter().any(|(a, _)| matches!(a, CudaApi::C10Malloc | CudaApi::C10Free | CudaApi::C10RawDelete | CudaApi::C10OutOfMemory)), "{replaced:?}");
+            assert!(replaced.iter().any(|(a, _)| *a == CudaApi::C10Malloc), "malloc's entry: {replaced:?}");
+            assert!(!replaced.iter().any(|(a, _)| matches!(a, CudaApi::C10Free | CudaApi::C10RawDelete | CudaApi::C10OutOfMemory)), "{replaced:?}");
+            let raw_return = returns.iter().find(|r| !replaced_returns.contains(r)).unwrap();
+            let added = |api| swap.added.iter().filter(|(a, _)| *a == api).map(|&(_, o)| o).collect::<Vec<u64>>();
+            assert_eq!(added(CudaApi::C10MallocCalled), vec![raw_return - CALL_LEN], "{:?}", swap.added);
+            let (calls, block_returns) = (added(CudaApi::C10AllocBlockCalled), added(CudaApi::C10AllocBlockReturned));
+            assert_eq!(calls.len(), 2, "{:?}", swap.added);
+            assert_eq!(calls.iter().map(|c| c + CALL_LEN).collect::<Vec<u64>>(), block_returns);
+            // Each is a call instruction in the file (e8 rel32).
+            let bytes = std::fs::read(&lib).unwrap();
+            for c in calls.iter().chain(&added(CudaApi::C10MallocCalled)) {
+                assert_eq!(bytes[*c as usize], 0xe8, "no call at {c:#x}");
+            }
         }
     }
 

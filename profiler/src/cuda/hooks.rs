@@ -196,7 +196,8 @@ impl CudaHookManager {
             }
             (None, Some(replaced)) => match sampler.attach_torch_probes(&path) {
                 Ok(attached) => {
-                    found.functions.retain(|f| !replaced.contains(f));
+                    found.functions.retain(|f| !replaced.replaced.contains(f));
+                    found.functions.extend(replaced.added.iter().copied());
                     probes = Some(attached);
                     AllocatorFollowed::ByProbes
                 }

@@ -207,7 +207,8 @@ public:
 
 private:
 	Block *find_free_block(size_t size, bool small);
-	int alloc_segment(size_t segment_size, bool small, cudaStream_t stream, Block **out);
+	// alloc_block, as the real one is named: gpuflame hooks its calls and their returns.
+	GF_OWN_FUNCTION int alloc_block(size_t segment_size, bool small, cudaStream_t stream, Block **out);
 	void release_cached_segments();
 
 	DeviceIndex device_;
@@ -236,7 +237,7 @@ Block *DeviceCachingAllocator::find_free_block(size_t size, bool small)
 }
 
 // A new segment, as one free block; 0, or the error (kErrorMemoryAllocation past the limit).
-int DeviceCachingAllocator::alloc_segment(size_t segment_size, bool small, cudaStream_t stream, Block **out)
+int DeviceCachingAllocator::alloc_block(size_t segment_size, bool small, cudaStream_t stream, Block **out)
 {
 	unsigned long limit = memory_limit.load(std::memory_order_relaxed);
 	if (limit && reserved_ + segment_size > limit)
@@ -286,10 +287,10 @@ Block *DeviceCachingAllocator::malloc(size_t orig_size, cudaStream_t stream)
 	Block *block = find_free_block(size, small);
 	if (!block) {
 		size_t segment_size = small ? kSmallSegment : round_up(size, kLargeRound);
-		int rc = alloc_segment(segment_size, small, stream, &block);
+		int rc = alloc_block(segment_size, small, stream, &block);
 		if (rc != 0) {
 			release_cached_segments();
-			rc = alloc_segment(segment_size, small, stream, &block);
+			rc = alloc_block(segment_size, small, stream, &block);
 		}
 		if (rc != 0) {
 			size_t allocated = allocated_, reserved = reserved_;
