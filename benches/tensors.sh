@@ -14,7 +14,10 @@
 # allocated was seen freed, and tensor-inuse ends empty.
 #
 #   sudo benches/tensors.sh [SECONDS] [RATE] [ROUNDS]        (default 5 10000 3)
-#   GPUFLAME_BIN=path/to/gpuflame to measure another build.
+#   GPUFLAME_BIN=path/to/gpuflame to measure another build; GPUFLAME_BIN_B=path/to/other to
+#   measure a second build's probes, sampled and agent ways too, alternating with the first's.
+#   BPF_STATS=1: also the kernel's count of each tensor program's runs and time in the record
+#   ways (kernel.bpf_stats_enabled=1 for the run, which adds ~20 ns to every program's run).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 secs=${1:-5}
@@ -66,7 +69,11 @@ EOF
 # One run (HOW: bare, probes or hooks; WHAT: cpp or py); prints the ns per iteration the
 # allocator calls took.
 run() {
-  local how=$1 what=$2 out lib=probes sample=0
+  local how=$1 what=$2 out lib=probes sample=0 exe=$exe
+  if [ "${how%_b}" != "$how" ]; then
+    exe=$GPUFLAME_BIN_B
+    how=${how%_b}
+  fi
   [ "$how" = hooks ] && lib=hooks
   case $what in
     cpp) cmd=("./$lib/tensor_app" loop "$secs" "$rate") ;;
@@ -88,7 +95,21 @@ run() {
   else
     # The command waits at CUDA's first call for nothing here: WAIT gives the hooks time in
     # the Python run; the C++ loop's first allocation is untimed.
+    local poll=
+    if [ -n "${BPF_STATS:-}" ]; then
+      # The programs go with gpuflame: the last reading before its end is kept.
+      (while true; do bpftool -j prog show >"$tmp/progs.new" 2>/dev/null && mv "$tmp/progs.new" "$tmp/progs.json"; sleep 0.2; done) &
+      poll=$!
+    fi
     out=$("$exe" record --profiles tensor-inuse --tensor-sample-bytes $sample -o "$tmp/t-$what.folded" --memory-timeline none -- "${cmd[@]}" 2>"$tmp/rec-$what.log")
+    if [ -n "$poll" ]; then
+      kill $poll; wait $poll 2>/dev/null || true
+      python3 - "$tmp/progs.json" "$1 $what" >&2 <<'EOF'
+import json, sys
+progs = {p["name"]: p for p in json.load(open(sys.argv[1])) if p.get("name") in ("on_torch_malloc", "on_torch_free", "on_cuda_call")}
+print(sys.argv[2] + ": " + ", ".join(f"{n} {p.get('run_cnt', 0)} runs {p.get('run_time_ns', 0) / max(p.get('run_cnt', 0), 1):.0f} ns" for n, p in sorted(progs.items())))
+EOF
+    fi
     way=$([ "$how" = hooks ] && echo "by hooks" || echo "through its USDT probes")
     grep -q "tensors followed in .* $way" "$tmp/rec-$what.log" || { echo "not followed $way:" >&2; cat "$tmp/rec-$what.log" >&2; exit 1; }
     if [ -s "$tmp/t-$what.folded" ]; then
@@ -102,25 +123,37 @@ run() {
   echo "$out" | sed -n 's/^work_ns_per_iteration=//p'
 }
 
+if [ -n "${BPF_STATS:-}" ]; then
+  stats_before=$(sysctl -n kernel.bpf_stats_enabled)
+  sysctl -qw kernel.bpf_stats_enabled=1
+  trap 'sysctl -qw kernel.bpf_stats_enabled=$stats_before; rm -rf "$tmp"' EXIT
+fi
+ways=(bare probes sampled agent hooks)
+[ -n "${GPUFLAME_BIN_B:-}" ] && ways+=(probes_b sampled_b agent_b)
 for what in cpp py; do
-  bare=() probes=() sampled=() agent=() hooks=()
+  declare -A runs=()
   for r in $(seq 1 "$rounds"); do
-    bare+=("$(run bare $what)")
-    probes+=("$(run probes $what)")
-    sampled+=("$(run sampled $what)")
-    agent+=("$(run agent $what)")
-    hooks+=("$(run hooks $what)")
+    for way in "${ways[@]}"; do
+      runs[$way]+="$(run "$way" $what) "
+    done
   done
-  python3 - "$what" "$rate" "${bare[*]}" "${probes[*]}" "${sampled[*]}" "${agent[*]}" "${hooks[*]}" <<'EOF'
+  args=()
+  for way in "${ways[@]}"; do args+=("$way=${runs[$way]}"); done
+  python3 - "$what" "$rate" "${args[@]}" <<'EOF'
 import statistics, sys
 what, rate = sys.argv[1], float(sys.argv[2])
-ways = ["bare", "probes", "sampled", "agent", "hooks"]
-runs = {k: [float(x) for x in v.split()] for k, v in zip(ways, sys.argv[3:8])}
+runs = {}
+for arg in sys.argv[3:]:
+    way, values = arg.split("=", 1)
+    runs[way] = [float(x) for x in values.split()]
 b = statistics.median(runs["bare"])
 print(f"{what}: allocator calls per tensor (alloc+free), bare {b:.0f} ns {runs['bare']}")
-for way in ways[1:]:
-    h = statistics.median(runs[way])
-    print(f"{what}:   {way}: {h:.0f} ns {runs[way]}; added {h - b:.0f} ns per tensor; "
+for way, values in runs.items():
+    if way == "bare":
+        continue
+    h = statistics.median(values)
+    print(f"{what}:   {way}: {h:.0f} ns {values}; added {h - b:.0f} ns per tensor; "
           f"at {rate:.0f} tensors/s the program slows down {(h - b) * rate / 1e9 * 100:.1f}%")
 EOF
+  unset runs
 done
