@@ -90,7 +90,8 @@ __noinline long unwind_one(struct native_unwind_state *st)
 	st->adjust = adjust;
 
 	proc = bpf_map_lookup_elem(&processes, &st->pid);
-	idx = proc ? find_mapping_index(st->pid, st->ip) : -1;
+	/* One lookup of the process per frame: it is a hash map's. */
+	idx = proc ? mapping_index_in(proc, st->ip) : -1;
 	if (idx < 0) {
 		/* Walked on with the table of the VMA's file, if user space published one. */
 		ask_refresh(st);

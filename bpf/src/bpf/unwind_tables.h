@@ -7,10 +7,9 @@
 /* The binary searches are global functions: the verifier checks each once, on its own, instead of
  * once per path of its caller, which would multiply their branches. */
 
-/* Index of the mapping of process `pid` that contains ip, or -1. */
-__noinline int find_mapping_index(__u32 pid, __u64 ip)
+/* Index of the mapping of `proc` (an entry of processes) that contains ip, or -1. */
+__noinline int mapping_index_in(struct process_info *proc, __u64 ip)
 {
-	struct process_info *proc = bpf_map_lookup_elem(&processes, &pid);
 	__u32 lo = 0, hi, mid;
 
 	if (!proc)
@@ -30,6 +29,12 @@ __noinline int find_mapping_index(__u32 pid, __u64 ip)
 	if (lo == 0 || ip >= proc->mappings[(lo - 1) & (MAX_PROCESS_MAPPINGS - 1)].end)
 		return -1;
 	return (lo - 1) & (MAX_PROCESS_MAPPINGS - 1);
+}
+
+/* Index of the mapping of process `pid` that contains ip, or -1. */
+static __always_inline int find_mapping_index(__u32 pid, __u64 ip)
+{
+	return mapping_index_in(bpf_map_lookup_elem(&processes, &pid), ip);
 }
 
 /* Block `key` of the unwind rows, in its shard. */
