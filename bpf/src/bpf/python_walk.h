@@ -23,6 +23,7 @@ struct py_walk {
 	__u8 via_shim;   /* emitting for a frame found by its shim: no native slot to skip after */
 	__u8 gap_marked; /* the gap marker is out: Python frames after an early native stop */
 	__u8 mark_calls; /* the stack was copied: the frames after the gap are split by call */
+	__u8 by_shim;    /* 0 not looked up yet; 1 the eval loop is known by its symbol; 2 by shims */
 };
 
 static __always_inline int py_read(void *dst, __u32 size, __u64 addr)
@@ -293,8 +294,15 @@ static __always_inline struct py_process *py_walkable(struct py_walk *w, __u32 p
 
 	if (!w->enabled)
 		return NULL;
+	/* Every native frame asks both ways: the way that does not apply costs no lookup of the
+	 * interpreter (a hash map's) after the first. */
+	if (w->by_shim && (w->by_shim == 2) != by_shim)
+		return NULL;
 	p = bpf_map_lookup_elem(&python_processes, &pid);
-	if (!p || (bool)p->o.eval_by_shim != by_shim)
+	if (!p)
+		return NULL;
+	w->by_shim = p->o.eval_by_shim ? 2 : 1;
+	if ((bool)p->o.eval_by_shim != by_shim)
 		return NULL;
 	if (!w->ready) {
 		w->ready = 1;
