@@ -190,11 +190,11 @@ static __always_inline int cuda_return(struct pt_regs *ctx, __u32 api)
 	/* Only the return of the recorded call itself: its ret popped the slot it was called with. */
 	if (!call || PT_REGS_SP(ctx) != call->sp + 8 || call->api != api)
 		return 0;
-	/* Read where it is, and forgotten on the way out: a copy on the stack left too little of
-	 * it for the unwinder's calls. */
 	/* The segment calls alloc_block made are made for a tensor; it sends nothing itself. */
 	if (api == C10_ALLOC_BLOCK_CALLED)
 		return forget_call(&key);
+	/* Read where it is, and forgotten on the way out: a copy on the stack left too little of
+	 * it for the unwinder's calls. */
 	result = (__s32)PT_REGS_RC(ctx);
 	count(COUNTER_CUDA_CALLS);
 

@@ -44,15 +44,15 @@ pub fn return_sites<R: ReadAt>(elf: &ElfFile<R>, target: u64, functions: &[(u64,
                     continue;
                 }
                 let rel = i32::from_le_bytes([bytes[i + 1], bytes[i + 2], bytes[i + 3], bytes[i + 4]]);
-                let next = seg.vaddr + at + i as u64 + 5;
+                let next = seg.vaddr + at + i as u64 + CALL_LEN;
                 if next.wrapping_add_signed(i64::from(rel)) != target {
                     continue;
                 }
-                let site = next - 5;
+                let site = next - CALL_LEN;
                 if !functions.iter().any(|&(start, end)| site >= start && next <= end) {
                     continue;
                 }
-                let offset = seg.offset + at + i as u64 + 5;
+                let offset = seg.offset + at + i as u64 + CALL_LEN;
                 if !out.contains(&offset) && out.len() < MAX_SITES {
                     out.push(offset);
                 }

@@ -112,12 +112,14 @@ fn functions_in(src: impl ReadAt) -> Result<CudaSearch, ElfError> {
         }
     }
     let mut no_return = None;
+    // The static functions' ranges, where call sites are looked for: read once, for the
+    // allocator's files alone (libtorch_cuda's table is 100 ms of reading).
+    let functions: Vec<(u64, u64)> = match (malloc_vaddr.is_some() || c10_cuda).then(|| elf.symbols(consts::SHT_SYMTAB)).transpose()?.flatten() {
+        Some(symbols) => symbols.iter().filter(|s| s.is_function() && s.size > 0).map(|s| (s.value, s.value.saturating_add(s.size))).collect(),
+        None => Vec::new(),
+    };
     if let Some(target) = malloc_vaddr {
         // Its return is seen where its callers resume (call_sites.rs): without one, not at all.
-        let functions: Vec<(u64, u64)> = match elf.symbols(consts::SHT_SYMTAB)? {
-            Some(symbols) => symbols.iter().filter(|s| s.is_function() && s.size > 0).map(|s| (s.value, s.value.saturating_add(s.size))).collect(),
-            None => Vec::new(),
-        };
         let sites = return_sites(&elf, target, &functions)?;
         if sites.is_empty() {
             found.retain(|(api, _)| *api != CudaApi::C10Malloc);
@@ -127,7 +129,7 @@ fn functions_in(src: impl ReadAt) -> Result<CudaSearch, ElfError> {
     }
     found.sort();
     let allocator_missing = c10_cuda.then(|| no_return.or_else(|| allocator_check(&found, other_malloc))).flatten();
-    let probes_replace = if c10_cuda { replaced_by_probes(&elf, &found, &segments, &alloc_blocks)? } else { None };
+    let probes_replace = if c10_cuda { replaced_by_probes(&elf, &found, &segments, &functions, &alloc_blocks)? } else { None };
     Ok(CudaSearch { functions: found, allocator_missing, probes_replace })
 }
 
@@ -142,6 +144,7 @@ fn replaced_by_probes<R: ReadAt>(
     elf: &ElfFile<R>,
     found: &[(CudaApi, u64)],
     segments: &[(u64, u64, u64)],
+    functions: &[(u64, u64)],
     alloc_blocks: &[u64],
 ) -> Result<Option<ProbesReplace>, ElfError> {
     let probes = elf.sdt_probes().unwrap_or_default();
@@ -150,10 +153,6 @@ fn replaced_by_probes<R: ReadAt>(
     if mallocs.is_empty() || frees.is_empty() {
         return Ok(None);
     }
-    let functions: Vec<(u64, u64)> = match elf.symbols(consts::SHT_SYMTAB)? {
-        Some(symbols) => symbols.iter().filter(|s| s.is_function() && s.size > 0).map(|s| (s.value, s.value.saturating_add(s.size))).collect(),
-        None => Vec::new(),
-    };
     let probed: Vec<(u64, u64)> = functions.iter().copied().filter(|&(s, e)| mallocs.iter().any(|&a| a >= s && a < e)).collect();
     let vaddr = |offset: u64| segments.iter().find(|&&(s, e, o)| offset >= o && offset - o < e - s).map(|&(s, _, o)| offset - o + s);
     let in_probed = |offset: u64| vaddr(offset).is_some_and(|a| probed.iter().any(|&(s, e)| a > s && a <= e));
@@ -162,7 +161,7 @@ fn replaced_by_probes<R: ReadAt>(
     let raw_returns: Vec<u64> = found.iter().filter(|&&(api, off)| api == CudaApi::C10MallocReturned && !in_probed(off)).map(|&(_, off)| off).collect();
     let mut block_returns = Vec::new();
     for &target in alloc_blocks {
-        block_returns.extend(return_sites(elf, target, &functions)?);
+        block_returns.extend(return_sites(elf, target, functions)?);
     }
     let mut added = Vec::new();
     let malloc_entry = found.iter().copied().filter(|&(api, _)| api == CudaApi::C10Malloc);

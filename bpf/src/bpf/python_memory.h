@@ -1,0 +1,143 @@
+/* Reading CPython's memory for the Python walker (python_walk.h): a frame's fields, and the
+ * thread's current frame from its thread state. Every read is fault-checked and counted when it
+ * fails: the interpreter's memory belongs to another process and may change under the read. */
+#ifndef GPUFLAME_PYTHON_MEMORY_H
+#define GPUFLAME_PYTHON_MEMORY_H
+
+#include "maps.h"
+
+static __always_inline int py_read(void *dst, __u32 size, __u64 addr)
+{
+	if (bpf_probe_read_user(dst, size, (void *)addr)) {
+		count(COUNTER_PY_READ_FAULT);
+		return -1;
+	}
+	return 0;
+}
+
+/* A frame's fields that the walk reads, in one copy of the frame's first bytes where they all lie
+ * within them (every version from 3.8: at most ~112 bytes): one fault-checked read in place of
+ * four, on every Python frame of every sample. */
+#define PY_FRAME_BYTES 128
+
+struct py_frame_copy {
+	__u8 b[256]; /* room for the size as masked below, as the verifier sees it */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct py_frame_copy);
+} py_frame_copies SEC(".maps");
+
+struct py_frame_fields {
+	__u64 previous;
+	__u64 code;
+	__u64 instr; /* the instruction pointer, or (3.8-3.10) f_lasti in the low 32 bits */
+	__u8 marker; /* is_entry or owner; 0 for frame objects */
+	__u8 previous_ok;
+	__u8 code_ok;
+	__u8 instr_ok;
+};
+
+static __always_inline __u32 py_max(__u32 a, __u32 b)
+{
+	return a > b ? a : b;
+}
+
+/* Copies `size` bytes at `addr` into the buffer: 0, or an error (also when size is over
+ * PY_FRAME_BYTES). The bound is put on the very register passed, which the verifier checks: a
+ * test the compiler makes on a copy of it is not seen there. */
+static __always_inline long py_read_span(struct py_frame_copy *c, __u32 size, __u64 addr)
+{
+	if (size > PY_FRAME_BYTES)
+		return -1;
+	asm volatile("%0 &= 0xff" : "+r"(size));
+	return bpf_probe_read_user(c->b, size, (void *)addr);
+}
+
+/* Reads the fields of the frame at f: at once where they fit, else one by one. */
+static __always_inline void py_read_frame(struct py_offsets *o, __u64 f, struct py_frame_fields *out)
+{
+	__u32 zero = 0, span;
+	struct py_frame_copy *c = bpf_map_lookup_elem(&py_frame_copies, &zero);
+	bool marked = o->frame_kind != PY_FRAME_OBJECT;
+
+	span = py_max(py_max(o->frame_previous, o->frame_code), o->frame_instr);
+	if (marked)
+		span = py_max(span, o->frame_entry);
+	span += 8;
+	if (c && py_read_span(c, span, f) == 0) {
+		out->previous = *(__u64 *)(c->b + (o->frame_previous & (PY_FRAME_BYTES - 1)));
+		out->code = *(__u64 *)(c->b + (o->frame_code & (PY_FRAME_BYTES - 1)));
+		out->instr = *(__u64 *)(c->b + (o->frame_instr & (PY_FRAME_BYTES - 1)));
+		out->marker = marked ? c->b[o->frame_entry & (PY_FRAME_BYTES - 1)] : 0;
+		out->previous_ok = out->code_ok = out->instr_ok = 1;
+		return;
+	}
+	out->previous_ok = py_read(&out->previous, sizeof(out->previous), f + o->frame_previous) == 0;
+	if (!out->previous_ok)
+		return;
+	if (marked && py_read(&out->marker, sizeof(out->marker), f + o->frame_entry))
+		out->marker = 0;
+	out->code_ok = py_read(&out->code, sizeof(out->code), f + o->frame_code) == 0;
+	if (o->frame_kind == PY_FRAME_OBJECT) {
+		__s32 lasti32 = 0;
+
+		out->instr_ok = py_read(&lasti32, sizeof(lasti32), f + o->frame_instr) == 0;
+		out->instr = (__u32)lasti32;
+	} else {
+		out->instr_ok = py_read(&out->instr, sizeof(out->instr), f + o->frame_instr) == 0;
+	}
+}
+
+/* The thread's current Python frame: from its PyThreadState, matched by pthread_t (its TLS base).
+ * Global, like the shim searches of python_walk.h, so that the verifier checks its loop once, on
+ * its own. */
+__noinline __u64 py_current_frame(__u32 pid, __u32 tid)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct py_process *p = bpf_map_lookup_elem(&python_processes, &pid);
+	struct py_offsets *o;
+	__u64 fsbase, ts = 0, id = 0, is = 0, frame = 0, *cached;
+
+	if (!p || !task)
+		return 0;
+	o = &p->o;
+	fsbase = task->thread.fsbase;
+
+	cached = bpf_map_lookup_elem(&python_threads, &tid);
+	if (cached) {
+		ts = *cached;
+		if (py_read(&id, sizeof(id), ts + o->tstate_thread_id) || id != fsbase)
+			ts = 0;
+	}
+	if (!ts) {
+		if (py_read(&is, sizeof(is), p->runtime + o->runtime_interpreters_head) || !is)
+			return 0;
+		if (py_read(&ts, sizeof(ts), is + o->interp_threads_head))
+			return 0;
+		for (int i = 0; i < 64 && ts; i++) {
+			if (py_read(&id, sizeof(id), ts + o->tstate_thread_id))
+				return 0;
+			if (id == fsbase)
+				break;
+			if (py_read(&ts, sizeof(ts), ts + o->tstate_next))
+				return 0;
+		}
+		if (!ts || id != fsbase) {
+			count(COUNTER_PY_NO_THREAD);
+			return 0;
+		}
+		bpf_map_update_elem(&python_threads, &tid, &ts, BPF_ANY);
+	}
+	if (py_read(&frame, sizeof(frame), ts + o->tstate_frame))
+		return 0;
+	if (o->cframe_current_frame != PY_NO_OFFSET && frame &&
+	    py_read(&frame, sizeof(frame), frame + o->cframe_current_frame))
+		return 0;
+	return frame;
+}
+
+#endif
