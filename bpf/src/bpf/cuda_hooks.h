@@ -253,7 +253,7 @@ static __always_inline int cuda_return(struct pt_regs *ctx, __u32 api)
 		c->size = call->args[3];
 		if (bpf_probe_read_user(&c->addr, sizeof(c->addr), (void *)call->args[1]))
 			c->addr = 0;
-		tensor_allocated(id >> 32, c->addr);
+		tensor_allocated(c->addr);
 		if (c->addr && !tensor_stack_drawn(c->size)) {
 			send_tensor_without_stack(e, bpf_ktime_get_ns() - now + call->enter_ns);
 			return forget_call(&key);

@@ -9,7 +9,7 @@
 #ifndef GPUFLAME_TORCH_PROBES_H
 #define GPUFLAME_TORCH_PROBES_H
 
-#include <bpf/usdt.bpf.h>
+#include "usdt_args.h"
 
 #include "cuda_hooks.h"
 #include "targets.h"
@@ -30,11 +30,13 @@ int on_torch_malloc(struct pt_regs *ctx)
 	t0 = bpf_ktime_get_ns();
 	/* The malloc this went through has returned: what marks the thread as allocating (malloc's
 	 * entry, hooked for raw_alloc's sake where alloc_block's calls are not found; an alloc_block
-	 * that threw) goes, or a segment call later would look made inside it. */
-	bpf_map_delete_elem(&cuda_calls, &key);
-	if (bpf_usdt_arg(ctx, 0, &ptr) || bpf_usdt_arg(ctx, 1, &device) || bpf_usdt_arg(ctx, 2, &size))
+	 * that threw) goes, or a segment call later would look made inside it. Looked up first: a
+	 * delete takes the bucket's lock even when there is nothing to delete, as there rarely is. */
+	if (bpf_map_lookup_elem(&cuda_calls, &key))
+		bpf_map_delete_elem(&cuda_calls, &key);
+	if (usdt_args3(ctx, &ptr, &device, &size))
 		return 0;
-	tensor_allocated(id >> 32, ptr);
+	tensor_allocated(ptr);
 	e = bpf_map_lookup_elem(&sample_scratch, &slot);
 	if (!e)
 		return 0;
