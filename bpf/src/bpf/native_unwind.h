@@ -10,6 +10,7 @@
 #include "no_cfi.h"
 #include "file_vmas.h"
 #include "stack_copy.h"
+#include "stack_window.h"
 
 /* Asks user space for the table of the file mapped at `begin`; at most every 200 ms. */
 static __always_inline void ask_table(struct native_unwind_state *st, __u64 begin)
@@ -136,7 +137,7 @@ __noinline long unwind_one(struct native_unwind_state *st)
 		break;
 	case CFA_DEREF_RBP:
 		bp_after_scan(st, false, 0);
-		if (bpf_probe_read_user(&cfa, sizeof(cfa), (void *)(st->bp + rule->cfa_offset)))
+		if (stack_word(st, &cfa, st->bp + rule->cfa_offset))
 			return stop(st, UNWIND_READ_FAULT);
 		break;
 	case CFA_END_OF_STACK:
@@ -152,7 +153,7 @@ __noinline long unwind_one(struct native_unwind_state *st)
 	 * the Python frames, emitted in the next iterations, and unwinding goes on from its caller. */
 	if (py_frame_holds_shim(&st->py, st->pid, st->tid, st->ip, st->sp, cfa) && !recorded_python && st->frames > 0)
 		st->frames--;
-	if (bpf_probe_read_user(&ra, sizeof(ra), (void *)(cfa - 8)))
+	if (stack_word(st, &ra, cfa - 8))
 		return stop(st, UNWIND_READ_FAULT);
 	/* A function being traced by a return probe (a CUDA hook) returns to the uprobe page. */
 	if (st->xol && ra >= st->xol && ra < st->xol + 4096)
@@ -162,11 +163,11 @@ __noinline long unwind_one(struct native_unwind_state *st)
 	if (rule->rbp_kind != RBP_UNCHANGED)
 		st->bp_below_ra = 0; /* the caller's rbp comes from this frame's rule */
 	if (rule->rbp_kind == RBP_CFA_OFFSET) {
-		if (bpf_probe_read_user(&st->bp, sizeof(st->bp), (void *)(cfa + rule->rbp_offset)))
+		if (stack_word(st, &st->bp, cfa + rule->rbp_offset))
 			return stop(st, UNWIND_READ_FAULT);
 	} else if (rule->rbp_kind == RBP_AT_RBP) {
 		/* Read with this frame's rbp, which the CFA above came from too. */
-		if (!st->bp || bpf_probe_read_user(&st->bp, sizeof(st->bp), (void *)(st->bp + rule->rbp_offset)))
+		if (!st->bp || stack_word(st, &st->bp, st->bp + rule->rbp_offset))
 			return stop(st, UNWIND_READ_FAULT);
 	} else if (rule->rbp_kind != RBP_UNCHANGED) {
 		/* The caller's rbp is unknown; a later rbp-based rule would go wrong, so it stops. */
