@@ -230,15 +230,10 @@ fn processes_of_300_microseconds_are_named() {
     assert!(in_work * 100 >= all * 15, "only {in_work} of {all} samples named brief_work:\n{}", describe(&stacks));
 }
 
-/// A library is dlclosed and deleted, and another is written at its path: its samples are unwound
-/// with a table of its own and named after its own functions (before: a library that got the
-/// freed inode was unwound with the old file's table, 0% complete). While gpuflame holds the old
-/// file open (it does, from the first sample of it) the file system cannot hand its inode out
-/// again; files are told apart by device, inode, size and modification time besides.
-#[test]
-fn a_new_library_at_a_deleted_librarys_path_gets_its_own_table_and_names() {
-    require_bpf();
-    let _alone = alone_with_the_machine();
+/// Library A runs at DIR/plugins/plugin.so, is dlclosed and deleted, and library B (plugin.c,
+/// each built with its defines) runs at the same path: the stacks of `inode_reuse`, and what it
+/// printed (the inodes, and where each lib_work was).
+fn two_libraries_at_one_path(a_defines: &[&str], b_defines: &[&str]) -> (Vec<Stack>, String) {
     let dir = tempfile::Builder::new().prefix("gpuflame-inode-").tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/plugin.c");
     let lib = |name: &str, defines: &[&str]| {
@@ -247,8 +242,8 @@ fn a_new_library_at_a_deleted_librarys_path_gets_its_own_table_and_names() {
         assert!(status.success(), "building {name}");
         out
     };
-    let a = lib("liba.so", &["-DPREFIX(x)=a_##x"]);
-    let b = lib("libb.so", &["-DPREFIX(x)=b_##x", "-DPAD"]);
+    let a = lib("liba.so", a_defines);
+    let b = lib("libb.so", b_defines);
     let exe = build_c(dir.path(), "inode_reuse", &["-O2"]);
     let plugins = dir.path().join("plugins");
     std::fs::create_dir(&plugins).unwrap();
@@ -259,22 +254,56 @@ fn a_new_library_at_a_deleted_librarys_path_gets_its_own_table_and_names() {
     let run = Command::new(&exe).arg(&plugins).arg(&a).arg(&b).arg("1.5").output().unwrap();
     let (status, stderr) = recording.interrupt();
     assert!(status.success(), "{stderr}");
-    let printed = String::from_utf8_lossy(&run.stdout);
-    let inodes: Vec<&str> = printed.split_whitespace().skip(1).collect();
-    assert_eq!(inodes.len(), 2, "the program did not run both libraries: {printed:?}");
+    let printed = String::from_utf8_lossy(&run.stdout).into_owned();
+    let stacks = read_folded(&out).into_iter().filter(|s| s.comm() == "inode_reuse").collect();
+    (stacks, printed)
+}
 
-    let stacks: Vec<Stack> = read_folded(&out).into_iter().filter(|s| s.comm() == "inode_reuse").collect();
-    let of = |f: &str| -> Vec<Stack> { stacks.iter().filter(|s| s.user().last() == Some(&f)).cloned().collect() };
-    let (in_a, in_b) = (of("a_inner"), of("b_inner"));
-    let whole = |s: &[Stack], chain: [&str; 3]| -> (u64, u64) {
-        (s.iter().filter(|s| s.user().first() == Some(&"_start") && s.has_sequence(&chain)).map(|s| s.count).sum(), total(s))
-    };
-    let (good_a, all_a) = whole(&in_a, ["lib_work", "a_outer", "a_inner"]);
-    let (good_b, all_b) = whole(&in_b, ["lib_work", "b_outer", "b_inner"]);
+/// Of the samples whose leaf is `leaf`: those under `_start` with `chain`, and all.
+fn whole_under(stacks: &[Stack], leaf: &str, chain: [&str; 3]) -> (Vec<Stack>, u64, u64) {
+    let of: Vec<Stack> = stacks.iter().filter(|s| s.user().last() == Some(&leaf)).cloned().collect();
+    let good = of.iter().filter(|s| s.user().first() == Some(&"_start") && s.has_sequence(&chain)).map(|s| s.count).sum();
+    let all = total(&of);
+    (of, good, all)
+}
+
+/// A library is dlclosed and deleted, and another is written at its path: its samples are unwound
+/// with a table of its own and named after its own functions (before: a library that got the
+/// freed inode was unwound with the old file's table, 0% complete). While gpuflame holds the old
+/// file open (it does, from the first sample of it) the file system cannot hand its inode out
+/// again; files are told apart by device, inode, size and modification time besides.
+#[test]
+fn a_new_library_at_a_deleted_librarys_path_gets_its_own_table_and_names() {
+    require_bpf();
+    let _alone = alone_with_the_machine();
+    let (stacks, printed) = two_libraries_at_one_path(&["-DPREFIX(x)=a_##x"], &["-DPREFIX(x)=b_##x", "-DPAD"]);
+    let inodes: Vec<&str> = printed.lines().next().unwrap_or("").split_whitespace().skip(1).collect();
+    assert_eq!(inodes.len(), 2, "the program did not run both libraries: {printed:?}");
+    let (in_a, good_a, all_a) = whole_under(&stacks, "a_inner", ["lib_work", "a_outer", "a_inner"]);
+    let (in_b, good_b, all_b) = whole_under(&stacks, "b_inner", ["lib_work", "b_outer", "b_inner"]);
     eprintln!("inodes {inodes:?} (reused: {}): library A {good_a} of {all_a} whole, library B {good_b} of {all_b} whole", inodes[0] == inodes[1]);
     assert!(all_a >= 100 && all_b >= 100, "too few samples: A {all_a}, B {all_b}:\n{}", describe(&stacks));
     assert!(good_a * 100 >= all_a * 90, "library A: {good_a} of {all_a} whole:\n{}", describe(&in_a));
     assert!(good_b * 100 >= all_b * 90, "library B at A's path: {good_b} of {all_b} whole:\n{}", describe(&in_b));
     let misnamed: u64 = stacks.iter().filter(|s| s.user().iter().any(|f| f.starts_with("a_")) && s.user().iter().any(|f| f.starts_with("b_"))).map(|s| s.count).sum();
     assert_eq!(misnamed, 0, "stacks mixing the two libraries' names:\n{}", describe(&stacks));
+}
+
+/// Library B has its code at the addresses library A had, mapped where A was, with frames of
+/// another size: the unwinder keeps the rule it found for an address from walk to walk
+/// (frame_cache.h), and must not use A's for B. A's rule at b_outer's return address puts the
+/// caller 0x1f0 bytes off: B's stacks would stop there, without lib_work.
+#[test]
+fn code_at_the_same_address_in_a_new_library_is_unwound_with_the_new_rules() {
+    require_bpf();
+    let _alone = alone_with_the_machine();
+    let (stacks, printed) = two_libraries_at_one_path(&["-DPREFIX(x)=a_##x", "-DFRAME=600"], &["-DPREFIX(x)=b_##x", "-DFRAME=1100"]);
+    let at: Vec<&str> = printed.lines().nth(1).unwrap_or("").split_whitespace().skip(1).collect();
+    assert!(at.len() == 2 && at[0] == at[1], "library B was not mapped where A was (the case this test is for): {printed:?}");
+    let (in_a, good_a, all_a) = whole_under(&stacks, "a_inner", ["lib_work", "a_outer", "a_inner"]);
+    let (in_b, good_b, all_b) = whole_under(&stacks, "b_inner", ["lib_work", "b_outer", "b_inner"]);
+    eprintln!("both at {}: library A {good_a} of {all_a} whole, library B {good_b} of {all_b} whole", at[0]);
+    assert!(all_a >= 100 && all_b >= 100, "too few samples: A {all_a}, B {all_b}:\n{}", describe(&stacks));
+    assert!(good_a * 100 >= all_a * 90, "library A: {good_a} of {all_a} whole:\n{}", describe(&in_a));
+    assert!(good_b * 100 >= all_b * 90, "library B where A was: {good_b} of {all_b} whole:\n{}", describe(&in_b));
 }

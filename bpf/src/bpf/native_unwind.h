@@ -11,6 +11,7 @@
 #include "file_vmas.h"
 #include "stack_copy.h"
 #include "stack_window.h"
+#include "frame_cache.h"
 
 /* Asks user space for the table of the file mapped at `begin`; at most every 200 ms. */
 static __always_inline void ask_table(struct native_unwind_state *st, __u64 begin)
@@ -59,7 +60,7 @@ __noinline long unwind_one(struct native_unwind_state *st)
 	struct process_info *proc;
 	struct exec_mapping *m;
 	struct file_vmas *fv;
-	struct unwind_rule *rule;
+	struct unwind_rule *rule, found;
 	__u32 slot, table_id;
 	__u64 pc, cfa, ra;
 	int idx;
@@ -91,39 +92,48 @@ __noinline long unwind_one(struct native_unwind_state *st)
 	st->adjust = adjust;
 
 	proc = bpf_map_lookup_elem(&processes, &st->pid);
-	/* One lookup of the process per frame: it is a hash map's. */
-	idx = proc ? mapping_index_in(proc, st->ip) : -1;
-	if (idx < 0) {
-		/* Walked on with the table of the VMA's file, if user space published one. */
-		ask_refresh(st);
-		idx = file_vma_index(st);
-		fv = idx < 0 ? NULL : bpf_map_lookup_elem(&file_vmas_of, &st->pid);
-		if (!fv)
-			return stop(st, proc ? UNWIND_NO_MAPPING : UNWIND_NO_PROCESS);
-		e->stack.flags |= STACK_BY_FILE;
-		table_id = fv->vmas[idx & (FILE_VMAS - 1)].table_id;
-		pc = st->ip - adjust - fv->vmas[idx & (FILE_VMAS - 1)].load_bias;
+	/* One lookup of the process per frame: it is a hash map's. The rule: kept from an earlier
+	 * walk through this address (frame_cache.h), or searched for. */
+	if (proc && frame_cache_get(proc, st->pid, st->ip, adjust, &found, &idx)) {
+		mark_table_used(proc->mappings[idx & (MAX_PROCESS_MAPPINGS - 1)].table_id, st->now);
 	} else {
-		m = &proc->mappings[idx & (MAX_PROCESS_MAPPINGS - 1)];
-		if (m->flags & MAPPING_TABLE_PENDING) {
-			/* No frame-pointer step here: in code built without them it skips callers and
-			 * makes a stack that looks whole; a stop is honest and the table comes within
-			 * ~100 ms. The leaf's file too: a process of a few hundred microseconds, read
-			 * once, is gone before the table and its names come (1 in 7 samples of a storm
-			 * of them stayed unnamed). */
-			ask_table(st, m->begin);
-			note_leaf_file(st);
-			return stop(st, UNWIND_NO_TABLE_YET);
+		idx = proc ? mapping_index_in(proc, st->ip) : -1;
+		m = NULL;
+		if (idx < 0) {
+			/* Walked on with the table of the VMA's file, if user space published one. */
+			ask_refresh(st);
+			idx = file_vma_index(st);
+			fv = idx < 0 ? NULL : bpf_map_lookup_elem(&file_vmas_of, &st->pid);
+			if (!fv)
+				return stop(st, proc ? UNWIND_NO_MAPPING : UNWIND_NO_PROCESS);
+			e->stack.flags |= STACK_BY_FILE;
+			table_id = fv->vmas[idx & (FILE_VMAS - 1)].table_id;
+			pc = st->ip - adjust - fv->vmas[idx & (FILE_VMAS - 1)].load_bias;
+		} else {
+			m = &proc->mappings[idx & (MAX_PROCESS_MAPPINGS - 1)];
+			if (m->flags & MAPPING_TABLE_PENDING) {
+				/* No frame-pointer step here: in code built without them it skips callers and
+				 * makes a stack that looks whole; a stop is honest and the table comes within
+				 * ~100 ms. The leaf's file too: a process of a few hundred microseconds, read
+				 * once, is gone before the table and its names come (1 in 7 samples of a storm
+				 * of them stayed unnamed). */
+				ask_table(st, m->begin);
+				note_leaf_file(st);
+				return stop(st, UNWIND_NO_TABLE_YET);
+			}
+			if (!(m->flags & MAPPING_HAS_TABLE))
+				return step_without_cfi(st);
+			table_id = m->table_id;
+			pc = st->ip - adjust - m->load_bias;
 		}
-		if (!(m->flags & MAPPING_HAS_TABLE))
+		rule = find_rule(table_id, pc, st->now);
+		if (!rule)
 			return step_without_cfi(st);
-		table_id = m->table_id;
-		pc = st->ip - adjust - m->load_bias;
+		found = *rule;
+		if (m)
+			frame_cache_put(m, st->pid, st->ip, adjust, idx, &found);
 	}
-	rule = find_rule(table_id, pc, st->now);
-	if (!rule)
-		return step_without_cfi(st);
-
+	rule = &found;
 	switch (rule->cfa_kind) {
 	case CFA_RSP_OFFSET:
 		cfa = st->sp + rule->cfa_offset;

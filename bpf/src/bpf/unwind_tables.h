@@ -109,6 +109,23 @@ __noinline int find_row_rule(__u32 block, __u32 rel)
 	return blk->rule[(lo - 1) & (ROWS_PER_BLOCK - 1)];
 }
 
+/* Marks a table used by a walk, for eviction: once a second at most, as a store to a shared
+ * cache line on every frame would cost more. */
+static __always_inline void mark_used(struct table_info *t, __u64 now)
+{
+	if (now - t->last_used > 1000000000ULL)
+		t->last_used = now;
+}
+
+/* The same, for a rule found without a search (frame_cache.h). */
+static __always_inline void mark_table_used(__u32 table_id, __u64 now)
+{
+	struct table_info *t = bpf_map_lookup_elem(&unwind_tables, &table_id);
+
+	if (t)
+		mark_used(t, now);
+}
+
 /* The index among unwind_rules of the rule for `elf_pc` in table `table_id`, or -1. Global, so
  * that its lookups' keys and state take no room in the unwinder's frame, the deepest chain's. */
 __noinline int find_rule_index(__u32 table_id, __u64 elf_pc, __u64 now)
@@ -118,9 +135,7 @@ __noinline int find_rule_index(__u32 table_id, __u64 elf_pc, __u64 now)
 
 	if (!t || t->block_count == 0 || elf_pc < t->base || elf_pc - t->base > 0xfffffffeULL)
 		return -1;
-	/* Once a second at most: a store to a shared cache line on every frame would cost more. */
-	if (now - t->last_used > 1000000000ULL)
-		t->last_used = now;
+	mark_used(t, now);
 	block = find_block(table_id, elf_pc - t->base);
 	if (block < 0)
 		return -1;

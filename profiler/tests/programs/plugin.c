@@ -1,5 +1,6 @@
 /* Two libraries that take turns at one path (inode_reuse.c), built with -DPREFIX(x)=a_##x and
- * -DPREFIX(x)=b_##x -DPAD: other names, other addresses. */
+ * -DPREFIX(x)=b_##x -DPAD: other names, other addresses; or with -DFRAME=N of two sizes: the same
+ * addresses, other unwind rules. */
 #include <time.h>
 
 #ifdef PAD
@@ -33,8 +34,18 @@ __attribute__((noinline)) void PREFIX(inner)(double end)
 
 __attribute__((noinline)) void PREFIX(outer)(double end)
 {
+#ifdef FRAME
+	/* A frame of FRAME bytes: two builds that differ in it alone (and in their names' prefix, of
+	 * one length) have their code at the same addresses and other rules for it. */
+	volatile char frame[FRAME];
+
+	frame[0] = 1;
+	PREFIX(inner)(end);
+	sink += frame[0];
+#else
 	PREFIX(inner)(end);
 	sink++;
+#endif
 }
 
 void lib_work(double seconds)
