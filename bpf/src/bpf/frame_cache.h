@@ -39,8 +39,8 @@ static __always_inline struct frame_cache_entry *frame_cache_slot(__u32 pid, __u
 }
 
 /* The rule kept for `ip` of process `pid`, copied into `out`, if its mapping is still as it was
- * found; its mapping's index in `*idx`. */
-static __always_inline bool frame_cache_get(struct process_info *proc, __u32 pid, __u64 ip, __u8 adjust, struct unwind_rule *out, int *idx)
+ * found; the table it came from in `*table_id`. */
+static __always_inline bool frame_cache_get(struct process_info *proc, __u32 pid, __u64 ip, __u8 adjust, struct unwind_rule *out, __u32 *table_id)
 {
 	struct frame_cache_entry *c = frame_cache_slot(pid, ip);
 	struct exec_mapping *m;
@@ -49,10 +49,10 @@ static __always_inline bool frame_cache_get(struct process_info *proc, __u32 pid
 		return false;
 	m = &proc->mappings[c->mapping & (MAX_PROCESS_MAPPINGS - 1)];
 	if (m->begin != c->begin || m->load_bias != c->load_bias || m->table_id != c->table_id ||
-	    (m->flags & (MAPPING_HAS_TABLE | MAPPING_TABLE_PENDING)) != MAPPING_HAS_TABLE || ip >= m->end || ip < m->begin)
+	    (m->flags & (MAPPING_HAS_TABLE | MAPPING_TABLE_PENDING)) != MAPPING_HAS_TABLE || ip >= m->end)
 		return false;
 	*out = c->rule;
-	*idx = c->mapping & (MAX_PROCESS_MAPPINGS - 1);
+	*table_id = c->table_id;
 	/* A program that took the CPU from this one midway may have rewritten the entry: the
 	 * writer clears ip first and sets it last. */
 	barrier();

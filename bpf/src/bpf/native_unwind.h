@@ -94,8 +94,8 @@ __noinline long unwind_one(struct native_unwind_state *st)
 	proc = bpf_map_lookup_elem(&processes, &st->pid);
 	/* One lookup of the process per frame: it is a hash map's. The rule: kept from an earlier
 	 * walk through this address (frame_cache.h), or searched for. */
-	if (proc && frame_cache_get(proc, st->pid, st->ip, adjust, &found, &idx)) {
-		mark_table_used(proc->mappings[idx & (MAX_PROCESS_MAPPINGS - 1)].table_id, st->now);
+	if (proc && frame_cache_get(proc, st->pid, st->ip, adjust, &found, &table_id)) {
+		mark_table_used(table_id, st->now);
 	} else {
 		idx = proc ? mapping_index_in(proc, st->ip) : -1;
 		m = NULL;

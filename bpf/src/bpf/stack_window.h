@@ -28,9 +28,9 @@ struct {
 	__type(value, struct stack_window);
 } stack_windows SEC(".maps");
 
-/* Reads the window from `addr`: 256 bytes, or to the end of its page where the next page may
- * not be mapped (the top of a stack). The size is bounded on the register passed. */
-static __always_inline bool stack_window_fill(struct stack_window *w, __u64 addr)
+/* Reads the window of walk `st` from `addr`: 256 bytes, or to the end of its page where the next
+ * page may not be mapped (the top of a stack). The size is bounded on the register passed. */
+static __always_inline bool stack_window_fill(struct stack_window *w, struct native_unwind_state *st, __u64 addr)
 {
 	__u32 len = STACK_WINDOW_BYTES;
 
@@ -45,6 +45,8 @@ static __always_inline bool stack_window_fill(struct stack_window *w, __u64 addr
 	}
 	w->len = len;
 	w->base = addr;
+	w->walk = st->now;
+	w->tid = st->tid;
 	return true;
 }
 
@@ -59,10 +61,8 @@ static __always_inline long stack_word(struct native_unwind_state *st, __u64 *ou
 		return bpf_probe_read_user(out, sizeof(*out), (void *)addr);
 	off = addr - w->base;
 	if (w->tid != st->tid || w->walk != st->now || addr < w->base || off + 8 > w->len) {
-		if (!stack_window_fill(w, addr))
+		if (!stack_window_fill(w, st, addr))
 			return bpf_probe_read_user(out, sizeof(*out), (void *)addr);
-		w->tid = st->tid;
-		w->walk = st->now;
 		off = 0;
 	}
 	asm volatile("%0 &= 0xff" : "+r"(off));

@@ -99,7 +99,8 @@ static __always_inline void send_tensor_free(__u64 id, __u32 api, __u64 ptr)
 {
 	__u32 slot = SCRATCH_CUDA;
 	struct event_record *e = bpf_map_lookup_elem(&sample_scratch, &slot);
-	__u64 *mark = bpf_task_storage_get(&tensor_free_marks, bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	/* Only the outer frees set a mark; the inner one reads it. */
+	__u64 *mark = bpf_task_storage_get(&tensor_free_marks, bpf_get_current_task_btf(), 0, api == C10_FREE ? 0 : BPF_LOCAL_STORAGE_GET_F_CREATE);
 	struct cuda_call_payload *c;
 
 	if (api == C10_FREE) {
