@@ -96,4 +96,18 @@ impl UnwindMaps {
         // Already gone when the exit handler in BPF removed it first.
         let _ = map.delete(&pid.to_ne_bytes());
     }
+
+    /// Moves the unwinder's epoch on (maps.h `unwind_epoch`), after a write to the maps that the
+    /// rules it keeps per address were checked against: those rules are checked again. Not one
+    /// atomic step with BPF's own bumps, and need not be: a bump lost to a race still leaves the
+    /// epoch past every value read before this write.
+    pub(crate) fn bump_epoch(map: &MapMut<'_>) -> Result<(), BpfError> {
+        let key = 0u32.to_ne_bytes();
+        let now = map
+            .lookup(&key, MapFlags::ANY)
+            .map_err(map_err("unwind_epoch"))?
+            .and_then(|v| v.try_into().ok())
+            .map_or(0, u64::from_ne_bytes);
+        map.update(&key, &now.wrapping_add(1).to_ne_bytes(), MapFlags::ANY).map_err(map_err("unwind_epoch"))
+    }
 }

@@ -332,7 +332,8 @@ impl BpfPrograms {
     }
 
     pub fn remove_table(&mut self, id: TableId) -> Result<(), BpfError> {
-        self.unwind.remove_table(&self.skel.maps.unwind_tables, id)
+        self.unwind.remove_table(&self.skel.maps.unwind_tables, id)?;
+        UnwindMaps::bump_epoch(&self.skel.maps.unwind_epoch)
     }
 
     /// Publishes a loaded table by the identity of its file (st_dev, st_ino, st_size), for code
@@ -352,6 +353,7 @@ impl BpfPrograms {
     /// code of its own; its samples say so.
     pub fn set_process(&self, pid: u32, mappings: &[ExecMapping], forked_from: Option<u32>) -> Result<usize, BpfError> {
         let dropped = UnwindMaps::set_process(&self.skel.maps.processes, pid, mappings, forked_from)?;
+        UnwindMaps::bump_epoch(&self.skel.maps.unwind_epoch)?;
         // The VMAs its samples looked up while it was not described (file_vmas.h) are stale now.
         let _ = self.skel.maps.file_vmas_of.delete(&pid.to_ne_bytes());
         Ok(dropped)
@@ -360,6 +362,9 @@ impl BpfPrograms {
     pub fn remove_process(&self, pid: u32) {
         UnwindMaps::remove_process(&self.skel.maps.processes, pid);
         UnwindMaps::remove_process(&self.skel.maps.python_processes, pid);
+        if let Err(e) = UnwindMaps::bump_epoch(&self.skel.maps.unwind_epoch) {
+            tracing::warn!(error = %e, "cannot move the unwinder's epoch on after a process went");
+        }
     }
 
     /// Hooks the entry and return of `functions` of the file at `path`, in every process that maps

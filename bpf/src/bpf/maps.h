@@ -68,6 +68,34 @@ struct {
 	__type(value, struct process_info);
 } processes SEC(".maps");
 
+/* Moves on with every change to what a rule found through `processes` depends on: a process's
+ * entry written or removed (by user space, or here at fork, exec and exit) and a table removed.
+ * A rule kept for an address (frame_cache.h) with the epoch it was checked in is used without
+ * looking its process up again while the epoch stays. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} unwind_epoch SEC(".maps");
+
+static __always_inline __u64 unwind_epoch_now(void)
+{
+	__u32 zero = 0;
+	__u64 *epoch = bpf_map_lookup_elem(&unwind_epoch, &zero);
+
+	return epoch ? *(volatile __u64 *)epoch : 0;
+}
+
+static __always_inline void unwind_epoch_bump(void)
+{
+	__u32 zero = 0;
+	__u64 *epoch = bpf_map_lookup_elem(&unwind_epoch, &zero);
+
+	if (epoch)
+		__sync_fetch_and_add(epoch, 1);
+}
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, MAX_TABLES);

@@ -91,12 +91,12 @@ __noinline long unwind_one(struct native_unwind_state *st)
 	st->leaf_done = 1;
 	st->adjust = adjust;
 
-	proc = bpf_map_lookup_elem(&processes, &st->pid);
-	/* One lookup of the process per frame: it is a hash map's. The rule: kept from an earlier
-	 * walk through this address (frame_cache.h), or searched for. */
-	if (proc && frame_cache_get(proc, st->pid, st->ip, adjust, &found, &table_id)) {
+	/* The rule: kept from an earlier walk through this address (frame_cache.h), or searched
+	 * for in the process's mappings (a hash map's lookup) and their tables. */
+	if (frame_cache_get(st->pid, st->ip, adjust, st->epoch, &found, &table_id)) {
 		mark_table_used(table_id, st->now);
 	} else {
+		proc = bpf_map_lookup_elem(&processes, &st->pid);
 		idx = proc ? mapping_index_in(proc, st->ip) : -1;
 		m = NULL;
 		if (idx < 0) {
@@ -131,7 +131,7 @@ __noinline long unwind_one(struct native_unwind_state *st)
 			return step_without_cfi(st);
 		found = *rule;
 		if (m)
-			frame_cache_put(m, st->pid, st->ip, adjust, idx, &found);
+			frame_cache_put(m, st->pid, st->ip, adjust, st->epoch, idx, &found);
 	}
 	rule = &found;
 	switch (rule->cfa_kind) {
@@ -282,6 +282,8 @@ static __always_inline void unwind_user_stack(struct event_record *e, __u32 slot
 	st.status = UNWIND_TRUNCATED;
 	st.now = bpf_ktime_get_ns();
 	st.py.enabled = bpf_map_lookup_elem(&python_processes, &st.pid) != NULL;
+	/* Before any lookup of the process: a change made after it moves the epoch on. */
+	st.epoch = unwind_epoch_now();
 	/* Whose mappings the walk uses: user space names the frames from the same. */
 	proc = bpf_map_lookup_elem(&processes, &st.pid);
 	if (proc)

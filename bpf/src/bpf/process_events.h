@@ -81,6 +81,8 @@ int BPF_PROG(on_process_fork, struct task_struct *parent, struct task_struct *ch
 	copy = bpf_map_lookup_elem(&processes, &child_tgid);
 	if (copy)
 		copy->forked_from = parent_tgid;
+	/* Rules kept for a process of the same pid before must be checked against this entry. */
+	unwind_epoch_bump();
 	py = bpf_map_lookup_elem(&python_processes, &parent_tgid);
 	if (py)
 		bpf_map_update_elem(&python_processes, &child_tgid, py, BPF_ANY);
@@ -99,7 +101,8 @@ int BPF_PROG(on_process_exec, struct task_struct *task, pid_t old_pid, struct li
 	/* The old program's mappings (its own, or its parent's copy) are gone: unwinding the new
 	 * one with them would make up stacks. Until user space reads the new ones, its samples
 	 * say the process is not known. */
-	bpf_map_delete_elem(&processes, &tgid);
+	if (!bpf_map_delete_elem(&processes, &tgid))
+		unwind_epoch_bump();
 	bpf_map_delete_elem(&python_processes, &tgid);
 	bpf_map_delete_elem(&file_vmas_of, &tgid);
 	if (is_target(tgid)) {
@@ -161,7 +164,8 @@ int BPF_PROG(on_process_exit, struct task_struct *task)
 	if (!is_target(tgid))
 		return 0;
 	send_process_event(tgid, PROCESS_EXIT);
-	bpf_map_delete_elem(&processes, &tgid);
+	if (!bpf_map_delete_elem(&processes, &tgid))
+		unwind_epoch_bump();
 	bpf_map_delete_elem(&python_processes, &tgid);
 	bpf_map_delete_elem(&mmap_budgets, &tgid);
 	bpf_map_delete_elem(&file_vmas_of, &tgid);

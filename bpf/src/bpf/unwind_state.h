@@ -27,6 +27,7 @@ struct native_unwind_state {
 	__u64 bp_below_ra;
 	__u64 xol;  /* the process's uprobe page (return trampoline), or 0 */
 	__u64 now;
+	__u64 epoch; /* unwind_epoch when the walk began (frame_cache.h) */
 	struct py_walk py;
 };
 
