@@ -69,7 +69,7 @@ fn a_big_library_run_as_soon_as_it_is_dlopened_is_whole_from_its_first_sample() 
     eprintln!("big dlopen: {whole} of {all} samples whole; {} finished late", finished_late(&log));
     assert!(all >= 200, "expected ~400 samples in the library, got {all}\n{log}");
     assert!(finished_late(&log) > 0, "no sample waited for the library's table: the test did not test late stacks\n{log}");
-    assert!(whole * 1000 >= all * 995, "only {whole} of {all} whole:\n{}", describe(&in_lib));
+    assert!(whole * 1000 >= all * 995, "only {whole} of {all} whole:\n{}\n{log}", describe(&in_lib));
 }
 
 /// The line `unwinder check: N stacks, M identical …, D differ, …` as (N, D).
@@ -150,6 +150,6 @@ fn python_frames_go_where_their_eval_loop_calls_are_in_stacks_finished_late() {
         eprintln!("python 3.{minor}: {whole} of {all} samples in the library whole with their Python frames; {} finished late", finished_late(&log));
         assert!(all >= 200, "3.{minor}: expected ~400 samples in the library, got {all}\n{log}");
         assert!(finished_late(&log) > 0, "3.{minor}: no sample waited for a table\n{log}");
-        assert!(whole * 1000 >= all * 995, "3.{minor}: only {whole} of {all} whole:\n{}", describe(&in_lib));
+        assert!(whole * 1000 >= all * 995, "3.{minor}: only {whole} of {all} whole:\n{}\n{log}", describe(&in_lib));
     }
 }
