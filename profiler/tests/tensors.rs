@@ -80,16 +80,33 @@ fn device_line(device: u32, reserved: u64, allocated: u64, outside: u64) -> Stri
     format!("device {device}: reserved {}, allocated {}, cached {}; outside the allocator {}", h(reserved), h(allocated), h(reserved - allocated), h(outside))
 }
 
-/// Through the probes, and by the hooks where the library has no notes: the same figures.
+/// The argument specs of the library's pytorch:malloc note, as readelf prints them.
+fn malloc_probe_args(lib: &str) -> Vec<String> {
+    let out = std::process::Command::new("readelf").args(["-n", lib]).output().expect("readelf (binutils) is needed");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().skip_while(|l| !l.contains("Name: malloc")).find(|l| l.contains("Arguments:")).unwrap_or_else(|| panic!("no pytorch:malloc note in {lib}:\n{text}"));
+    line.split("Arguments:").nth(1).unwrap_or_default().split_whitespace().map(str::to_string).collect()
+}
+
+/// Through the probes, with pointer and device in registers (as the real library's note has
+/// them) and in the frame (as another build may), and by the hooks where the library has no
+/// notes: the same figures.
 #[test]
 fn tensor_stacks_are_exact_and_a_reused_block_belongs_to_its_second_owner() {
-    for notes in [true, false] {
-        tensor_stacks_are_exact(notes);
+    for (notes, in_frame) in [(true, false), (true, true), (false, false)] {
+        tensor_stacks_are_exact(notes, in_frame);
     }
 }
 
-fn tensor_stacks_are_exact(notes: bool) {
-    let fx = Fixture::build_with(notes);
+fn tensor_stacks_are_exact(notes: bool, in_frame: bool) {
+    let fx = Fixture::build_shaped(notes, if in_frame { &["-DGF_SDT_ARGS_IN_FRAME"] } else { &[] });
+    if notes {
+        // Pointer, device, size: what is read of the probe; the stream is not.
+        let args = malloc_probe_args(&fx.path("libc10_cuda.so"));
+        let in_memory: Vec<bool> = args.iter().take(3).map(|a| a.contains('(')).collect();
+        let expected = if in_frame { [true, true, false] } else { [false, false, false] };
+        assert_eq!(in_memory, expected, "the note's arguments are not of the shape this run tests: {args:?}");
+    }
     let out = fx.path("t.folded");
     let app = fx.app.display().to_string();
     let (stderr, kv) = fx.record(&["--profiles", "tensor-inuse,tensor-alloc,hbm-inuse", "-o", &out], &[], &[&app, "exact"]);

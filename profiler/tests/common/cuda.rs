@@ -63,7 +63,8 @@ pub fn build_c10(dir: &Path) -> PathBuf {
 }
 
 /// As build_c10; `notes`: with the USDT probes, or without (an older or a custom build); `defines`
-/// choose among its other shapes (`-DGF_DELETER_CALLS_FREE`).
+/// choose among its other shapes (`-DGF_DELETER_CALLS_FREE`; `-DGF_SDT_ARGS_IN_FRAME`: the
+/// probe's pointer and device read from the frame, not from registers as in the real library).
 pub fn build_c10_with(dir: &Path, notes: bool, defines: &[&str]) -> PathBuf {
     let rpath = format!("-Wl,-rpath,{}", dir.display());
     cxx_in(dir, &["-O2", "-g", "-shared", "-fPIC", "-Wl,-soname,libc10.so", "-o", "libc10.so", &source("fake_c10.cpp")]);

@@ -457,7 +457,19 @@ DataPtr NativeCachingAllocator::allocate(size_t size)
 	void *devPtr = nullptr;
 	if (size != 0) {
 		malloc(&devPtr, static_cast<DeviceIndex>(device), size, nullptr);
+#ifdef GF_SDT_ARGS_IN_FRAME
+		// Pointer and device read from the frame (8@8(%rsp) -1@4(%rsp)), as a build that keeps
+		// them in memory gives them.
 		GF_PROBE_MALLOC(devPtr, static_cast<DeviceIndex>(device), size, static_cast<long>(0));
+#else
+		// As the real library's note has them (-8@%rax -1@%dl -8@%r14 -8@-56(%rbp)): pointer,
+		// device and size in registers, the stream in the frame.
+		void *ptr = devPtr;
+		DeviceIndex dev = static_cast<DeviceIndex>(device);
+		asm volatile("" : "+r"(ptr), "+q"(dev));
+		volatile long stream = 0;
+		GF_PROBE_MALLOC(ptr, dev, size, stream);
+#endif
 	}
 	return {devPtr, devPtr, &local_raw_delete, Device{DeviceType::CUDA, static_cast<DeviceIndex>(device)}};
 }
