@@ -124,6 +124,7 @@ EOF
 }
 
 if [ -n "${BPF_STATS:-}" ]; then
+  command -v bpftool >/dev/null || { echo "BPF_STATS=1 reads the programs' counts with bpftool: apt-get install bpftool" >&2; exit 1; }
   stats_before=$(sysctl -n kernel.bpf_stats_enabled)
   sysctl -qw kernel.bpf_stats_enabled=1
   trap 'sysctl -qw kernel.bpf_stats_enabled=$stats_before; rm -rf "$tmp"' EXIT
