@@ -55,18 +55,20 @@ fn a_big_library_run_as_soon_as_it_is_dlopened_is_whole_from_its_first_sample() 
     let lib = big_library(dir.path());
     let exe = build_c(dir.path(), "dlopener", &["-O2", "-g", "-fomit-frame-pointer", "-ldl"]);
     let out = dir.path().join("big.folded");
-    // No gate: the library runs the moment it is mapped, before its table can be built.
-    let run = gpuflame_ok(&["record", "-F", "199", "-o", out.to_str().unwrap(), "--", exe.to_str().unwrap(), lib.to_str().unwrap(), "2"], 0);
+    // No gate: the library runs the moment it is mapped, before its table can be built. It is
+    // mapped 0.3 s after the program starts, as a real program's libraries are: in its first
+    // milliseconds, before its maps are read at all, a sample in a library whose table is not
+    // published yet stops at `[native: unknown code]` and is not copied (README; the debug
+    // build reads a new program's maps late enough for one sample in two runs to land there).
+    let run = gpuflame_ok(&["record", "-F", "199", "-o", out.to_str().unwrap(), "--", exe.to_str().unwrap(), lib.to_str().unwrap(), "2", "0.3"], 0);
     let log = String::from_utf8_lossy(&run.stderr);
     let stacks = read_folded(&out);
     let in_lib: Vec<Stack> = stacks.iter().filter(|s| s.user().iter().any(|f| *f == "lib_spin" || f.contains("libbig.so"))).cloned().collect();
     let all = total(&in_lib);
-    let whole: u64 = in_lib
-        .iter()
-        .filter(|s| s.user().first() == Some(&"_start") && s.has_sequence(&["main", "call_library", "lib_entry", "lib_inner", "lib_spin"]))
-        .map(|s| s.count)
-        .sum();
-    eprintln!("big dlopen: {whole} of {all} samples whole; {} finished late", finished_late(&log));
+    let is_whole = |s: &Stack| s.user().first() == Some(&"_start") && s.has_sequence(&["main", "call_library", "lib_entry", "lib_inner", "lib_spin"]);
+    let whole: u64 = in_lib.iter().filter(|s| is_whole(s)).map(|s| s.count).sum();
+    let cut: Vec<Stack> = in_lib.iter().filter(|s| !is_whole(s)).cloned().collect();
+    eprintln!("big dlopen: {whole} of {all} samples whole; {} finished late\n{}", finished_late(&log), describe(&cut));
     assert!(all >= 200, "expected ~400 samples in the library, got {all}\n{log}");
     assert!(finished_late(&log) > 0, "no sample waited for the library's table: the test did not test late stacks\n{log}");
     assert!(whole * 1000 >= all * 995, "only {whole} of {all} whole:\n{}\n{log}", describe(&in_lib));
