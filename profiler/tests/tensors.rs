@@ -80,12 +80,12 @@ fn device_line(device: u32, reserved: u64, allocated: u64, outside: u64) -> Stri
     format!("device {device}: reserved {}, allocated {}, cached {}; outside the allocator {}", h(reserved), h(allocated), h(reserved - allocated), h(outside))
 }
 
-/// The argument specs of the library's pytorch:malloc note, as readelf prints them.
+/// The argument specs of the library's pytorch:malloc note.
 fn malloc_probe_args(lib: &str) -> Vec<String> {
-    let out = std::process::Command::new("readelf").args(["-n", lib]).output().expect("readelf (binutils) is needed");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text.lines().skip_while(|l| !l.contains("Name: malloc")).find(|l| l.contains("Arguments:")).unwrap_or_else(|| panic!("no pytorch:malloc note in {lib}:\n{text}"));
-    line.split("Arguments:").nth(1).unwrap_or_default().split_whitespace().map(str::to_string).collect()
+    let data = std::fs::read(lib).unwrap();
+    let probes = gpuflame_elfread::ElfFile::parse(&data[..]).unwrap().sdt_probes().unwrap();
+    let malloc = probes.iter().find(|p| p.provider == "pytorch" && p.name == "malloc").unwrap_or_else(|| panic!("no pytorch:malloc note in {lib}: {probes:?}"));
+    malloc.args.split_whitespace().map(str::to_string).collect()
 }
 
 /// Through the probes, with pointer and device in registers (as the real library's note has
