@@ -18,6 +18,7 @@
 #   measure a second build's probes, sampled and agent ways too, alternating with the first's.
 #   BPF_STATS=1: also the kernel's count of each tensor program's runs and time in the record
 #   ways (kernel.bpf_stats_enabled=1 for the run, which adds ~20 ns to every program's run).
+#   WAYS="bare probes probes_b" (bare always among them) and LOOPS="py" narrow a run.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 secs=${1:-5}
@@ -131,7 +132,11 @@ if [ -n "${BPF_STATS:-}" ]; then
 fi
 ways=(bare probes sampled agent hooks)
 [ -n "${GPUFLAME_BIN_B:-}" ] && ways+=(probes_b sampled_b agent_b)
-for what in cpp py; do
+if [ -n "${WAYS:-}" ]; then
+  read -ra ways <<<"$WAYS"
+  [[ " $WAYS " == *" bare "* ]] || { echo "WAYS must include bare: the added cost is against it" >&2; exit 1; }
+fi
+for what in ${LOOPS:-cpp py}; do
   declare -A runs=()
   for r in $(seq 1 "$rounds"); do
     for way in "${ways[@]}"; do

@@ -388,7 +388,9 @@ impl BpfPrograms {
 
     /// Tells the Python walker where the process's interpreter is.
     pub fn set_python(&self, pid: u32, py: &PythonProcess) -> Result<(), BpfError> {
-        UnwindMaps::set_python(&self.skel.maps.python_processes, pid, py)
+        UnwindMaps::set_python(&self.skel.maps.python_processes, pid, py)?;
+        // The rules kept per address say whether each is in the evaluation loop (frame_cache.h).
+        UnwindMaps::bump_epoch(&self.skel.maps.unwind_epoch)
     }
 
     /// How often the sampling program ran and its total run time in ns, as the kernel counts it

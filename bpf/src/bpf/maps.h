@@ -69,9 +69,9 @@ struct {
 } processes SEC(".maps");
 
 /* Moves on with every change to what a rule found through `processes` depends on: a process's
- * entry written or removed (by user space, or here at fork, exec and exit) and a table removed.
- * A rule kept for an address (frame_cache.h) with the epoch it was checked in is used without
- * looking its process up again while the epoch stays. */
+ * entry written or removed (by user space, or here at fork, exec and exit), its Python's entry
+ * written, and a table removed. A rule kept for an address (frame_cache.h) with the epoch it was
+ * checked in is used without looking its process (or its Python) up again while the epoch stays. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);

@@ -77,8 +77,10 @@ __noinline long unwind_one(struct native_unwind_state *st)
 		return py_step(&st->py, st->pid, &st->frames, e) ? UNWIND_CONTINUE : stop(st, UNWIND_TRUNCATED);
 	recorded_python = st->py.mode == PY_MODE_DONE;
 	st->py.mode = PY_MODE_IDLE;
-	/* The evaluation loop's native frame is replaced by the Python frames it runs. */
-	if (!recorded_python && py_begin(&st->py, st->pid, st->tid, st->ip))
+	/* The evaluation loop's native frame is replaced by the Python frames it runs. The rule kept
+	 * for the address says whether it is the loop's, without the interpreter's entry. */
+	if (!recorded_python && st->py.enabled && frame_cache_maybe_eval(st->pid, st->ip, st->leaf_done, st->epoch) &&
+	    py_begin(&st->py, st->pid, st->tid, st->ip))
 		return py_step(&st->py, st->pid, &st->frames, e) ? UNWIND_CONTINUE : stop(st, UNWIND_TRUNCATED);
 	if (!recorded_python) {
 		if (st->frames >= MAX_USER_FRAMES)
@@ -131,7 +133,7 @@ __noinline long unwind_one(struct native_unwind_state *st)
 			return step_without_cfi(st);
 		found = *rule;
 		if (m)
-			frame_cache_put(m, st->pid, st->ip, adjust, st->epoch, idx, &found);
+			frame_cache_put(st, m, idx, &found);
 	}
 	rule = &found;
 	switch (rule->cfa_kind) {

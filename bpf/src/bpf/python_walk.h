@@ -35,6 +35,16 @@ static __always_inline bool py_at_eval(struct py_process *p, __u64 ip)
 	return false;
 }
 
+/* Whether `ip` is in the evaluation loop of process `pid`'s Python, by symbol, as its entry says
+ * now; frame_cache.h keeps the answer with the rule for the address. Global: its lookup takes no
+ * room in the unwinder's frame. */
+__noinline int py_eval_at(__u32 pid, __u64 ip)
+{
+	struct py_process *p = bpf_map_lookup_elem(&python_processes, &pid);
+
+	return p && py_at_eval(p, ip);
+}
+
 /* Writes one Python frame (two slots) into the sample; returns false when there is no room. */
 static __always_inline bool py_emit(struct event_record *e, __u32 *frames, __u64 code, __u64 second)
 {
@@ -334,8 +344,13 @@ static __always_inline bool py_shim_in_place(struct py_process *p, __u64 sp, __u
  * frames should replace it. */
 static __always_inline bool py_frame_holds_shim(struct py_walk *w, __u32 pid, __u32 tid, __u64 ip, __u64 sp, __u64 cfa)
 {
-	struct py_process *p = py_walkable(w, pid, tid, true);
+	struct py_process *p;
 
+	/* Most frames: the next shim is known, and not in this one; no lookup of the interpreter. */
+	if (w->by_shim == 2 && w->shim_known && w->next_shim != PY_SHIM_BEYOND &&
+	    (!w->next_shim || w->next_shim < sp || w->next_shim >= cfa))
+		return false;
+	p = py_walkable(w, pid, tid, true);
 	if (!p)
 		return false;
 	if (!w->shim_known) {
