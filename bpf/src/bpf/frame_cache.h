@@ -47,11 +47,16 @@ struct {
 /* Two ways a set: with one, two of the thirty-odd frames of a deep stack share an entry in about
  * a third of runs (the birthday odds of 30 addresses in 1,024 entries; ASLR moves them from run
  * to run), and both were searched for in every walk: the Python tensor loop's on_torch_malloc
- * took 2.9 µs in one run and 4.6 µs in the next. The entry for `ip` of `pid`, or the set's
- * second, which the caller checks. */
+ * took 2.9 µs in one run and 4.6 µs in the next. A set is an even key and the odd one after it. */
+static __always_inline __u32 frame_cache_set(__u32 pid, __u64 ip)
+{
+	return (__u32)((ip ^ (ip >> 17) ^ ((__u64)pid * 0x9e3779b1ULL)) & (FRAME_CACHE_ENTRIES - 2));
+}
+
+/* The entry for `ip` of `pid`, or the set's second, which the caller checks. */
 static __always_inline struct frame_cache_entry *frame_cache_slot(__u32 pid, __u64 ip)
 {
-	__u32 key = (__u32)((ip ^ (ip >> 17) ^ ((__u64)pid * 0x9e3779b1ULL)) & (FRAME_CACHE_ENTRIES - 2));
+	__u32 key = frame_cache_set(pid, ip);
 	struct frame_cache_entry *c = bpf_map_lookup_elem(&frame_cache, &key);
 
 	if (c && c->ip == ip && c->pid == pid)
@@ -64,7 +69,7 @@ static __always_inline struct frame_cache_entry *frame_cache_slot(__u32 pid, __u
  * less recently (way 0's `newer` says which was last). */
 static __always_inline struct frame_cache_entry *frame_cache_victim(__u32 pid, __u64 ip)
 {
-	__u32 key = (__u32)((ip ^ (ip >> 17) ^ ((__u64)pid * 0x9e3779b1ULL)) & (FRAME_CACHE_ENTRIES - 2));
+	__u32 key = frame_cache_set(pid, ip);
 	struct frame_cache_entry *c0 = bpf_map_lookup_elem(&frame_cache, &key), *c1;
 
 	key |= 1;
@@ -117,7 +122,9 @@ __noinline bool frame_cache_learn_eval(__u32 pid, __u64 ip)
 }
 
 /* Whether `ip` of process `pid` may be in its Python's evaluation loop: false only where an entry
- * checked in this walk's epoch says it is not, which spares the walk the interpreter's entry. */
+ * checked in this walk's epoch says it is not, which spares the walk the interpreter's entry. A
+ * lookup of its own, ahead of frame_cache_get's: one lookup for both kept the rule live across
+ * py_begin, and the unwinder's frame went past the verifier's stack budget. */
 static __always_inline bool frame_cache_maybe_eval(__u32 pid, __u64 ip, __u8 adjust, __u64 epoch)
 {
 	struct frame_cache_entry *c = frame_cache_slot(pid, ip);

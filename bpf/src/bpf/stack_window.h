@@ -13,9 +13,7 @@
 #include "events.h"
 #include "unwind_state.h"
 
-#ifndef STACK_WINDOW_BYTES
 #define STACK_WINDOW_BYTES 4096 /* a power of two, at most a page (the fallback reads to its end) */
-#endif
 
 struct stack_window {
 	__u64 walk; /* the walk's start time (native_unwind_state.now) */
