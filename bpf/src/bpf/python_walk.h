@@ -57,13 +57,34 @@ static __always_inline bool py_emit(struct event_record *e, __u32 *frames, __u64
 	return true;
 }
 
+/* A code object's first line (low half) and a 16-bit tag of its name (high half), `name` the
+ * offset of the name user space shows. The name's length and hash (PyASCIIObject: +16, +24 in
+ * every version) make the tag: a code object and its name string freed and both reused at the
+ * same addresses still read as new. The first line and the name's address in one copy of the code
+ * object (40-90 bytes apart; the first line is an int, the low half of the word read there).
+ * Global: its reads' buffers take no room in the walker's frame. */
+__noinline __u64 py_code_line_tag(__u64 code, __u32 line, __u32 name_at)
+{
+	__u64 word = 0, name = 0, tag = 0, x;
+	__s64 len_hash[2] = {};
+
+	if (name_at == PY_NO_OFFSET) {
+		py_read(&word, sizeof(__s32), code + line);
+	} else if (py_read_pair(code, line, name_at, &word, &name) & 2) {
+		name = 0;
+	}
+	if (name && py_read(len_hash, sizeof(len_hash), name + 16) == 0) {
+		x = (__u64)(len_hash[0] ^ len_hash[1]);
+		tag = (x ^ (x >> 16) ^ (x >> 32) ^ (x >> 48)) & 0xffff;
+	}
+	return (tag << 32) | (__u32)word;
+}
+
 /* Emits the frame at f, which runs code object `code`: its address tagged with its name,
  * then its first line and last instruction. Returns false when the sample is full. */
 static __always_inline bool py_emit_frame(struct event_record *e, __u32 *frames, struct py_offsets *o, struct py_frame_fields *ff, __u64 code)
 {
-	__u64 lasti = 0, name = 0, tag = 0, x;
-	__s64 len_hash[2] = {};
-	__s32 firstlineno = 0;
+	__u64 lasti = 0, line_tag;
 
 	if (code & ~PY_ADDR_MASK)
 		return true; /* not a user-space address: not a code object */
@@ -71,16 +92,8 @@ static __always_inline bool py_emit_frame(struct event_record *e, __u32 *frames,
 		lasti = (__u32)ff->instr;
 	else if (ff->instr_ok && ff->instr >= code + o->code_adaptive)
 		lasti = (ff->instr - code - o->code_adaptive) / 2;
-	py_read(&firstlineno, sizeof(firstlineno), code + o->code_firstlineno);
-	/* The name's length and hash (PyASCIIObject: +16, +24 in every version): a code object and
-	 * its name string freed and both reused at the same addresses still read as new. (Read with
-	 * the first line in one copy, they cost no less: measured.) */
-	if (o->code_name != PY_NO_OFFSET && py_read(&name, sizeof(name), code + o->code_name) == 0 &&
-	    py_read(len_hash, sizeof(len_hash), name + 16) == 0) {
-		x = (__u64)(len_hash[0] ^ len_hash[1]);
-		tag = (x ^ (x >> 16) ^ (x >> 32) ^ (x >> 48)) & 0xffff;
-	}
-	return py_emit(e, frames, code | (tag << PY_NAME_TAG_SHIFT), ((__u64)(__u32)firstlineno << 32) | (lasti & 0xffffffff));
+	line_tag = py_code_line_tag(code, o->code_firstlineno, o->code_name);
+	return py_emit(e, frames, code | ((line_tag >> 32) << PY_NAME_TAG_SHIFT), (line_tag << 32) | (lasti & 0xffffffff));
 }
 
 /* One step of emitting: one Python frame, or the end of this eval-loop call's frames.
