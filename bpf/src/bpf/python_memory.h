@@ -81,28 +81,139 @@ __noinline int py_read_pair(__u64 obj, __u32 a, __u32 b, __u64 *va, __u64 *vb)
 	return (py_read(va, sizeof(*va), obj + a) ? 1 : 0) | (py_read(vb, sizeof(*vb), obj + b) ? 2 : 0);
 }
 
-/* Reads the fields of the frame at f: at once where they fit, else one by one. */
-static __always_inline void py_read_frame(struct py_offsets *o, __u64 f, struct py_frame_fields *out)
+/* 3.11+: a thread's frames live in its data stack, a caller's just below its callee's (a
+ * generator's and a C-stack shim's elsewhere). The frames after a walk's first come from one
+ * copy of the PY_WINDOW_BYTES below the one asked for: a copy costs about what a frame's own read
+ * does, and holds several frames (a frame is its header and its locals: 100-300 bytes). A
+ * walk's first frame is read alone: a stack of one Python frame (a tensor's from its Python
+ * line) pays nothing for the window. Per CPU: a program that interrupts a walk (the sampler, in
+ * a hook's walk) takes the window over, and the walk, checking that it still owns it after
+ * copying a frame out, reads that frame again by itself. */
+#define PY_WINDOW_BYTES 1024 /* a power of two: 2 and 4 KiB measured no better */
+
+#define PY_CODES 8 /* a power of two */
+
+struct py_window {
+	__u64 walk; /* the walk's record's timestamp; 0 while it is filled */
+	__u64 base; /* the address of b[0] */
+	__u32 tid;  /* and its thread */
+	__u32 len;  /* bytes of b read; 0 after the walk's first frame */
+	__u64 fills; /* moves on with every fill: one that came in between is seen */
+	/* The code objects the walk read (py_code_line_tag), and what it read: a code object's
+	 * functions recur in a stack (recursion; nn.Module's _call_impl at every module), and a
+	 * code object cannot go while a frame of the walk holds it. */
+	__u64 code[PY_CODES];
+	__u64 line_tag[PY_CODES];
+	__u32 codes; /* entries put in; the next goes at codes % PY_CODES */
+	__u32 _pad;
+	__u8 b[PY_WINDOW_BYTES + PY_FRAME_BYTES + 8];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct py_window);
+} py_windows SEC(".maps");
+
+static __always_inline bool py_window_owned(struct py_window *win, struct event_record *e)
+{
+	return win->walk == e->header.timestamp_ns && win->tid == e->header.tid;
+}
+
+/* Makes the window the walk's that fills `e`, empty. */
+static __always_inline void py_window_claim(struct py_window *win, struct event_record *e)
+{
+	win->walk = e->header.timestamp_ns;
+	win->tid = e->header.tid;
+	win->len = 0;
+	win->codes = 0;
+}
+
+/* The offset in the window of walk `e` of the `span` bytes at `f`, read into it if need be; -1
+ * where they are not there (the walk's first frame, or a read that failed). */
+static __always_inline long py_window_at(struct py_window *win, struct event_record *e, __u64 f, __u32 span)
+{
+	__u64 end = f + span, start = end - PY_WINDOW_BYTES, fill;
+	__u32 len = PY_WINDOW_BYTES;
+
+	if (!py_window_owned(win, e)) {
+		py_window_claim(win, e);
+		return -1;
+	}
+	if (f >= win->base && end <= win->base + win->len)
+		return f - win->base;
+	win->walk = 0;
+	fill = ++win->fills;
+	barrier();
+	if (bpf_probe_read_user(win->b, PY_WINDOW_BYTES, (void *)start)) {
+		/* The page below f's is not mapped: from the start of f's page (less than a window,
+		 * or the read above would not have reached below it). */
+		start = f & ~4095ULL;
+		len = end - start;
+		if (len >= PY_WINDOW_BYTES || len < 8)
+			return -1;
+		asm volatile("%0 &= %1" : "+r"(len) : "i"(PY_WINDOW_BYTES - 1));
+		if (bpf_probe_read_user(win->b, len, (void *)start))
+			return -1;
+	}
+	win->base = start;
+	win->len = len;
+	barrier();
+	win->walk = e->header.timestamp_ns;
+	barrier();
+	if (win->fills != fill) {
+		win->walk = 0;
+		return -1;
+	}
+	return f - start;
+}
+
+/* Reads the fields of the frame at f for the walk that fills `e`: from the walk's window where it
+ * can (3.11+), else at once where they fit, else one by one. Global: the verifier checks it
+ * once, and its locals take no room in the walker's frame. */
+__noinline int py_read_frame(struct py_offsets *o, __u64 f, struct py_frame_fields *out, struct event_record *e)
 {
 	__u32 zero = 0, span;
 	struct py_frame_copy *c = bpf_map_lookup_elem(&py_frame_copies, &zero);
-	bool marked = o->frame_kind != PY_FRAME_OBJECT;
+	struct py_window *win;
+	__u64 fills;
+	bool marked;
+	long off;
+	__u8 *b;
 
+	if (!o || !out)
+		return 0;
+	marked = o->frame_kind != PY_FRAME_OBJECT;
 	span = py_max(py_max(o->frame_previous, o->frame_code), o->frame_instr);
 	if (marked)
 		span = py_max(span, o->frame_entry);
 	span += 8;
+	win = marked && e && span <= PY_FRAME_BYTES ? bpf_map_lookup_elem(&py_windows, &zero) : NULL;
+	if (win && (off = py_window_at(win, e, f, span)) >= 0) {
+		fills = win->fills;
+		b = win->b + (off & (PY_WINDOW_BYTES - 1));
+		out->previous = *(__u64 *)(b + (o->frame_previous & (PY_FRAME_BYTES - 1)));
+		out->code = *(__u64 *)(b + (o->frame_code & (PY_FRAME_BYTES - 1)));
+		out->instr = *(__u64 *)(b + (o->frame_instr & (PY_FRAME_BYTES - 1)));
+		out->marker = b[o->frame_entry & (PY_FRAME_BYTES - 1)];
+		barrier();
+		if (py_window_owned(win, e) && win->fills == fills) {
+			out->previous_ok = out->code_ok = out->instr_ok = 1;
+			return 0;
+		}
+	}
 	if (c && py_read_span(c, span, f) == 0) {
 		out->previous = *(__u64 *)(c->b + (o->frame_previous & (PY_FRAME_BYTES - 1)));
 		out->code = *(__u64 *)(c->b + (o->frame_code & (PY_FRAME_BYTES - 1)));
 		out->instr = *(__u64 *)(c->b + (o->frame_instr & (PY_FRAME_BYTES - 1)));
 		out->marker = marked ? c->b[o->frame_entry & (PY_FRAME_BYTES - 1)] : 0;
 		out->previous_ok = out->code_ok = out->instr_ok = 1;
-		return;
+		return 0;
 	}
 	out->previous_ok = py_read(&out->previous, sizeof(out->previous), f + o->frame_previous) == 0;
 	if (!out->previous_ok)
-		return;
+		return 0;
 	if (marked && py_read(&out->marker, sizeof(out->marker), f + o->frame_entry))
 		out->marker = 0;
 	out->code_ok = py_read(&out->code, sizeof(out->code), f + o->frame_code) == 0;
@@ -114,6 +225,7 @@ static __always_inline void py_read_frame(struct py_offsets *o, __u64 f, struct 
 	} else {
 		out->instr_ok = py_read(&out->instr, sizeof(out->instr), f + o->frame_instr) == 0;
 	}
+	return 0;
 }
 
 /* The thread's current Python frame: from its PyThreadState, matched by pthread_t (its TLS base).

@@ -62,8 +62,8 @@ static __always_inline bool py_emit(struct event_record *e, __u32 *frames, __u64
  * every version) make the tag: a code object and its name string freed and both reused at the
  * same addresses still read as new. The first line and the name's address in one copy of the code
  * object (40-90 bytes apart; the first line is an int, the low half of the word read there).
- * Global: its reads' buffers take no room in the walker's frame. */
-__noinline __u64 py_code_line_tag(__u64 code, __u32 line, __u32 name_at)
+ * A code object the walk that fills `e` read already is not read again (python_memory.h). */
+static __always_inline __u64 py_code_read(__u64 code, __u32 line, __u32 name_at)
 {
 	__u64 word = 0, name = 0, tag = 0, x;
 	__s64 len_hash[2] = {};
@@ -80,6 +80,40 @@ __noinline __u64 py_code_line_tag(__u64 code, __u32 line, __u32 name_at)
 	return (tag << 32) | (__u32)word;
 }
 
+/* Global: its reads' buffers take no room in the walker's frame. */
+__noinline __u64 py_code_line_tag(__u64 code, __u32 line, __u32 name_at, struct event_record *e)
+{
+	__u32 zero = 0, k;
+	struct py_window *win = e ? bpf_map_lookup_elem(&py_windows, &zero) : NULL;
+	__u64 v;
+
+	if (win && !py_window_owned(win, e))
+		py_window_claim(win, e);
+	if (win) {
+		for (k = 0; k < PY_CODES; k++) {
+			if (k >= win->codes || win->code[k] != code)
+				continue;
+			v = win->line_tag[k];
+			barrier();
+			/* A program that interrupted this one may have taken the window over. */
+			if (py_window_owned(win, e))
+				return v;
+			break;
+		}
+	}
+	v = py_code_read(code, line, name_at);
+	if (win && py_window_owned(win, e)) {
+		k = win->codes & (PY_CODES - 1);
+		win->code[k] = 0;
+		barrier();
+		win->line_tag[k] = v;
+		barrier();
+		win->code[k] = code;
+		win->codes++;
+	}
+	return v;
+}
+
 /* Emits the frame at f, which runs code object `code`: its address tagged with its name,
  * then its first line and last instruction. Returns false when the sample is full. */
 static __always_inline bool py_emit_frame(struct event_record *e, __u32 *frames, struct py_offsets *o, struct py_frame_fields *ff, __u64 code)
@@ -92,7 +126,7 @@ static __always_inline bool py_emit_frame(struct event_record *e, __u32 *frames,
 		lasti = (__u32)ff->instr;
 	else if (ff->instr_ok && ff->instr >= code + o->code_adaptive)
 		lasti = (ff->instr - code - o->code_adaptive) / 2;
-	line_tag = py_code_line_tag(code, o->code_firstlineno, o->code_name);
+	line_tag = py_code_line_tag(code, o->code_firstlineno, o->code_name, e);
 	return py_emit(e, frames, code | ((line_tag >> 32) << PY_NAME_TAG_SHIFT), (line_tag << 32) | (lasti & 0xffffffff));
 }
 
@@ -110,7 +144,7 @@ static __always_inline bool py_step(struct py_walk *w, __u32 pid, __u32 *frames,
 		return true;
 	}
 	o = &p->o;
-	py_read_frame(o, f, &ff);
+	py_read_frame(o, f, &ff, e);
 	if (!ff.previous_ok) {
 		w->mode = PY_MODE_DONE;
 		w->frame = 0;
@@ -174,7 +208,7 @@ __noinline long py_emit_rest(struct py_walk *w, __u32 pid, __u32 tid, __u32 *fra
 	f = w->frame;
 	if (!f)
 		return 1;
-	py_read_frame(o, f, &ff);
+	py_read_frame(o, f, &ff, e);
 	if (!ff.previous_ok)
 		return 1;
 	w->frame = ff.previous;
