@@ -82,13 +82,12 @@ __noinline int py_read_pair(__u64 obj, __u32 a, __u32 b, __u64 *va, __u64 *vb)
 }
 
 /* 3.11+: a thread's frames live in its data stack, a caller's just below its callee's (a
- * generator's and a C-stack shim's elsewhere). The frames after a walk's first come from one
- * copy of the PY_WINDOW_BYTES below the one asked for: a copy costs about what a frame's own read
- * does, and holds several frames (a frame is its header and its locals: 100-300 bytes). A
- * walk's first frame is read alone: a stack of one Python frame (a tensor's from its Python
- * line) pays nothing for the window. Per CPU: a program that interrupts a walk (the sampler, in
- * a hook's walk) takes the window over, and the walk, checking that it still owns it after
- * copying a frame out, reads that frame again by itself. */
+ * generator's and a C-stack shim's elsewhere). The frames after a walk's first (python_walk.h
+ * reads that one alone) come from one copy of the PY_WINDOW_BYTES below the one asked for: a
+ * copy costs about what a frame's own read does, and holds several frames (a frame is its
+ * header and its locals: 100-300 bytes). Per CPU: a program that interrupts a walk (the
+ * sampler, in a hook's walk) takes the window over, and the walk, checking that it still owns it
+ * after copying a frame out, reads that frame again by itself. */
 #define PY_WINDOW_BYTES 1024 /* a power of two: 2 and 4 KiB measured no better */
 
 #define PY_CODES 8 /* a power of two */
@@ -131,17 +130,15 @@ static __always_inline void py_window_claim(struct py_window *win, struct event_
 }
 
 /* The offset in the window of walk `e` of the `span` bytes at `f`, read into it if need be; -1
- * where they are not there (the walk's first frame, or a read that failed). */
+ * where they could not be read. */
 static __always_inline long py_window_at(struct py_window *win, struct event_record *e, __u64 f, __u32 span)
 {
 	__u64 end = f + span, start = end - PY_WINDOW_BYTES, fill;
 	__u32 len = PY_WINDOW_BYTES;
 
-	if (!py_window_owned(win, e)) {
+	if (!py_window_owned(win, e))
 		py_window_claim(win, e);
-		return -1;
-	}
-	if (f >= win->base && end <= win->base + win->len)
+	else if (f >= win->base && end <= win->base + win->len)
 		return f - win->base;
 	win->walk = 0;
 	fill = ++win->fills;

@@ -18,7 +18,8 @@ struct py_walk {
 	__u64 frame;     /* the next Python frame to emit (interpreter memory) */
 	__u64 next_shim; /* eval_by_shim: the shim that ends the next eval-loop call's frames */
 	__u8 mode;       /* enum py_mode */
-	__u8 ready;      /* frame was found from the thread state */
+	__u8 ready;      /* 1: frame was found from the thread state; 2: and a frame was read (the
+	                  * next ones go through the walk's window and code cache, python_memory.h) */
 	__u8 enabled;    /* the process runs CPython */
 	__u8 shim_known; /* next_shim is current */
 	__u8 via_shim;   /* emitting for a frame found by its shim: no native slot to skip after */
@@ -115,8 +116,9 @@ __noinline __u64 py_code_line_tag(__u64 code, __u32 line, __u32 name_at, struct 
 }
 
 /* Emits the frame at f, which runs code object `code`: its address tagged with its name,
- * then its first line and last instruction. Returns false when the sample is full. */
-static __always_inline bool py_emit_frame(struct event_record *e, __u32 *frames, struct py_offsets *o, struct py_frame_fields *ff, __u64 code)
+ * then its first line and last instruction. `walk`: the record whose walk's code cache to use,
+ * or NULL. Returns false when the sample is full. */
+static __always_inline bool py_emit_frame(struct event_record *e, __u32 *frames, struct py_offsets *o, struct py_frame_fields *ff, __u64 code, struct event_record *walk)
 {
 	__u64 lasti = 0, line_tag;
 
@@ -126,7 +128,7 @@ static __always_inline bool py_emit_frame(struct event_record *e, __u32 *frames,
 		lasti = (__u32)ff->instr;
 	else if (ff->instr_ok && ff->instr >= code + o->code_adaptive)
 		lasti = (ff->instr - code - o->code_adaptive) / 2;
-	line_tag = py_code_line_tag(code, o->code_firstlineno, o->code_name, e);
+	line_tag = py_code_line_tag(code, o->code_firstlineno, o->code_name, walk);
 	return py_emit(e, frames, code | ((line_tag >> 32) << PY_NAME_TAG_SHIFT), (line_tag << 32) | (lasti & 0xffffffff));
 }
 
@@ -135,6 +137,7 @@ static __always_inline bool py_emit_frame(struct event_record *e, __u32 *frames,
 static __always_inline bool py_step(struct py_walk *w, __u32 pid, __u32 *frames, struct event_record *e)
 {
 	struct py_process *p = bpf_map_lookup_elem(&python_processes, &pid);
+	struct event_record *walk;
 	struct py_frame_fields ff = {};
 	struct py_offsets *o;
 	__u64 f = w->frame, code;
@@ -144,7 +147,11 @@ static __always_inline bool py_step(struct py_walk *w, __u32 pid, __u32 *frames,
 		return true;
 	}
 	o = &p->o;
-	py_read_frame(o, f, &ff, e);
+	/* A walk's first frame is read alone: a stack of one Python frame (a tensor's, from its
+	 * Python line) pays nothing for the window and code cache, whose cache lines it would miss. */
+	walk = w->ready == 2 ? e : NULL;
+	w->ready = 2;
+	py_read_frame(o, f, &ff, walk);
 	if (!ff.previous_ok) {
 		w->mode = PY_MODE_DONE;
 		w->frame = 0;
@@ -161,7 +168,7 @@ static __always_inline bool py_step(struct py_walk *w, __u32 pid, __u32 *frames,
 		code = ff.code;
 		if (o->code_tagged)
 			code &= ~7ULL;
-		if (code && !py_emit_frame(e, frames, o, &ff, code))
+		if (code && !py_emit_frame(e, frames, o, &ff, code, walk))
 			return false;
 	}
 	w->frame = ff.previous;
@@ -192,7 +199,7 @@ static __always_inline long py_mark_call(struct py_walk *w, __u32 *frames, struc
  * Returns 1 when done, 0 to go on. Global, so that the verifier checks it once. */
 __noinline long py_emit_rest(struct py_walk *w, __u32 pid, __u32 tid, __u32 *frames, __u32 slot)
 {
-	struct event_record *e = bpf_map_lookup_elem(&sample_scratch, &slot);
+	struct event_record *e = bpf_map_lookup_elem(&sample_scratch, &slot), *walk;
 	struct py_process *p = bpf_map_lookup_elem(&python_processes, &pid);
 	struct py_frame_fields ff = {};
 	struct py_offsets *o;
@@ -208,7 +215,9 @@ __noinline long py_emit_rest(struct py_walk *w, __u32 pid, __u32 tid, __u32 *fra
 	f = w->frame;
 	if (!f)
 		return 1;
-	py_read_frame(o, f, &ff, e);
+	walk = w->ready == 2 ? e : NULL;
+	w->ready = 2;
+	py_read_frame(o, f, &ff, walk);
 	if (!ff.previous_ok)
 		return 1;
 	w->frame = ff.previous;
@@ -231,7 +240,7 @@ __noinline long py_emit_rest(struct py_walk *w, __u32 pid, __u32 tid, __u32 *fra
 		w->gap_marked = 1;
 		count(COUNTER_PY_AFTER_GAP);
 	}
-	if (!py_emit_frame(e, frames, o, &ff, code)) {
+	if (!py_emit_frame(e, frames, o, &ff, code, walk)) {
 		count(COUNTER_PY_TRUNCATED);
 		return 1;
 	}
