@@ -98,6 +98,9 @@ struct py_window {
 	__u32 tid;  /* and its thread */
 	__u32 len;  /* bytes of b read; 0 after the walk's first frame */
 	__u64 fills; /* moves on with every fill: one that came in between is seen */
+	__u64 floor; /* where a read below thread floor_tid's frames faulted: the page under its */
+	__u32 floor_tid; /* first data-stack chunk is often not mapped, and a fault costs ~1 µs */
+	__u32 _pad2;
 	/* The code objects the walk read (py_code_line_tag), and what it read: a code object's
 	 * functions recur in a stack (recursion; nn.Module's _call_impl at every module), and a
 	 * code object cannot go while a frame of the walk holds it. */
@@ -143,10 +146,16 @@ static __always_inline long py_window_at(struct py_window *win, struct event_rec
 	win->walk = 0;
 	fill = ++win->fills;
 	barrier();
-	if (bpf_probe_read_user(win->b, PY_WINDOW_BYTES, (void *)start)) {
+	if (win->floor_tid == e->header.tid && start < win->floor && f >= win->floor)
+		start = win->floor;
+	if (start != end - PY_WINDOW_BYTES || bpf_probe_read_user(win->b, PY_WINDOW_BYTES, (void *)start)) {
 		/* The page below f's is not mapped: from the start of f's page (less than a window,
 		 * or the read above would not have reached below it). */
-		start = f & ~4095ULL;
+		if (start == end - PY_WINDOW_BYTES) {
+			start = f & ~4095ULL;
+			win->floor = start;
+			win->floor_tid = e->header.tid;
+		}
 		len = end - start;
 		if (len >= PY_WINDOW_BYTES || len < 8)
 			return -1;
