@@ -62,8 +62,7 @@ static __always_inline bool py_emit(struct event_record *e, __u32 *frames, __u64
  * offset of the name user space shows. The name's length and hash (PyASCIIObject: +16, +24 in
  * every version) make the tag: a code object and its name string freed and both reused at the
  * same addresses still read as new. The first line and the name's address in one copy of the code
- * object (40-90 bytes apart; the first line is an int, the low half of the word read there).
- * A code object the walk that fills `e` read already is not read again (python_memory.h). */
+ * object (40-90 bytes apart; the first line is an int, the low half of the word read there). */
 static __always_inline __u64 py_code_read(__u64 code, __u32 line, __u32 name_at)
 {
 	__u64 word = 0, name = 0, tag = 0, x;
@@ -81,7 +80,9 @@ static __always_inline __u64 py_code_read(__u64 code, __u32 line, __u32 name_at)
 	return (tag << 32) | (__u32)word;
 }
 
-/* Global: its reads' buffers take no room in the walker's frame. */
+/* py_code_read's answer, for the walk that fills `e` (NULL: none): a code object that walk read
+ * already is not read again (the walk's code cache, python_memory.h). Global: its reads' buffers
+ * take no room in the walker's frame. */
 __noinline __u64 py_code_line_tag(__u64 code, __u32 line, __u32 name_at, struct event_record *e)
 {
 	__u32 zero = 0, k;
