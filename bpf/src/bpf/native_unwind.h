@@ -163,7 +163,7 @@ __noinline long unwind_one(struct native_unwind_state *st)
 		return stop(st, UNWIND_BAD_CFA);
 	/* A stripped interpreter's eval loop, known by the shim frame on its stack: its slot goes to
 	 * the Python frames, emitted in the next iterations, and unwinding goes on from its caller. */
-	if (py_frame_holds_shim(&st->py, st->pid, st->tid, st->ip, st->sp, cfa) && !recorded_python && st->frames > 0)
+	if (py_frame_holds_shim(&st->py, st->pid, st->tid, st->ip, st->sp, cfa, e) && !recorded_python && st->frames > 0)
 		st->frames--;
 	if (stack_word(st, &ra, cfa - 8))
 		return stop(st, UNWIND_READ_FAULT);

@@ -118,35 +118,36 @@ struct {
 	__type(value, struct py_window);
 } py_windows SEC(".maps");
 
-static __always_inline bool py_window_owned(struct py_window *win, struct event_record *e)
+/* A walk is known by its record's timestamp and thread (e->header). */
+static __always_inline bool py_window_owned(struct py_window *win, __u64 walk, __u32 tid)
 {
-	return win->walk == e->header.timestamp_ns && win->tid == e->header.tid;
+	return win->walk == walk && win->tid == tid;
 }
 
-/* Makes the window the walk's that fills `e`, empty. */
-static __always_inline void py_window_claim(struct py_window *win, struct event_record *e)
+/* Makes the window walk's, empty. */
+static __always_inline void py_window_claim(struct py_window *win, __u64 walk, __u32 tid)
 {
-	win->walk = e->header.timestamp_ns;
-	win->tid = e->header.tid;
+	win->walk = walk;
+	win->tid = tid;
 	win->len = 0;
 	win->codes = 0;
 }
 
-/* The offset in the window of walk `e` of the `span` bytes at `f`, read into it if need be; -1
- * where they could not be read. */
-static __always_inline long py_window_at(struct py_window *win, struct event_record *e, __u64 f, __u32 span)
+/* The offset in the window of `walk` (of thread `tid`) of the `span` bytes at `f`, read into it
+ * if need be; -1 where they could not be read. */
+static __always_inline long py_window_at(struct py_window *win, __u64 walk, __u32 tid, __u64 f, __u32 span)
 {
 	__u64 end = f + span, start = end - PY_WINDOW_BYTES, fill;
 	__u32 len = PY_WINDOW_BYTES;
 
-	if (!py_window_owned(win, e))
-		py_window_claim(win, e);
+	if (!py_window_owned(win, walk, tid))
+		py_window_claim(win, walk, tid);
 	else if (f >= win->base && end <= win->base + win->len)
 		return f - win->base;
 	win->walk = 0;
 	fill = ++win->fills;
 	barrier();
-	if (win->floor_tid == e->header.tid && start < win->floor && f >= win->floor)
+	if (win->floor_tid == tid && start < win->floor && f >= win->floor)
 		start = win->floor;
 	if (start != end - PY_WINDOW_BYTES || bpf_probe_read_user(win->b, PY_WINDOW_BYTES, (void *)start)) {
 		/* The page below f's is not mapped: from the start of f's page (less than a window,
@@ -154,7 +155,7 @@ static __always_inline long py_window_at(struct py_window *win, struct event_rec
 		if (start == end - PY_WINDOW_BYTES) {
 			start = f & ~4095ULL;
 			win->floor = start;
-			win->floor_tid = e->header.tid;
+			win->floor_tid = tid;
 		}
 		len = end - start;
 		if (len >= PY_WINDOW_BYTES || len < 8)
@@ -166,7 +167,7 @@ static __always_inline long py_window_at(struct py_window *win, struct event_rec
 	win->base = start;
 	win->len = len;
 	barrier();
-	win->walk = e->header.timestamp_ns;
+	win->walk = walk;
 	barrier();
 	if (win->fills != fill) {
 		win->walk = 0;
@@ -196,7 +197,7 @@ __noinline int py_read_frame(struct py_offsets *o, __u64 f, struct py_frame_fiel
 		span = py_max(span, o->frame_entry);
 	span += 8;
 	win = marked && e && span <= PY_FRAME_BYTES ? bpf_map_lookup_elem(&py_windows, &zero) : NULL;
-	if (win && (off = py_window_at(win, e, f, span)) >= 0) {
+	if (win && (off = py_window_at(win, e->header.timestamp_ns, e->header.tid, f, span)) >= 0) {
 		fills = win->fills;
 		b = win->b + (off & (PY_WINDOW_BYTES - 1));
 		out->previous = *(__u64 *)(b + (o->frame_previous & (PY_FRAME_BYTES - 1)));
@@ -204,7 +205,7 @@ __noinline int py_read_frame(struct py_offsets *o, __u64 f, struct py_frame_fiel
 		out->instr = *(__u64 *)(b + (o->frame_instr & (PY_FRAME_BYTES - 1)));
 		out->marker = b[o->frame_entry & (PY_FRAME_BYTES - 1)];
 		barrier();
-		if (py_window_owned(win, e) && win->fills == fills) {
+		if (py_window_owned(win, e->header.timestamp_ns, e->header.tid) && win->fills == fills) {
 			out->previous_ok = out->code_ok = out->instr_ok = 1;
 			return 0;
 		}

@@ -89,8 +89,8 @@ __noinline __u64 py_code_line_tag(__u64 code, __u32 line, __u32 name_at, struct 
 	struct py_window *win = e ? bpf_map_lookup_elem(&py_windows, &zero) : NULL;
 	__u64 v;
 
-	if (win && !py_window_owned(win, e))
-		py_window_claim(win, e);
+	if (win && !py_window_owned(win, e->header.timestamp_ns, e->header.tid))
+		py_window_claim(win, e->header.timestamp_ns, e->header.tid);
 	if (win) {
 		for (k = 0; k < PY_CODES; k++) {
 			if (k >= win->codes || win->code[k] != code)
@@ -98,13 +98,13 @@ __noinline __u64 py_code_line_tag(__u64 code, __u32 line, __u32 name_at, struct 
 			v = win->line_tag[k];
 			barrier();
 			/* A program that interrupted this one may have taken the window over. */
-			if (py_window_owned(win, e))
+			if (py_window_owned(win, e->header.timestamp_ns, e->header.tid))
 				return v;
 			break;
 		}
 	}
 	v = py_code_read(code, line, name_at);
-	if (win && py_window_owned(win, e)) {
+	if (win && py_window_owned(win, e->header.timestamp_ns, e->header.tid)) {
 		k = win->codes & (PY_CODES - 1);
 		win->code[k] = 0;
 		barrier();
@@ -254,17 +254,53 @@ __noinline long py_emit_rest(struct py_walk *w, __u32 pid, __u32 tid, __u32 *fra
 struct shim_search {
 	__u64 f;
 	__u64 found;
+	__u64 walk; /* the walk's record's timestamp and thread: its window (python_memory.h) */
+	__u32 tid;
 	__u16 frame_entry;
 	__u16 frame_previous;
 	__u8 owner_cstack;
 };
+
+/* The owner of frame s->f, and its previous frame into s->f, from the walk's window: the frames
+ * the search goes through are those the walk then emits. Returns false where the window has not
+ * got them (the caller reads them by itself). */
+static __always_inline bool shim_from_window(struct shim_search *s, __u8 *owner)
+{
+	__u32 zero = 0, span = (s->frame_entry > s->frame_previous ? s->frame_entry : s->frame_previous) + 8;
+	struct py_window *win = bpf_map_lookup_elem(&py_windows, &zero);
+	__u64 fills, previous;
+	long off;
+	__u8 *b;
+
+	if (!win || span > PY_FRAME_BYTES || (off = py_window_at(win, s->walk, s->tid, s->f, span)) < 0)
+		return false;
+	fills = win->fills;
+	b = win->b + (off & (PY_WINDOW_BYTES - 1));
+	*owner = b[s->frame_entry & (PY_FRAME_BYTES - 1)];
+	previous = *(__u64 *)(b + (s->frame_previous & (PY_FRAME_BYTES - 1)));
+	barrier();
+	if (!py_window_owned(win, s->walk, s->tid) || win->fills != fills)
+		return false;
+	if (*owner != s->owner_cstack)
+		s->f = previous;
+	return true;
+}
 
 static long shim_step(__u32 i, void *arg)
 {
 	struct shim_search *s = arg;
 	__u8 owner = 0;
 
-	if (!s->f || bpf_probe_read_user(&owner, sizeof(owner), (void *)(s->f + s->frame_entry)))
+	if (!s->f)
+		return 1;
+	if (shim_from_window(s, &owner)) {
+		if (owner == s->owner_cstack) {
+			s->found = s->f;
+			return 1;
+		}
+		return 0;
+	}
+	if (bpf_probe_read_user(&owner, sizeof(owner), (void *)(s->f + s->frame_entry)))
 		return 1;
 	if (owner == s->owner_cstack) {
 		s->found = s->f;
@@ -284,10 +320,10 @@ static long shim_step(__u32 i, void *arg)
 #define PY_SHIM_SEARCH 1024
 #define PY_SHIM_BEYOND 1
 _Static_assert(PY_SHIM_SEARCH > MAX_USER_FRAMES / 2, "a call whose shim was not found must fill the sample");
-__noinline __u64 py_find_shim(__u32 pid, __u64 f)
+__noinline __u64 py_find_shim(__u32 pid, __u64 f, __u64 walk, __u32 tid)
 {
 	struct py_process *p = bpf_map_lookup_elem(&python_processes, &pid);
-	struct shim_search s = { .f = f };
+	struct shim_search s = { .f = f, .walk = walk, .tid = tid };
 
 	if (!p)
 		return 0;
@@ -399,7 +435,7 @@ static __always_inline bool py_shim_in_place(struct py_process *p, __u64 sp, __u
 
 /* 3.12+: whether the native frame spanning [sp, cfa), at ip, is an eval-loop call whose Python
  * frames should replace it. */
-static __always_inline bool py_frame_holds_shim(struct py_walk *w, __u32 pid, __u32 tid, __u64 ip, __u64 sp, __u64 cfa)
+static __always_inline bool py_frame_holds_shim(struct py_walk *w, __u32 pid, __u32 tid, __u64 ip, __u64 sp, __u64 cfa, struct event_record *e)
 {
 	struct py_process *p;
 
@@ -412,7 +448,7 @@ static __always_inline bool py_frame_holds_shim(struct py_walk *w, __u32 pid, __
 		return false;
 	if (!w->shim_known) {
 		w->shim_known = 1;
-		w->next_shim = py_find_shim(pid, w->frame);
+		w->next_shim = py_find_shim(pid, w->frame, e->header.timestamp_ns, e->header.tid);
 	}
 	if (w->next_shim == PY_SHIM_BEYOND) {
 		/* The innermost eval-loop call runs the thread's current frame: the first native frame
