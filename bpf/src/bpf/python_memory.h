@@ -139,6 +139,7 @@ static __always_inline long py_window_at(struct py_window *win, __u64 walk, __u3
 {
 	__u64 end = f + span, start = end - PY_WINDOW_BYTES, fill;
 	__u32 len = PY_WINDOW_BYTES;
+	bool above_floor;
 
 	if (!py_window_owned(win, walk, tid))
 		py_window_claim(win, walk, tid);
@@ -147,16 +148,13 @@ static __always_inline long py_window_at(struct py_window *win, __u64 walk, __u3
 	win->walk = 0;
 	fill = ++win->fills;
 	barrier();
-	if (win->floor_tid == tid && start < win->floor && f >= win->floor)
-		start = win->floor;
-	if (start != end - PY_WINDOW_BYTES || bpf_probe_read_user(win->b, PY_WINDOW_BYTES, (void *)start)) {
-		/* The page below f's is not mapped: from the start of f's page (less than a window,
-		 * or the read above would not have reached below it). */
-		if (start == end - PY_WINDOW_BYTES) {
-			start = f & ~4095ULL;
-			win->floor = start;
-			win->floor_tid = tid;
-		}
+	/* Short of the floor: from it. A whole window that faults: from the start of f's page (less
+	 * than a window, or the read would not have reached below it), which becomes the floor. */
+	above_floor = win->floor_tid == tid && start < win->floor && f >= win->floor;
+	if (above_floor || bpf_probe_read_user(win->b, PY_WINDOW_BYTES, (void *)start)) {
+		start = above_floor ? win->floor : f & ~4095ULL;
+		win->floor = start;
+		win->floor_tid = tid;
 		len = end - start;
 		if (len >= PY_WINDOW_BYTES || len < 8)
 			return -1;
@@ -176,6 +174,36 @@ static __always_inline long py_window_at(struct py_window *win, __u64 walk, __u3
 	return f - start;
 }
 
+/* The `span` bytes at `f` in `walk`'s window, read into it if need be; NULL where they could not
+ * be. `*fills` is for py_window_kept. */
+static __always_inline __u8 *py_window_bytes(struct py_window *win, __u64 walk, __u32 tid, __u64 f, __u32 span, __u64 *fills)
+{
+	long off = py_window_at(win, walk, tid, f, span);
+
+	if (off < 0)
+		return NULL;
+	*fills = win->fills;
+	return win->b + (off & (PY_WINDOW_BYTES - 1));
+}
+
+/* Whether what was copied out of the window since py_window_bytes is still `walk`'s: a program
+ * that interrupted this one may have taken the window over. */
+static __always_inline bool py_window_kept(struct py_window *win, __u64 walk, __u32 tid, __u64 fills)
+{
+	barrier();
+	return py_window_owned(win, walk, tid) && win->fills == fills;
+}
+
+/* A frame's fields from a copy `b` of its first bytes. */
+static __always_inline void py_frame_fields_from(__u8 *b, struct py_offsets *o, bool marked, struct py_frame_fields *out)
+{
+	out->previous = *(__u64 *)(b + (o->frame_previous & (PY_FRAME_BYTES - 1)));
+	out->code = *(__u64 *)(b + (o->frame_code & (PY_FRAME_BYTES - 1)));
+	out->instr = *(__u64 *)(b + (o->frame_instr & (PY_FRAME_BYTES - 1)));
+	out->marker = marked ? b[o->frame_entry & (PY_FRAME_BYTES - 1)] : 0;
+	out->previous_ok = out->code_ok = out->instr_ok = 1;
+}
+
 /* Reads the fields of the frame at f for the walk that fills `e`: from the walk's window where it
  * can (3.11+), else at once where they fit, else one by one. Global: the verifier checks it
  * once, and its locals take no room in the walker's frame. */
@@ -184,9 +212,8 @@ __noinline int py_read_frame(struct py_offsets *o, __u64 f, struct py_frame_fiel
 	__u32 zero = 0, span;
 	struct py_frame_copy *c = bpf_map_lookup_elem(&py_frame_copies, &zero);
 	struct py_window *win;
-	__u64 fills;
+	__u64 fills = 0;
 	bool marked;
-	long off;
 	__u8 *b;
 
 	if (!o || !out)
@@ -197,25 +224,13 @@ __noinline int py_read_frame(struct py_offsets *o, __u64 f, struct py_frame_fiel
 		span = py_max(span, o->frame_entry);
 	span += 8;
 	win = marked && e && span <= PY_FRAME_BYTES ? bpf_map_lookup_elem(&py_windows, &zero) : NULL;
-	if (win && (off = py_window_at(win, e->header.timestamp_ns, e->header.tid, f, span)) >= 0) {
-		fills = win->fills;
-		b = win->b + (off & (PY_WINDOW_BYTES - 1));
-		out->previous = *(__u64 *)(b + (o->frame_previous & (PY_FRAME_BYTES - 1)));
-		out->code = *(__u64 *)(b + (o->frame_code & (PY_FRAME_BYTES - 1)));
-		out->instr = *(__u64 *)(b + (o->frame_instr & (PY_FRAME_BYTES - 1)));
-		out->marker = b[o->frame_entry & (PY_FRAME_BYTES - 1)];
-		barrier();
-		if (py_window_owned(win, e->header.timestamp_ns, e->header.tid) && win->fills == fills) {
-			out->previous_ok = out->code_ok = out->instr_ok = 1;
+	if (win && (b = py_window_bytes(win, e->header.timestamp_ns, e->header.tid, f, span, &fills))) {
+		py_frame_fields_from(b, o, true, out);
+		if (py_window_kept(win, e->header.timestamp_ns, e->header.tid, fills))
 			return 0;
-		}
 	}
 	if (c && py_read_span(c, span, f) == 0) {
-		out->previous = *(__u64 *)(c->b + (o->frame_previous & (PY_FRAME_BYTES - 1)));
-		out->code = *(__u64 *)(c->b + (o->frame_code & (PY_FRAME_BYTES - 1)));
-		out->instr = *(__u64 *)(c->b + (o->frame_instr & (PY_FRAME_BYTES - 1)));
-		out->marker = marked ? c->b[o->frame_entry & (PY_FRAME_BYTES - 1)] : 0;
-		out->previous_ok = out->code_ok = out->instr_ok = 1;
+		py_frame_fields_from(c->b, o, marked, out);
 		return 0;
 	}
 	out->previous_ok = py_read(&out->previous, sizeof(out->previous), f + o->frame_previous) == 0;
