@@ -8,10 +8,12 @@
 # with the agent's byte sampling (`--tensor-sample-bytes 2097152`: a 64 KiB tensor's stack is
 # taken with a chance of 3.1%); beside `gpuflame agent` at its defaults (whole machine, pushing
 # to benches/push_sink.py); and on the library built without the notes (followed by hooks on its
-# functions, as before the probes). Then the
-# same from Python (ctypes, as torch's Python calls reach the allocator). The slowdown is the added
-# time per iteration times RATE. Also checks that in-use bytes stayed exact: every tensor seen
-# allocated was seen freed, and tensor-inuse ends empty.
+# functions, as before the probes); and `traps`: the library with the notes under `perf stat`
+# counting the two probes, no BPF program at all, which is what the two uprobe hits a tensor
+# cost on this machine, the floor of any tool that follows tensors through them (perf from
+# apt's linux-perf). Then the same from Python (ctypes, as torch's Python calls reach the
+# allocator). The slowdown is the added time per iteration times RATE. Also checks that in-use
+# bytes stayed exact: every tensor seen allocated was seen freed, and tensor-inuse ends empty.
 #
 #   sudo benches/tensors.sh [SECONDS] [RATE] [ROUNDS]        (default 5 10000 3)
 #   GPUFLAME_BIN=path/to/gpuflame to measure another build; GPUFLAME_BIN_B=path/to/other to
@@ -83,6 +85,13 @@ run() {
   [ "$how" = sampled ] && sample=2097152
   if [ "$how" = bare ]; then
     out=$("${cmd[@]}")
+  elif [ "$how" = traps ]; then
+    out=$(perf stat -x, -o "$tmp/traps.txt" -e sdt_pytorch:malloc -e sdt_pytorch:free -- "${cmd[@]}")
+    # Both probes hit once a tensor (the iterations and the untimed first), or this floor is none.
+    local n=$(($(echo "$out" | sed -n 's/^iterations=//p') + 1))
+    for probe in malloc free; do
+      grep -q "^$n,,sdt_pytorch:$probe" "$tmp/traps.txt" || { echo "perf stat did not count $n hits of pytorch:$probe:" >&2; cat "$tmp/traps.txt" >&2; exit 1; }
+    done
   elif [ "$how" = agent ]; then
     python3 "$root/benches/push_sink.py" 14061 >/dev/null 2>&1 &
     local sink=$!
@@ -124,17 +133,31 @@ EOF
   echo "$out" | sed -n 's/^work_ns_per_iteration=//p'
 }
 
-if [ -n "${BPF_STATS:-}" ]; then
-  command -v bpftool >/dev/null || { echo "BPF_STATS=1 reads the programs' counts with bpftool: apt-get install bpftool" >&2; exit 1; }
-  stats_before=$(sysctl -n kernel.bpf_stats_enabled)
-  sysctl -qw kernel.bpf_stats_enabled=1
-  trap 'sysctl -qw kernel.bpf_stats_enabled=$stats_before; rm -rf "$tmp"' EXIT
-fi
-ways=(bare probes sampled agent hooks)
+ways=(bare probes sampled agent hooks traps)
 [ -n "${GPUFLAME_BIN_B:-}" ] && ways+=(probes_b sampled_b agent_b)
 if [ -n "${WAYS:-}" ]; then
   read -ra ways <<<"$WAYS"
   [[ " $WAYS " == *" bare "* ]] || { echo "WAYS must include bare: the added cost is against it" >&2; exit 1; }
+fi
+cleanup=('rm -rf "$tmp"')
+trap 'for c in "${cleanup[@]}"; do eval "$c"; done' EXIT
+if [ -n "${BPF_STATS:-}" ]; then
+  command -v bpftool >/dev/null || { echo "BPF_STATS=1 reads the programs' counts with bpftool: apt-get install bpftool" >&2; exit 1; }
+  stats_before=$(sysctl -n kernel.bpf_stats_enabled)
+  sysctl -qw kernel.bpf_stats_enabled=1
+  cleanup+=('sysctl -qw kernel.bpf_stats_enabled=$stats_before')
+fi
+if [[ " ${ways[*]} " == *" traps "* ]]; then
+  command -v perf >/dev/null || { echo "the traps way counts the probes with perf stat: apt-get install linux-perf (or WAYS without traps)" >&2; exit 1; }
+  # perf names the events after the notes; a user's own would be taken over and then deleted.
+  if perf probe -l 2>/dev/null | grep -q 'sdt_pytorch:'; then
+    echo "perf probe events sdt_pytorch:* exist already (perf probe -l): delete them, or WAYS without traps" >&2
+    exit 1
+  fi
+  # The notes go through perf's cache of builds: one of its own, not the user's ~/.debug.
+  perf --buildid-dir "$tmp/perf-buildids" buildid-cache --add "$tmp/probes/libc10_cuda.so"
+  cleanup=('perf probe -q -d "sdt_pytorch:*" || true' "${cleanup[@]}")
+  perf --buildid-dir "$tmp/perf-buildids" probe -q -x "$tmp/probes/libc10_cuda.so" -a sdt_pytorch:malloc -a sdt_pytorch:free
 fi
 for what in ${LOOPS:-cpp py}; do
   declare -A runs=()
