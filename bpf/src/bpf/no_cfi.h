@@ -54,9 +54,10 @@ struct scan_buffer {
 	__u64 words[SCAN_WORDS];
 };
 
+/* Per CPU and scratch slot: a sample that interrupts a hook's walk scans in a buffer of its own. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
+	__uint(max_entries, SCRATCH_SLOTS);
 	__type(key, __u32);
 	__type(value, struct scan_buffer);
 } scan_buffers SEC(".maps");
@@ -65,6 +66,7 @@ struct scan_state {
 	__u32 pid;
 	__u32 tried;
 	__s32 found; /* index of the word that is a return address, or -1 */
+	__u32 slot;
 };
 
 /* One word of the scan: a candidate is a word in the process's code; the first candidate that
@@ -72,8 +74,7 @@ struct scan_state {
 static long scan_word(__u32 i, void *arg)
 {
 	struct scan_state *s = arg;
-	__u32 zero = 0;
-	struct scan_buffer *buf = bpf_map_lookup_elem(&scan_buffers, &zero);
+	struct scan_buffer *buf = bpf_map_lookup_elem(&scan_buffers, &s->slot);
 	__u64 w;
 
 	if (!buf)
@@ -95,11 +96,11 @@ __noinline long scan_from(struct native_unwind_state *st, __u64 base)
 {
 	struct scan_state scan = { .found = -1 };
 	struct scan_buffer *buf;
-	__u32 zero = 0;
 
 	if (!st || st->scans >= MAX_SCANS)
 		return 0;
-	buf = bpf_map_lookup_elem(&scan_buffers, &zero);
+	scan.slot = st->slot;
+	buf = bpf_map_lookup_elem(&scan_buffers, &scan.slot);
 	if (!buf)
 		return 0;
 	st->scans++;

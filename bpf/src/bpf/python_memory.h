@@ -20,9 +20,29 @@ static __always_inline int py_read(void *dst, __u32 size, __u64 addr)
  * four, on every Python frame of every sample. */
 #define PY_FRAME_BYTES 128
 
+/* Per CPU, for every walk: a program that interrupts one (the sampler, in a hook's walk) copies
+ * into the same bytes, and the walk it interrupted, seeing `fills` moved on between its copy and
+ * its use of the bytes, reads the words again by itself. */
 struct py_frame_copy {
+	__u64 fills;
 	__u8 b[256 + 8]; /* room for the size as masked below, and a field at any masked offset */
 };
+
+/* The copy's token: claimed before the bytes are written, checked after they are used. */
+static __always_inline __u64 py_copy_claim(struct py_frame_copy *c)
+{
+	__u64 t = c->fills + 1;
+
+	c->fills = t;
+	barrier();
+	return t;
+}
+
+static __always_inline bool py_copy_kept(struct py_frame_copy *c, __u64 t)
+{
+	barrier();
+	return *(volatile __u64 *)&c->fills == t;
+}
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -71,11 +91,19 @@ __noinline int py_read_pair(__u64 obj, __u32 a, __u32 b, __u64 *va, __u64 *vb)
 	if (!va || !vb)
 		return 3;
 	if (c && span <= PY_SPAN_BYTES) {
+		/* The copy's token waits in *vb: a slot of this function's own frame put the deepest
+		 * call chain (on_cuda_call's) 16 bytes over the verifier's 512. */
+		*vb = py_copy_claim(c);
 		asm volatile("%0 &= 0xff" : "+r"(span));
 		if (bpf_probe_read_user(c->b, span, (void *)(obj + lo)) == 0) {
-			*va = *(__u64 *)(c->b + ((a - lo) & 0xff));
-			*vb = *(__u64 *)(c->b + ((b - lo) & 0xff));
-			return 0;
+			__u64 wa = *(__u64 *)(c->b + ((a - lo) & 0xff));
+			__u64 wb = *(__u64 *)(c->b + ((b - lo) & 0xff));
+
+			if (py_copy_kept(c, *vb)) {
+				*va = wa;
+				*vb = wb;
+				return 0;
+			}
 		}
 	}
 	return (py_read(va, sizeof(*va), obj + a) ? 1 : 0) | (py_read(vb, sizeof(*vb), obj + b) ? 2 : 0);
@@ -229,9 +257,13 @@ __noinline int py_read_frame(struct py_offsets *o, __u64 f, struct py_frame_fiel
 		if (py_window_kept(win, e->header.timestamp_ns, e->header.tid, fills))
 			return 0;
 	}
-	if (c && py_read_span(c, span, f) == 0) {
-		py_frame_fields_from(c->b, o, marked, out);
-		return 0;
+	if (c) {
+		fills = py_copy_claim(c);
+		if (py_read_span(c, span, f) == 0) {
+			py_frame_fields_from(c->b, o, marked, out);
+			if (py_copy_kept(c, fills))
+				return 0;
+		}
 	}
 	out->previous_ok = py_read(&out->previous, sizeof(out->previous), f + o->frame_previous) == 0;
 	if (!out->previous_ok)
