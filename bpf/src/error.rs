@@ -9,6 +9,10 @@ pub enum BpfError {
     NoBtf(String),
     #[error("loading the BPF programs failed: {0}")]
     Load(#[source] libbpf_rs::Error),
+    #[error(
+        "the kernel's verifier refused gpuflame's BPF programs; this process may load BPF, so privileges are not why (the verifier's log is above: please report it with `uname -r`)"
+    )]
+    Refused(#[source] libbpf_rs::Error),
     #[error("attaching {what} failed: {source}")]
     Attach { what: String, source: libbpf_rs::Error },
     #[error("perf_event_open on CPU {cpu} failed: {source}")]
@@ -27,12 +31,33 @@ impl BpfError {
     /// Maps a libbpf error to PermissionDenied when that is what it is, so that the user is told
     /// what to do instead of seeing EPERM.
     pub(crate) fn load(e: libbpf_rs::Error) -> Self {
-        if is_permission(&e) {
-            BpfError::PermissionDenied
-        } else {
-            BpfError::Load(e)
+        Self::load_with(e, may_load_bpf())
+    }
+
+    /// The verifier refusing a program is EACCES too: telling a root user to run as root would
+    /// send them the wrong way.
+    fn load_with(e: libbpf_rs::Error, privileged: bool) -> Self {
+        match (is_permission(&e), privileged) {
+            (true, false) => BpfError::PermissionDenied,
+            (true, true) => BpfError::Refused(e),
+            (false, _) => BpfError::Load(e),
         }
     }
+}
+
+/// Whether this process holds CAP_SYS_ADMIN or CAP_BPF (with which root, or a granted binary,
+/// loads programs), from its effective capabilities.
+fn may_load_bpf() -> bool {
+    const CAP_SYS_ADMIN: u32 = 21;
+    const CAP_BPF: u32 = 39;
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << CAP_SYS_ADMIN | 1 << CAP_BPF) != 0)
 }
 
 /// Attaching failed: PermissionDenied when that is why, as [`BpfError::load`] does for loading.
@@ -46,4 +71,20 @@ pub(crate) fn attach_error(what: &str, source: libbpf_rs::Error) -> BpfError {
 
 pub(crate) fn is_permission(e: &libbpf_rs::Error) -> bool {
     matches!(e.kind(), libbpf_rs::ErrorKind::PermissionDenied)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_is_not_told_as_missing_privileges_to_who_has_them() {
+        let eacces = || libbpf_rs::Error::from_raw_os_error(libc::EACCES);
+        assert!(matches!(BpfError::load_with(eacces(), false), BpfError::PermissionDenied));
+        let refused = BpfError::load_with(eacces(), true);
+        assert!(matches!(refused, BpfError::Refused(_)), "{refused}");
+        assert!(refused.to_string().contains("verifier refused"), "{refused}");
+        let einval = libbpf_rs::Error::from_raw_os_error(libc::EINVAL);
+        assert!(matches!(BpfError::load_with(einval, true), BpfError::Load(_)));
+    }
 }
