@@ -20,29 +20,28 @@ static __always_inline int py_read(void *dst, __u32 size, __u64 addr)
  * four, on every Python frame of every sample. */
 #define PY_FRAME_BYTES 128
 
-/* Per CPU, for every walk: a program that interrupts one (the sampler, in a hook's walk) copies
- * into the same bytes, and the walk it interrupted, seeing `fills` moved on between its copy and
- * its use of the bytes, reads the words again by itself. */
-struct py_frame_copy {
-	__u64 fills;
-	__u8 b[256 + 8]; /* room for the size as masked below, and a field at any masked offset */
-};
-
-/* The copy's token: claimed before the bytes are written, checked after they are used. */
-static __always_inline __u64 py_copy_claim(struct py_frame_copy *c)
+/* A per-CPU buffer's fill count: moved on before a copy's bytes are written, checked after they
+ * are used. A program that interrupts a walk (the sampler, in a hook's walk) fills the same
+ * bytes, and the walk it interrupted sees the count moved on and reads by itself. */
+static __always_inline __u64 py_fill_begin(__u64 *fills)
 {
-	__u64 t = c->fills + 1;
+	__u64 t = *fills + 1;
 
-	c->fills = t;
+	*fills = t;
 	barrier();
 	return t;
 }
 
-static __always_inline bool py_copy_kept(struct py_frame_copy *c, __u64 t)
+static __always_inline bool py_fill_kept(__u64 *fills, __u64 t)
 {
 	barrier();
-	return *(volatile __u64 *)&c->fills == t;
+	return *(volatile __u64 *)fills == t;
 }
+
+struct py_frame_copy {
+	__u64 fills; /* py_fill_begin */
+	__u8 b[256 + 8]; /* room for the size as masked below, and a field at any masked offset */
+};
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -93,13 +92,13 @@ __noinline int py_read_pair(__u64 obj, __u32 a, __u32 b, __u64 *va, __u64 *vb)
 	if (c && span <= PY_SPAN_BYTES) {
 		/* The copy's token waits in *vb: a slot of this function's own frame put the deepest
 		 * call chain (on_cuda_call's) 16 bytes over the verifier's 512. */
-		*vb = py_copy_claim(c);
+		*vb = py_fill_begin(&c->fills);
 		asm volatile("%0 &= 0xff" : "+r"(span));
 		if (bpf_probe_read_user(c->b, span, (void *)(obj + lo)) == 0) {
 			__u64 wa = *(__u64 *)(c->b + ((a - lo) & 0xff));
 			__u64 wb = *(__u64 *)(c->b + ((b - lo) & 0xff));
 
-			if (py_copy_kept(c, *vb)) {
+			if (py_fill_kept(&c->fills, *vb)) {
 				*va = wa;
 				*vb = wb;
 				return 0;
@@ -125,7 +124,7 @@ struct py_window {
 	__u64 base; /* the address of b[0] */
 	__u32 tid;  /* and its thread */
 	__u32 len;  /* bytes of b read; 0 after the walk's first frame */
-	__u64 fills; /* moves on with every fill: one that came in between is seen */
+	__u64 fills; /* py_fill_begin, at every fill */
 	__u64 floor; /* where a read below thread floor_tid's frames faulted: the page under its */
 	__u32 floor_tid; /* first data-stack chunk is often not mapped, and a fault costs ~1 µs */
 	__u32 _pad2;
@@ -174,8 +173,7 @@ static __always_inline long py_window_at(struct py_window *win, __u64 walk, __u3
 	else if (f >= win->base && end <= win->base + win->len)
 		return f - win->base;
 	win->walk = 0;
-	fill = ++win->fills;
-	barrier();
+	fill = py_fill_begin(&win->fills);
 	/* Short of the floor: from it. A whole window that faults: from the start of f's page (less
 	 * than a window, or the read would not have reached below it), which becomes the floor. */
 	above_floor = win->floor_tid == tid && start < win->floor && f >= win->floor;
@@ -194,8 +192,7 @@ static __always_inline long py_window_at(struct py_window *win, __u64 walk, __u3
 	win->len = len;
 	barrier();
 	win->walk = walk;
-	barrier();
-	if (win->fills != fill) {
+	if (!py_fill_kept(&win->fills, fill)) {
 		win->walk = 0;
 		return -1;
 	}
@@ -218,8 +215,7 @@ static __always_inline __u8 *py_window_bytes(struct py_window *win, __u64 walk, 
  * that interrupted this one may have taken the window over. */
 static __always_inline bool py_window_kept(struct py_window *win, __u64 walk, __u32 tid, __u64 fills)
 {
-	barrier();
-	return py_window_owned(win, walk, tid) && win->fills == fills;
+	return py_fill_kept(&win->fills, fills) && py_window_owned(win, walk, tid);
 }
 
 /* A frame's fields from a copy `b` of its first bytes. */
@@ -238,7 +234,7 @@ static __always_inline void py_frame_fields_from(__u8 *b, struct py_offsets *o, 
 __noinline int py_read_frame(struct py_offsets *o, __u64 f, struct py_frame_fields *out, struct event_record *e)
 {
 	__u32 zero = 0, span;
-	struct py_frame_copy *c = bpf_map_lookup_elem(&py_frame_copies, &zero);
+	struct py_frame_copy *c;
 	struct py_window *win;
 	__u64 fills = 0;
 	bool marked;
@@ -257,11 +253,12 @@ __noinline int py_read_frame(struct py_offsets *o, __u64 f, struct py_frame_fiel
 		if (py_window_kept(win, e->header.timestamp_ns, e->header.tid, fills))
 			return 0;
 	}
+	c = bpf_map_lookup_elem(&py_frame_copies, &zero);
 	if (c) {
-		fills = py_copy_claim(c);
+		fills = py_fill_begin(&c->fills);
 		if (py_read_span(c, span, f) == 0) {
 			py_frame_fields_from(c->b, o, marked, out);
-			if (py_copy_kept(c, fills))
+			if (py_fill_kept(&c->fills, fills))
 				return 0;
 		}
 	}
