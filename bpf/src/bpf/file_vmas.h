@@ -126,14 +126,17 @@ static __always_inline void note_leaf_vma(struct native_unwind_state *st, struct
  * event either way. Global: checked once, its frame out of the unwinder's. */
 __noinline int file_vma_index(struct native_unwind_state *st)
 {
-	__u32 zero = 0;
+	__u32 zero = 0, pid;
 	struct file_vmas *c;
 	struct vma_lookup *l;
 	int idx;
 
 	if (!st || st->slot != SCRATCH_SAMPLER)
 		return -1;
-	c = bpf_map_lookup_elem(&file_vmas_of, &st->pid);
+	/* Keys from the stack: before Linux 6.3 a map's key may not point into a global function's
+	 * argument (PTR_TO_MEM). */
+	pid = st->pid;
+	c = bpf_map_lookup_elem(&file_vmas_of, &pid);
 	if (c) {
 		for (int i = 0; i < FILE_VMAS; i++) {
 			if (c->vmas[i].begin <= st->ip && st->ip < c->vmas[i].end) {
@@ -157,8 +160,8 @@ __noinline int file_vma_index(struct native_unwind_state *st)
 
 		if (!empty)
 			return -1;
-		bpf_map_update_elem(&file_vmas_of, &st->pid, empty, BPF_NOEXIST);
-		c = bpf_map_lookup_elem(&file_vmas_of, &st->pid);
+		bpf_map_update_elem(&file_vmas_of, &pid, empty, BPF_NOEXIST);
+		c = bpf_map_lookup_elem(&file_vmas_of, &pid);
 		if (!c)
 			return -1;
 	}

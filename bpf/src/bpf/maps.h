@@ -14,6 +14,10 @@
  * (SamplerConfig::samples_ring_bytes) before the programs load. */
 #define SAMPLES_RINGBUF_BYTES (16 * 1024 * 1024)
 /* Wake the reader once a quarter of the buffer is in use: set with the ring's size. */
+/* Key 0 for per-CPU arrays, from read-only data: a key on the stack takes a slot of the frame,
+ * which counts against the 512 bytes a chain of calls may take. */
+const volatile __u32 zero_key = 0;
+
 const volatile __u64 samples_wakeup_bytes = SAMPLES_RINGBUF_BYTES / 4;
 #define SAMPLES_WAKEUP_BYTES samples_wakeup_bytes
 

@@ -17,11 +17,12 @@
 static __always_inline void ask_table(struct native_unwind_state *st, __u64 begin)
 {
 	struct table_request_key key = { .pid = st->pid, .begin = begin };
-	__u64 *last = bpf_map_lookup_elem(&table_requested, &key);
+	__u64 *last = bpf_map_lookup_elem(&table_requested, &key), now = st->now;
 
-	if (last && st->now - *last < 200000000ULL)
+	if (last && now - *last < 200000000ULL)
 		return;
-	bpf_map_update_elem(&table_requested, &key, &st->now, BPF_ANY);
+	/* The value from the stack: see file_vma_index. */
+	bpf_map_update_elem(&table_requested, &key, &now, BPF_ANY);
 	send_process_event_at(st->pid, PROCESS_NEED_TABLE, st->ip);
 }
 
@@ -98,14 +99,17 @@ __noinline long unwind_one(struct native_unwind_state *st)
 	if (frame_cache_get(st->pid, st->ip, adjust, st->epoch, &found, &table_id)) {
 		mark_table_used(table_id, st->now);
 	} else {
-		proc = bpf_map_lookup_elem(&processes, &st->pid);
+		/* The key from the stack: see file_vma_index. */
+		__u32 pid = st->pid;
+
+		proc = bpf_map_lookup_elem(&processes, &pid);
 		idx = proc ? mapping_index_in(proc, st->ip) : -1;
 		m = NULL;
 		if (idx < 0) {
 			/* Walked on with the table of the VMA's file, if user space published one. */
 			ask_refresh(st);
 			idx = file_vma_index(st);
-			fv = idx < 0 ? NULL : bpf_map_lookup_elem(&file_vmas_of, &st->pid);
+			fv = idx < 0 ? NULL : bpf_map_lookup_elem(&file_vmas_of, &pid);
 			if (!fv)
 				return stop(st, proc ? UNWIND_NO_MAPPING : UNWIND_NO_PROCESS);
 			e->stack.flags |= STACK_BY_FILE;

@@ -34,14 +34,15 @@ struct native_unwind_state {
 static __always_inline void ask_refresh(struct native_unwind_state *st)
 {
 	__u64 now = bpf_ktime_get_ns(), *last;
+	__u32 pid = st->pid; /* a key from the stack: see file_vma_index */
 
 	if (st->asked_refresh)
 		return;
 	st->asked_refresh = 1;
-	last = bpf_map_lookup_elem(&refresh_requested, &st->pid);
+	last = bpf_map_lookup_elem(&refresh_requested, &pid);
 	if (last && now - *last < 100000000ULL) /* at most ten times a second per process */
 		return;
-	bpf_map_update_elem(&refresh_requested, &st->pid, &now, BPF_ANY);
+	bpf_map_update_elem(&refresh_requested, &pid, &now, BPF_ANY);
 	send_process_event(st->pid, PROCESS_UNKNOWN);
 }
 

@@ -37,8 +37,10 @@ static __always_inline int usdt_arg_from(struct pt_regs *ctx, const __u64 *regs,
 	return 0;
 }
 
-/* The probe's first three arguments; an error when it has fewer or one does not read. */
-static __always_inline int usdt_args3(struct pt_regs *ctx, long *a0, long *a1, long *a2)
+/* The probe's first three arguments; an error when it has fewer or one does not read. A call of
+ * its own: the registers' copy (168 bytes) would otherwise sit in the probe's frame under the
+ * whole walk of its stack, past the 512 bytes a chain of calls may take before Linux 6.14. */
+static __noinline int usdt_args3(struct pt_regs *ctx, long *a0, long *a1, long *a2)
 {
 	__u64 regs[USDT_REGS];
 	struct __bpf_usdt_spec *spec;
