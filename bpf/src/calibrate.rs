@@ -7,7 +7,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use libbpf_rs::{ProgramMut, UprobeMultiOpts};
+use libbpf_rs::{Link, ProgramMut, UprobeMultiOpts, UprobeOpts};
 
 use crate::error::{attach_error, BpfError};
 
@@ -20,6 +20,9 @@ use crate::error::{attach_error, BpfError};
 pub struct TrapCost {
     pub emulated: Duration,
     pub stepped: Duration,
+    /// Nested calls trap at their return too: kernels without uprobe sessions hook every return
+    /// that has a half, whether or not its entry asked for it.
+    pub nested_return: bool,
 }
 
 /// How a hooked call trapped: whether its own first instruction was stepped out of line, and the
@@ -34,7 +37,7 @@ pub struct HookTraps {
 impl TrapCost {
     /// What the traps of one call cost.
     pub fn of(&self, traps: HookTraps) -> Duration {
-        let entry = self.emulated / 2;
+        let entry = if self.nested_return { self.emulated } else { self.emulated / 2 };
         let step = self.stepped.saturating_sub(self.emulated);
         let own = if traps.stepped { self.stepped } else { self.emulated };
         own + entry * traps.nested + step * traps.nested_stepped.min(traps.nested)
@@ -43,14 +46,36 @@ impl TrapCost {
 
 /// Measures both costs on two functions of this process hooked by `prog` (entry and return,
 /// programs that do nothing): one that starts with `push %rbp`, one with `lea`.
-pub(crate) fn trap_cost(prog: &ProgramMut<'_>) -> Result<TrapCost, BpfError> {
+/// The programs that hook the calibration functions, as the CUDA functions are hooked here.
+pub(crate) enum Probes<'a, 'obj> {
+    Session(&'a ProgramMut<'obj>),
+    EntryAndReturn(&'a ProgramMut<'obj>, &'a ProgramMut<'obj>),
+}
+
+impl Probes<'_, '_> {
+    fn attach(&self, offset: usize) -> Result<Vec<Link>, libbpf_rs::Error> {
+        match self {
+            Probes::Session(prog) => {
+                let opts = UprobeMultiOpts { offsets: vec![offset], session: true, ..Default::default() };
+                Ok(vec![prog.attach_uprobe_multi_with_opts(-1, "/proc/self/exe", "", opts)?])
+            }
+            Probes::EntryAndReturn(entry, ret) => Ok(vec![
+                entry.attach_uprobe_with_opts(-1, "/proc/self/exe", offset, UprobeOpts::default())?,
+                ret.attach_uprobe_with_opts(-1, "/proc/self/exe", offset, UprobeOpts { retprobe: true, ..Default::default() })?,
+            ]),
+        }
+    }
+}
+
+pub(crate) fn trap_cost(probes: Probes<'_, '_>) -> Result<TrapCost, BpfError> {
     Ok(TrapCost {
-        emulated: cost_of(prog, "gpuflame_calibration_point", call_calibration_point)?,
-        stepped: cost_of(prog, "gpuflame_calibration_stepped", call_calibration_stepped)?,
+        emulated: cost_of(&probes, "gpuflame_calibration_point", call_calibration_point)?,
+        stepped: cost_of(&probes, "gpuflame_calibration_stepped", call_calibration_stepped)?,
+        nested_return: matches!(probes, Probes::EntryAndReturn(..)),
     })
 }
 
-fn cost_of(prog: &ProgramMut<'_>, symbol: &str, call: fn(u32) -> u32) -> Result<Duration, BpfError> {
+fn cost_of(probes: &Probes<'_, '_>, symbol: &str, call: fn(u32) -> u32) -> Result<Duration, BpfError> {
     const CALLS: u32 = 500;
     const BATCHES: usize = 7;
     let offset = symbol_offset(symbol).ok_or_else(|| BpfError::Attach {
@@ -65,10 +90,7 @@ fn cost_of(prog: &ProgramMut<'_>, symbol: &str, call: fn(u32) -> u32) -> Result<
         start.elapsed()
     };
     let bare = (0..BATCHES).map(|_| time()).min().unwrap_or_default();
-    let opts = UprobeMultiOpts { offsets: vec![offset], session: true, ..Default::default() };
-    let _link = prog
-        .attach_uprobe_multi_with_opts(-1, "/proc/self/exe", "", opts)
-        .map_err(|source| attach_error("the calibration probe", source))?;
+    let _links = probes.attach(offset).map_err(|source| attach_error("the calibration probe", source))?;
     // The median batch: a VM's traps cost more now and then.
     let mut probed: Vec<Duration> = (0..BATCHES).map(|_| time()).collect();
     probed.sort();
@@ -182,7 +204,7 @@ mod tests {
 
     #[test]
     fn a_call_costs_its_own_traps_and_an_entry_trap_per_nested_call() {
-        let cost = TrapCost { emulated: Duration::from_nanos(1_200), stepped: Duration::from_nanos(10_000) };
+        let cost = TrapCost { emulated: Duration::from_nanos(1_200), stepped: Duration::from_nanos(10_000), nested_return: false };
         assert_eq!(cost.of(HookTraps::default()), Duration::from_nanos(1_200));
         assert_eq!(cost.of(HookTraps { stepped: true, ..Default::default() }), Duration::from_nanos(10_000));
         // A runtime launch (emulated) with its driver launch nested: one entry trap more, and a

@@ -36,6 +36,23 @@ pub struct SamplerConfig {
     /// stack, for the user-space unwinder to check the BPF one (stack_copy.h). Python frames are
     /// not walked then.
     pub copy_every_stack: bool,
+    /// The programs loaded besides the sampler's and the process events'.
+    pub programs: OptionalPrograms,
+}
+
+/// Programs loaded only for the profiles that need them: a kernel that cannot take one (a
+/// feature it lacks, a verifier that refuses it) still runs the others, and a profile of CPU
+/// time alone verifies less.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OptionalPrograms {
+    /// The switch programs of off-CPU and wall time.
+    pub off_cpu: bool,
+    /// The CUDA hooks with their calibration, and PyTorch's allocator probes.
+    pub cuda: bool,
+}
+
+impl OptionalPrograms {
+    pub const ALL: OptionalPrograms = OptionalPrograms { off_cpu: true, cuda: true };
 }
 
 /// The chance that the stack of a tensor of `size` bytes was taken, under byte sampling with

@@ -136,6 +136,20 @@ cuda_apis! {
 }
 
 impl CudaApi {
+    /// Whether its hook has a return half. Call instructions and the instructions after them are
+    /// hooked where they are, not at a function's entry (a return probe there would take the
+    /// caller's return); CUPTI's transport and the frees are read at entry alone.
+    pub(crate) fn has_return(self) -> bool {
+        !matches!(self.class(), CudaClass::Cupti | CudaClass::TensorFree)
+            && !matches!(self, CudaApi::C10MallocCalled | CudaApi::C10AllocBlockCalled)
+            && !self.is_after_call()
+    }
+
+    /// Hooked at the instructions after a call, where the call it stands for returned.
+    pub(crate) fn is_after_call(self) -> bool {
+        matches!(self, CudaApi::C10MallocReturned | CudaApi::C10AllocBlockReturned)
+    }
+
     pub fn from_symbol(name: &str) -> Option<CudaApi> {
         CudaApi::ALL.iter().copied().find(|a| a.symbol() == name)
     }

@@ -7,6 +7,11 @@ pub enum BpfError {
     PermissionDenied,
     #[error("the kernel has no BTF at {0} (gpuflame needs a kernel ≥ 5.8 built with CONFIG_DEBUG_INFO_BTF=y)")]
     NoBtf(String),
+    #[error("this kernel ({kernel}) lacks {feature}, which gpuflame's sampler and unwinder need: gpuflame runs on Linux {} or later", feature.since)]
+    KernelLacks { kernel: String, feature: crate::features::Feature },
+    /// A group of programs this kernel did not take ([`crate::BpfPrograms::unavailable`]).
+    #[error("{0}")]
+    Unavailable(String),
     #[error("loading the BPF programs failed: {0}")]
     Load(#[source] libbpf_rs::Error),
     #[error(

@@ -1,29 +1,30 @@
 //! The CPU sampler: a perf_event program per online CPU, samples through a ring buffer.
 
 use std::cell::RefCell;
-use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, IntoRawFd};
 use std::path::Path;
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Duration;
 
-use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder, UprobeMultiOpts};
+use libbpf_rs::{Link, MapCore, MapFlags, RingBuffer, RingBufferBuilder, UprobeMultiOpts, UprobeOpts};
 
 use gpuflame_unwind::{CompactTable, LoadSegment, RuleTable};
 
 use crate::calibrate::{self, TrapCost};
-use crate::config::{OffCpuSampling, RingUse, SamplerConfig, Targets};
+use crate::config::{SamplerConfig, Targets};
 use crate::counters::{self, Counters};
 use crate::cuda::CudaApi;
 use crate::error::{attach_error, BpfError};
 use crate::events::{self, Event};
+use crate::features::{CallHooks, KernelFeatures};
 use crate::perf;
-use crate::skel::{types, CpuSamplerSkel, CpuSamplerSkelBuilder};
+use crate::skel::{types, CpuSamplerSkel};
+use load::Unavailable;
 use crate::unwind_maps::{ExecMapping, PendingTable, PythonProcess, TableId, UnwindCapacity, UnwindMaps};
 
 pub(crate) mod hooks;
+pub(crate) mod load;
 
 const BTF_PATH: &str = "/sys/kernel/btf/vmlinux";
 const COOKIE_STEPPED: u64 = types::cuda_cookie::CUDA_COOKIE_STEPPED.0 as u64;
@@ -36,13 +37,16 @@ const COOKIE_STEPPED: u64 = types::cuda_cookie::CUDA_COOKIE_STEPPED.0 as u64;
 pub struct CudaFunctions {
     offsets: Vec<usize>,
     cookies: Vec<u64>,
+    /// How kernels without sessions hook each (see [`CudaApi::has_return`]).
+    apis: Vec<CudaApi>,
 }
 
 impl CudaFunctions {
     pub fn new(path: &Path, functions: &[(CudaApi, u64)]) -> Self {
         let stepped = calibrate::stepped_at(path, &functions.iter().map(|&(_, off)| off).collect::<Vec<_>>());
         let cookies = functions.iter().zip(stepped).map(|(&(api, _), stepped)| u64::from(api.raw()) | if stepped { COOKIE_STEPPED } else { 0 }).collect();
-        CudaFunctions { offsets: functions.iter().map(|&(_, off)| off as usize).collect(), cookies }
+        let apis = functions.iter().map(|&(api, _)| api).collect();
+        CudaFunctions { offsets: functions.iter().map(|&(_, off)| off as usize).collect(), cookies, apis }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -53,7 +57,7 @@ impl CudaFunctions {
 /// Hooks on the CUDA functions of one file, in every process that maps it. Dropping it detaches
 /// them.
 pub struct CudaHookLink {
-    _link: Link,
+    _links: Vec<Link>,
 }
 
 impl CudaHookLink {
@@ -86,6 +90,9 @@ pub struct BpfPrograms {
     malformed: Rc<RefCell<u64>>,
     unwind: UnwindMaps,
     skel: CpuSamplerSkel<'static>,
+    features: KernelFeatures,
+    /// The groups of programs asked for that this kernel did not take.
+    unavailable: Vec<Unavailable>,
 }
 
 impl BpfPrograms {
@@ -103,40 +110,9 @@ impl BpfPrograms {
         if !Path::new(BTF_PATH).exists() {
             return Err(BpfError::NoBtf(BTF_PATH.into()));
         }
-        // The skeleton borrows its object storage for its whole life; one small allocation per
-        // sampler is leaked so that the sampler can own the skeleton.
-        let storage: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
-        let mut open = CpuSamplerSkelBuilder::default().open(storage).map_err(BpfError::load)?;
-        let (mode, follow) = match &config.targets {
-            Targets::All => (types::target_mode::TARGET_ALL, false),
-            Targets::Processes { follow_forks, .. } => (types::target_mode::TARGET_PIDS, *follow_forks),
-        };
-        let rodata = open.maps.rodata_data.as_deref_mut().ok_or_else(|| {
-            BpfError::Load(libbpf_rs::Error::from(std::io::Error::other("the skeleton has no .rodata")))
-        })?;
-        rodata.target_mode = mode;
-        rodata.follow_forks = u8::from(follow);
-        let sampling = config.off_cpu;
-        rodata.offcpu_cpu_burst = sampling.cpu_burst.max(1);
-        rodata.offcpu_period_ns = sampling.period_ns();
-        rodata.offcpu_chance_per_ns = sampling.chance_per_ns();
-        rodata.offcpu_epoch_ns = OffCpuSampling::EPOCH.as_nanos() as u64;
-        rodata.offcpu_epoch_unwinds = sampling.epoch_unwinds();
-        rodata.offcpu_cpu_refill_ns = 1_000_000_000 / sampling.cpu_rate.max(1);
-        let rows = config.unwind_memory / SamplerConfig::BYTES_PER_ROW;
-        let blocks = u32::try_from(rows.div_ceil(16).max(1)).unwrap_or(u32::MAX);
-        let ring = match config.ring {
-            RingUse::CpuSamplesOnly => SamplerConfig::samples_ring_bytes(config.frequency_hz, perf::online_cpus().map_or(1, |c| c.len() as u64)),
-            RingUse::Any => SamplerConfig::MAX_RING_BYTES,
-        };
-        rodata.samples_wakeup_bytes = u64::from(ring / 4);
-        rodata.process_events_lazy = u8::from(config.lazy_process_events);
-        rodata.tensor_sample_bytes = config.tensor_sample_bytes;
-        rodata.copy_every_stack = u8::from(config.copy_every_stack);
-        open.maps.samples.set_max_entries(ring).map_err(BpfError::load)?;
-        let cpus = libbpf_rs::num_possible_cpus().map_err(BpfError::load)?;
-        open.maps.stack_copies.set_max_entries(u32::try_from(cpus).unwrap_or(u32::MAX)).map_err(BpfError::load)?;
-        let skel = open.load().map_err(BpfError::load)?;
+        let features = KernelFeatures::probe();
+        tracing::debug!(?features, "the kernel's BPF features");
+        let load::Loaded { skel, unavailable } = load::load(config, &features)?;
         if config.tensor_sample_bytes > 0 {
             let n = skel.maps.tensor_draws.max_entries() as usize;
             for (i, draw) in crate::config::tensor_draws(config.tensor_sample_bytes, n).into_iter().enumerate() {
@@ -181,12 +157,14 @@ impl BpfPrograms {
         };
 
         let sampler = BpfPrograms {
+            features,
+            unavailable,
             _links: sampler_links,
             usdt: Rc::default(),
             ring,
             inbox,
             malformed,
-            unwind: UnwindMaps::new(blocks),
+            unwind: UnwindMaps::new(u32::try_from((config.unwind_memory / SamplerConfig::BYTES_PER_ROW).div_ceil(16).max(1)).unwrap_or(u32::MAX)),
             skel,
         };
         if let Targets::Processes { pids, .. } = &config.targets {
@@ -205,6 +183,7 @@ impl BpfPrograms {
 
     /// Starts following target threads' switches for off-CPU time.
     pub fn enable_off_cpu(&mut self) -> Result<(), BpfError> {
+        self.require(load::ProgramGroup::OffCpu)?;
         for prog in [&self.skel.progs.on_sched_switch, &self.skel.progs.on_thread_exit] {
             let link = prog.attach().map_err(|source| attach_error("the off-CPU tracepoints", source))?;
             self._links.push(link);
@@ -370,20 +349,63 @@ impl BpfPrograms {
     /// Hooks the entry and return of `functions` of the file at `path`, in every process that maps
     /// it now or later; the programs keep to the targets.
     pub fn attach_cuda(&self, path: &Path, functions: &CudaFunctions) -> Result<CudaHookLink, BpfError> {
-        let opts = UprobeMultiOpts { offsets: functions.offsets.clone(), cookies: functions.cookies.clone(), session: true, ..Default::default() };
-        let link = self
-            .skel
-            .progs
-            .on_cuda_call
-            .attach_uprobe_multi_with_opts(-1, path, "", opts)
-            .map_err(|source| attach_error(&format!("CUDA hooks to {}", path.display()), source))?;
-        Ok(CudaHookLink { _link: link })
+        let what = || format!("CUDA hooks to {}", path.display());
+        self.require(load::ProgramGroup::Cuda)?;
+        let progs = &self.skel.progs;
+        if self.features.call_hooks() == CallHooks::Sessions {
+            let opts = UprobeMultiOpts { offsets: functions.offsets.clone(), cookies: functions.cookies.clone(), session: true, ..Default::default() };
+            let link = progs.on_cuda_call.attach_uprobe_multi_with_opts(-1, path, "", opts).map_err(|source| attach_error(&what(), source))?;
+            return Ok(CudaHookLink { _links: vec![link] });
+        }
+        // Without sessions: an entry probe each, and a return probe where the call has a return
+        // half; the instructions after a call are the return half's, at entry. A link each; the
+        // kernel takes each breakpoint out as its link goes.
+        let mut links = Vec::with_capacity(functions.offsets.len() * 2);
+        for ((&offset, &cookie), &api) in functions.offsets.iter().zip(&functions.cookies).zip(&functions.apis) {
+            let mut attach = |prog: &libbpf_rs::ProgramMut<'_>, retprobe: bool| -> Result<(), BpfError> {
+                let opts = UprobeOpts { cookie, retprobe, ..Default::default() };
+                links.push(prog.attach_uprobe_with_opts(-1, path, offset, opts).map_err(|source| attach_error(&what(), source))?);
+                Ok(())
+            };
+            if api.is_after_call() {
+                attach(&progs.on_cuda_return, false)?;
+                continue;
+            }
+            attach(&progs.on_cuda_entry, false)?;
+            if api.has_return() {
+                attach(&progs.on_cuda_return, true)?;
+            }
+        }
+        Ok(CudaHookLink { _links: links })
+    }
+
+    /// The kernel this sampler runs on, as probed before loading.
+    pub fn kernel(&self) -> &KernelFeatures {
+        &self.features
+    }
+
+    /// The groups of programs asked for that this kernel did not take, and why.
+    pub fn unavailable(&self) -> &[Unavailable] {
+        &self.unavailable
+    }
+
+    /// An error naming why, when `group` was not loaded.
+    fn require(&self, group: load::ProgramGroup) -> Result<(), BpfError> {
+        match self.unavailable.iter().find(|u| u.group == group) {
+            Some(u) => Err(BpfError::Unavailable(u.why.clone())),
+            None => Ok(()),
+        }
     }
 
     /// What a hooked call costs on this machine beyond its programs: the entry and return traps,
     /// measured on a function of this process with programs that do nothing.
     pub fn calibrate_trap_cost(&self) -> Result<TrapCost, BpfError> {
-        calibrate::trap_cost(&self.skel.progs.on_calibrate)
+        self.require(load::ProgramGroup::Cuda)?;
+        let progs = &self.skel.progs;
+        match self.features.call_hooks() {
+            CallHooks::Sessions => calibrate::trap_cost(calibrate::Probes::Session(&progs.on_calibrate)),
+            CallHooks::EntryAndReturn => calibrate::trap_cost(calibrate::Probes::EntryAndReturn(&progs.on_calibrate_entry, &progs.on_calibrate_return)),
+        }
     }
 
     /// Tells the Python walker where the process's interpreter is.

@@ -97,6 +97,7 @@ fn every_record_kind_goes_through_the_loaded_programs_and_decodes() {
         lazy_process_events: false,
         tensor_sample_bytes: 0,
         copy_every_stack: false,
+        programs: OptionalPrograms::ALL,
     };
     // A test that cannot run fails, saying why: a skip would pass for a result.
     // SAFETY: geteuid has no preconditions.

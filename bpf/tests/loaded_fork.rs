@@ -46,6 +46,7 @@ fn a_forked_child_unwinds_with_its_parents_copy_until_it_execs() {
         lazy_process_events: false,
         tensor_sample_bytes: 0,
         copy_every_stack: false,
+        programs: OptionalPrograms::ALL,
     };
     let mut sampler = BpfPrograms::start(&config).unwrap_or_else(|e| panic!("{e}"));
     // An entry without mappings: a copy of it makes the child's walks stop at an unknown

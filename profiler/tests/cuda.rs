@@ -32,6 +32,11 @@ impl Fixture {
 
     /// `gpuflame record ARGS -- ENV… cuda_app APP_ARGS`; the app's stdout as key=value pairs.
     fn record(&self, args: &[&str], env: &[(&str, String)], app_args: &[&str]) -> (BTreeMap<String, String>, String) {
+        self.record_on(&[], args, env, app_args)
+    }
+
+    /// The same, with `gpuflame_env` for gpuflame itself.
+    fn record_on(&self, gpuflame_env: &[(&str, &str)], args: &[&str], env: &[(&str, String)], app_args: &[&str]) -> (BTreeMap<String, String>, String) {
         let mut cmd = vec!["record"];
         cmd.extend_from_slice(args);
         cmd.push("--");
@@ -41,7 +46,7 @@ impl Fixture {
         let app = self.app.display().to_string();
         cmd.push(&app);
         cmd.extend_from_slice(app_args);
-        let out = gpuflame_ok(&cmd, 0);
+        let out = gpuflame_env_ok(&cmd, gpuflame_env, 0);
         (common::cuda::key_values(&String::from_utf8_lossy(&out.stdout)), String::from_utf8_lossy(&out.stderr).into_owned())
     }
 }
@@ -53,9 +58,21 @@ fn under(stacks: &[Stack], suffix: &[&str]) -> u64 {
 
 #[test]
 fn hbm_totals_per_stack_are_exact_and_frees_leave_in_use() {
+    hbm_totals_are_exact(&[]);
+}
+
+/// Kernels before uprobe sessions (6.13): an entry and a return probe a function, the same totals.
+#[test]
+fn hbm_totals_are_exact_through_entry_and_return_probes() {
+    hbm_totals_are_exact(&[(PRETEND_KERNEL_LACKS, "sessions")]);
+}
+
+fn hbm_totals_are_exact(gpuflame_env: &[(&str, &str)]) {
     let fx = Fixture::build();
     let out = fx.path("mem.folded");
-    let (kv, stderr) = fx.record(&["--profiles", "hbm-alloc,hbm-inuse", "-o", &out], &[], &["memory"]);
+    let (kv, stderr) = fx.record_on(gpuflame_env, &["--profiles", "hbm-alloc,hbm-inuse", "-o", &out], &[], &["memory"]);
+    let probes = stderr.contains("lacks uprobe sessions (Linux 6.13): the CUDA call hooks use entry and return probes instead");
+    assert_eq!(probes, !gpuflame_env.is_empty(), "the way of hooking is said exactly when it is the older one: {stderr}");
     let alloc = read_folded(Path::new(&fx.path("mem.hbm-alloc.folded")));
     let inuse = read_folded(Path::new(&fx.path("mem.hbm-inuse.folded")));
     let ctx = format!("alloc:\n{}\nin use:\n{}\nstderr:\n{stderr}", describe(&alloc), describe(&inuse));

@@ -167,7 +167,7 @@ fn recorded() -> Vec<(String, Profile)> {
     }
     let start = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
     let duration = Duration::from_secs(5);
-    let coverage = Coverage { attached: duration, elapsed: duration, exact: true, trap_cost: TrapCost { emulated: Duration::from_nanos(700), stepped: Duration::from_nanos(2_000) }, window: Duration::ZERO };
+    let coverage = Coverage { attached: duration, elapsed: duration, exact: true, trap_cost: TrapCost { emulated: Duration::from_nanos(700), stepped: Duration::from_nanos(2_000), nested_return: false }, window: Duration::ZERO };
     let mut out: Vec<(String, Profile)> = collector.take_ooms(start, &no_labels).into_iter().map(|oom| ("oom".to_string(), oom.snapshot)).collect();
     let (profiles, _) = collector.close(Some(coverage), start, duration, &no_labels);
     out.extend(profiles.into_iter().map(|(k, p)| (k.name().to_string(), p)));

@@ -44,6 +44,11 @@ impl Fixture {
     /// `gpuflame -v record ARGS -- PROGRAM…` with the program held at the gate until its tables
     /// are in; gpuflame's stderr and the program's key=value lines.
     fn record(&self, args: &[&str], env: &[(&str, &str)], program: &[&str]) -> (String, BTreeMap<String, String>) {
+        self.record_on(None, args, env, program)
+    }
+
+    /// The same, with gpuflame acting as if the kernel lacked `lacks` (common::PRETEND_KERNEL_LACKS).
+    fn record_on(&self, lacks: Option<&str>, args: &[&str], env: &[(&str, &str)], program: &[&str]) -> (String, BTreeMap<String, String>) {
         let gate = Gate::new(self.dir.path(), "gate");
         let result = self.path("result.txt");
         // exec keeps the program's pid, which the gate waits for.
@@ -55,7 +60,7 @@ impl Fixture {
         cmd.extend(env.iter().map(String::as_str));
         cmd.extend_from_slice(&["sh", "-c", &script, "sh"]);
         cmd.extend_from_slice(program);
-        let (status, stderr) = record_gated(&gate, &cmd, 1);
+        let (status, stderr) = record_gated_with_env(&gate, &cmd, 1, &[(PRETEND_KERNEL_LACKS, lacks)]);
         assert!(status.success(), "{stderr}");
         (stderr, common::cuda::key_values(&std::fs::read_to_string(&result).unwrap_or_default()))
     }
@@ -94,11 +99,20 @@ fn malloc_probe_args(lib: &str) -> Vec<String> {
 #[test]
 fn tensor_stacks_are_exact_and_a_reused_block_belongs_to_its_second_owner() {
     for (notes, in_frame) in [(true, false), (true, true), (false, false)] {
-        tensor_stacks_are_exact(notes, in_frame);
+        tensor_stacks_are_exact(notes, in_frame, None);
     }
 }
 
-fn tensor_stacks_are_exact(notes: bool, in_frame: bool) {
+/// Kernels before uprobe sessions (6.13): the hooks of the copy without notes are an entry probe,
+/// a return probe, and an entry probe at the instructions after a call; the probes the same.
+#[test]
+fn tensor_stacks_are_exact_through_entry_and_return_probes() {
+    for notes in [false, true] {
+        tensor_stacks_are_exact(notes, false, Some("sessions"));
+    }
+}
+
+fn tensor_stacks_are_exact(notes: bool, in_frame: bool, lacks: Option<&str>) {
     let fx = Fixture::build_shaped(notes, if in_frame { &["-DGF_SDT_ARGS_IN_FRAME"] } else { &[] });
     if notes {
         // Pointer, device, size: what is read of the probe; the stream is not.
@@ -109,8 +123,10 @@ fn tensor_stacks_are_exact(notes: bool, in_frame: bool) {
     }
     let out = fx.path("t.folded");
     let app = fx.app.display().to_string();
-    let (stderr, kv) = fx.record(&["--profiles", "tensor-inuse,tensor-alloc,hbm-inuse", "-o", &out], &[], &[&app, "exact"]);
+    let (stderr, kv) = fx.record_on(lacks, &["--profiles", "tensor-inuse,tensor-alloc,hbm-inuse", "-o", &out], &[], &[&app, "exact"]);
     assert_eq!(kv["reused"], "1", "the stand-in gave the freed block to the second tensor");
+    let probes = stderr.contains("lacks uprobe sessions (Linux 6.13): the CUDA call hooks use entry and return probes instead");
+    assert_eq!(probes, lacks.is_some(), "the way of hooking is said exactly when it is the older one: {stderr}");
     let inuse = read_folded(Path::new(&fx.path("t.tensor-inuse.folded")));
     let alloc = read_folded(Path::new(&fx.path("t.tensor-alloc.folded")));
     let ctx = format!("{}\n{stderr}", describe(&inuse));

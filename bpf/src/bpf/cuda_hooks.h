@@ -2,7 +2,11 @@
  * call's entry and, when the entry asks for it, at its return. The entry keeps the arguments per
  * thread; the return of the outermost call of its class sends one record with the result, the
  * out-pointer's value, the duration and the user stack of the caller. One link per file holds
- * both halves, so that detaching it takes the breakpoint out at once. */
+ * both halves, so that detaching it takes the breakpoint out at once.
+ *
+ * Kernels before uprobe sessions (Linux 6.13) run the same two halves from an entry uprobe and a
+ * return uprobe of their own (on_cuda_entry, on_cuda_return): the return half then runs after
+ * every hooked call, and keeps to the recorded one by its stack slot, as it does in a session. */
 #ifndef GPUFLAME_CUDA_HOOKS_H
 #define GPUFLAME_CUDA_HOOKS_H
 
@@ -44,11 +48,34 @@ struct {
 	__type(value, __u32);
 } cuda_devices SEC(".maps");
 
-extern bool bpf_session_is_return(void) __ksym;
+/* The kfunc took no argument in its first kernels and takes the context since 6.19; a kernel has
+ * one of the two, and libbpf resolves the flavour it has (weak: the other is left unresolved, in
+ * code the verifier sees is dead). Loaded only where the kernel has sessions. */
+extern bool bpf_session_is_return___noctx(void) __ksym __weak;
+extern bool bpf_session_is_return___ctx(void *ctx) __ksym __weak;
 
-/* A program that does nothing at entry and return, to measure what the traps alone cost. */
+static __always_inline bool session_is_return(void *ctx)
+{
+	if (bpf_ksym_exists(bpf_session_is_return___ctx))
+		return bpf_session_is_return___ctx(ctx);
+	return bpf_session_is_return___noctx();
+}
+
+/* Programs that do nothing at entry and return, to measure what the traps alone cost. */
 SEC("uprobe.session")
 int on_calibrate(struct pt_regs *ctx)
+{
+	return 0;
+}
+
+SEC("uprobe")
+int on_calibrate_entry(struct pt_regs *ctx)
+{
+	return 0;
+}
+
+SEC("uretprobe")
+int on_calibrate_return(struct pt_regs *ctx)
 {
 	return 0;
 }
@@ -69,27 +96,17 @@ static __always_inline __u64 driver_launch_function(struct pt_regs *ctx, __u32 a
 }
 
 /* At entry: 0 asks for the return half, 1 does not (the return trap is then saved). */
-static __always_inline int cuda_enter(struct pt_regs *ctx)
+/* The entry of a call that is recorded per thread (all but CUPTI's and the frees). Its locals in
+ * a scope of their own: the compiler then lays them over the unwinder's state of cupti_enter's
+ * walk, and the entry's frame stays within what older verifiers allow a chain of calls. */
+static __always_inline int cuda_enter_call(struct pt_regs *ctx, __u64 id, __u64 cookie, __u32 api, __u64 t0)
 {
-	__u64 id = bpf_get_current_pid_tgid(), cookie = bpf_get_attach_cookie(ctx);
-	__u32 tgid = id >> 32, tid = (__u32)id, *device;
-	__u32 api = cookie & CUDA_COOKIE_API_MASK;
+	__u32 tid = (__u32)id, *device;
 	struct cuda_call_key key = { .tid = tid, .cls = cuda_class_of(api) };
 	struct cuda_call call = {}, *outer;
 	__u32 location_id;
 
-	if (!is_target(tgid))
-		return 1;
-	/* From here: what the program takes is part of what hooking cost the call (enter_ns). */
-	call.t0 = bpf_ktime_get_ns();
-	if (key.cls == CUDA_CLASS_CUPTI) {
-		cupti_enter(ctx, id, api);
-		return 1;
-	}
-	if (key.cls == CUDA_CLASS_TENSOR_FREE) {
-		tensor_freed(ctx, id, api);
-		return 1;
-	}
+	call.t0 = t0;
 	call.sp = PT_REGS_SP(ctx);
 	if (api == C10_MALLOC_CALLED || api == C10_ALLOC_BLOCK_CALLED) {
 		/* On the call instruction: the callee's return slot is the next one down. */
@@ -148,6 +165,26 @@ static __always_inline int cuda_enter(struct pt_regs *ctx)
 	/* Its return is seen where its callers resume (C10_MALLOC_RETURNED, C10_ALLOC_BLOCK_RETURNED):
 	 * a return probe on a call instruction would take the caller's return address. */
 	return api == C10_MALLOC || api == C10_ALLOC_BLOCK_CALLED;
+}
+
+static __always_inline int cuda_enter(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid(), cookie = bpf_get_attach_cookie(ctx), t0;
+	__u32 api = cookie & CUDA_COOKIE_API_MASK, cls = cuda_class_of(api);
+
+	if (!is_target(id >> 32))
+		return 1;
+	/* From here: what the program takes is part of what hooking cost the call (enter_ns). */
+	t0 = bpf_ktime_get_ns();
+	if (cls == CUDA_CLASS_CUPTI) {
+		cupti_enter(ctx, id, api);
+		return 1;
+	}
+	if (cls == CUDA_CLASS_TENSOR_FREE) {
+		tensor_freed(ctx, id, api);
+		return 1;
+	}
+	return cuda_enter_call(ctx, id, cookie, api, t0);
 }
 
 /* The kernel handle cuModuleGetFunction or cuLibraryGetKernel returned, with its name. */
@@ -287,25 +324,51 @@ static __always_inline int cuda_return(struct pt_regs *ctx, __u32 api)
 }
 
 
-SEC("uprobe.session")
-int on_cuda_call(struct pt_regs *ctx)
+/* The call whose return a hook at the instructions after a call stands for. */
+static __always_inline __u32 returned_api(__u32 api)
+{
+	if (api == C10_MALLOC_RETURNED)
+		return C10_MALLOC;
+	if (api == C10_ALLOC_BLOCK_RETURNED)
+		return C10_ALLOC_BLOCK_CALLED;
+	return api;
+}
+
+/* Either half of a hooked call. At entry, 0 asks for the return half (in a session). */
+static __always_inline int cuda_hook(struct pt_regs *ctx, bool returned)
 {
 	__u32 api = (__u32)bpf_get_attach_cookie(ctx) & CUDA_COOKIE_API_MASK;
-	bool returned = bpf_session_is_return();
 
 	/* One copy of the return half, for both kinds of return: its stack is large. */
-	if (!returned && api == C10_MALLOC_RETURNED) {
-		returned = true;
-		api = C10_MALLOC;
-	} else if (!returned && api == C10_ALLOC_BLOCK_RETURNED) {
-		returned = true;
-		api = C10_ALLOC_BLOCK_CALLED;
-	}
-	if (returned) {
-		cuda_return(ctx, api);
+	if (returned || api == C10_MALLOC_RETURNED || api == C10_ALLOC_BLOCK_RETURNED) {
+		cuda_return(ctx, returned_api(api));
 		return 1;
 	}
 	return cuda_enter(ctx);
+}
+
+SEC("uprobe.session")
+int on_cuda_call(struct pt_regs *ctx)
+{
+	return cuda_hook(ctx, session_is_return(ctx));
+}
+
+/* Without sessions, the halves are programs of their own, so that neither takes the other's
+ * stack: together they passed the 512 bytes older verifiers allow a chain of calls. */
+SEC("uprobe")
+int on_cuda_entry(struct pt_regs *ctx)
+{
+	cuda_enter(ctx);
+	return 0;
+}
+
+/* Attached as a return probe to functions, and as an entry probe to the instructions after a
+ * call (C10_MALLOC_RETURNED, C10_ALLOC_BLOCK_RETURNED). */
+SEC("uprobe")
+int on_cuda_return(struct pt_regs *ctx)
+{
+	cuda_hook(ctx, true);
+	return 0;
 }
 
 #endif

@@ -140,7 +140,7 @@ mod tests {
     /// The estimate of a thread watched by 14 windows of 10 ms in 14 s, which launches (a call
     /// every 20 µs, 10 µs of it the hooks') only during 4 of them, `calls_per_burst` seen each.
     fn estimate(calls_per_burst: u64) -> f64 {
-        let coverage = Coverage { attached: Duration::from_millis(140), elapsed: Duration::from_secs(14), exact: false, trap_cost: TrapCost { emulated: Duration::from_micros(4), stepped: Duration::from_micros(8) }, window: Duration::from_millis(10) };
+        let coverage = Coverage { attached: Duration::from_millis(140), elapsed: Duration::from_secs(14), exact: false, trap_cost: TrapCost { emulated: Duration::from_micros(4), stepped: Duration::from_micros(8), nested_return: false }, window: Duration::from_millis(10) };
         let mut rate = ThreadRate::default();
         for window in 0..4u64 {
             for i in 0..calls_per_burst {

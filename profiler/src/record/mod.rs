@@ -141,14 +141,21 @@ pub fn run(opts: &RecordOptions) -> anyhow::Result<i32> {
         }
     }
 
-    let result = record(opts, format, &outputs);
-    if result.is_err() {
-        outputs.into_iter().for_each(|(_, o)| o.discard());
+    match record(opts, format, &outputs) {
+        Ok((code, written)) => {
+            // A profile this kernel could not run was said so: no empty file stands for it.
+            outputs.into_iter().filter(|(k, _)| !written.contains(k)).for_each(|(_, o)| o.discard());
+            Ok(code)
+        }
+        Err(e) => {
+            outputs.into_iter().for_each(|(_, o)| o.discard());
+            Err(e)
+        }
     }
-    result
 }
 
-fn record(opts: &RecordOptions, format: Format, outputs: &[(ProfileKind, Output)]) -> anyhow::Result<i32> {
+/// Records and writes the outputs; the exit code and the profiles written.
+fn record(opts: &RecordOptions, format: Format, outputs: &[(ProfileKind, Output)]) -> anyhow::Result<(i32, Vec<ProfileKind>)> {
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = Arc::clone(&stop);
@@ -219,8 +226,10 @@ fn record(opts: &RecordOptions, format: Format, outputs: &[(ProfileKind, Output)
         }
     }
     let mut written = Vec::new();
+    let mut kinds_written = Vec::new();
     for (kind, out) in outputs {
         let Some((_, profile)) = profiles.iter().find(|(k, _)| k == kind) else { continue };
+        kinds_written.push(*kind);
         let title = format!("{} · {kind}", describe_targets(opts));
         let rendering = output::Rendering { title: &title, detail: opts.detail };
         out.write_with(|w| output::write(profile, format, &rendering, w)).with_context(|| format!("writing {}", out.path().display()))?;
@@ -242,11 +251,12 @@ fn record(opts: &RecordOptions, format: Format, outputs: &[(ProfileKind, Output)
     }
     end.report(&window.stats, window.duration, format, &written);
 
-    match (child, child_status) {
-        (Some(_), Some(s)) => Ok(target::exit_code(s)),
-        (Some(mut c), None) => Ok(target::exit_code(c.wait().context("waiting for the command")?)),
-        _ => Ok(0),
-    }
+    let code = match (child, child_status) {
+        (Some(_), Some(s)) => target::exit_code(s),
+        (Some(mut c), None) => target::exit_code(c.wait().context("waiting for the command")?),
+        _ => 0,
+    };
+    Ok((code, kinds_written))
 }
 
 /// Starts the command after `--`, if there is one, held until the session follows it.

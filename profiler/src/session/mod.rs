@@ -3,6 +3,7 @@
 //! are closed here (`window.rs`): `record` runs one window, the agent one after another.
 
 mod collector;
+mod kernel;
 mod late;
 mod order;
 mod processes;
@@ -11,7 +12,7 @@ mod window;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use gpuflame_bpf::{BpfError, BpfPrograms, Event, OffCpuSampling, TrapCost, ProcessEventKind, RingUse, SamplerConfig, Targets};
+use gpuflame_bpf::{BpfError, BpfPrograms, Event, OffCpuSampling, OptionalPrograms, TrapCost, ProcessEventKind, RingUse, SamplerConfig, Targets};
 
 pub use collector::Collector;
 pub use processes::{CudaState, Gone, ProcessView, Processes};
@@ -77,7 +78,7 @@ pub struct Session {
 impl Session {
     /// Loads the programs, the unwind tables of the processes that run now (all of them when
     /// `targets` is the whole machine), hooks the CUDA they map, then starts sampling.
-    pub fn start(config: SessionConfig) -> anyhow::Result<Self> {
+    pub fn start(mut config: SessionConfig) -> anyhow::Result<Self> {
         let preload: Option<Vec<u32>> = match &config.targets {
             Targets::All => None,
             Targets::Processes { pids, .. } => Some(pids.clone()),
@@ -106,8 +107,11 @@ impl Session {
             lazy_process_events: read_delay.is_some(),
             tensor_sample_bytes: config.tensor_sample_bytes,
             copy_every_stack: config.check_unwinder,
+            programs: OptionalPrograms { off_cpu: needs.switches, cuda: needs.cuda.is_some() || needs.cupti },
         };
         let mut sampler = BpfPrograms::start(&sampler_config).map_err(user_facing)?;
+        config.profiles = kernel::runnable_profiles(&sampler, &config.profiles)?;
+        let needs = needs_of(&config.profiles);
         let mut tracker = ProcessTracker::new();
         tracker.read_lazily(read_delay);
         tracker.demand_tables_at_low_priority(command);
@@ -367,7 +371,7 @@ impl Session {
 /// BPF failures that the user can act on become one-line usage errors.
 pub fn user_facing(e: BpfError) -> anyhow::Error {
     match e {
-        BpfError::PermissionDenied | BpfError::NoBtf(_) => UserError(e.to_string()).into(),
+        BpfError::PermissionDenied | BpfError::NoBtf(_) | BpfError::KernelLacks { .. } | BpfError::Unavailable(_) => UserError(e.to_string()).into(),
         other => other.into(),
     }
 }

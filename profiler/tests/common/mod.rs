@@ -12,6 +12,10 @@ use std::process::{Child, Command, Output};
 
 pub const GPUFLAME: &str = env!("CARGO_BIN_EXE_gpuflame");
 
+/// gpuflame acts as if the kernel lacked these BPF features (`gpuflame_bpf::PRETEND_VAR`): the
+/// older ways a kernel before them takes are tested on this one.
+pub const PRETEND_KERNEL_LACKS: &str = "GPUFLAME_PRETEND_KERNEL_LACKS";
+
 /// These tests load real BPF programs; without root and BTF they fail, saying why.
 pub fn require_bpf() {
     // SAFETY: geteuid has no preconditions.
@@ -52,7 +56,12 @@ pub fn gpuflame(args: &[&str]) -> Output {
 
 /// Runs gpuflame and fails the test, with its output, unless it exits with `code`.
 pub fn gpuflame_ok(args: &[&str], code: i32) -> Output {
-    let out = gpuflame(args);
+    gpuflame_env_ok(args, &[], code)
+}
+
+/// The same, with environment variables for gpuflame.
+pub fn gpuflame_env_ok(args: &[&str], env: &[(&str, &str)], code: i32) -> Output {
+    let out = Command::new(GPUFLAME).args(args).envs(env.iter().copied()).output().expect("running gpuflame");
     assert_eq!(
         out.status.code(),
         Some(code),
