@@ -5,7 +5,8 @@
 # with exact counting, in the same run with rounds interleaved; and how close the sampled launch
 # count comes to the true count. Then GPU time: the loop with gpuflame's CUPTI library loaded
 # by hand against the stand-in libcupti (CUPTI's own cost, no gpuflame), and under
-# `gpuflame record --profiles gpu-time`.
+# `gpuflame record --profiles gpu-time`. MODES=... picks among none default exact cupti gputime and
+# default-probes exact-probes (the hooks as kernels before uprobe sessions take them).
 #
 #   sudo benches/cuda_overhead.sh [N] [LAUNCH_NS] [ROUNDS]   (defaults 1000000 5000 3)
 #
@@ -34,6 +35,9 @@ run() { # mode out
 	none) FAKE_CUDA_LAUNCH_NS=$launch_ns ./cuda_app bench "$n" >"$2" ;;
 	default) "$exe" record --profiles gpu-launches -o "$2.folded" -- env FAKE_CUDA_LAUNCH_NS=$launch_ns ./cuda_app bench "$n" >"$2" 2>"$2.err" ;;
 	exact) "$exe" record --profiles gpu-launches --cuda-exact -o "$2.folded" -- env FAKE_CUDA_LAUNCH_NS=$launch_ns ./cuda_app bench "$n" >"$2" 2>"$2.err" ;;
+	# As on kernels before uprobe sessions (6.13): an entry and a return uprobe a function.
+	default-probes) GPUFLAME_PRETEND_KERNEL_LACKS=sessions "$exe" record --profiles gpu-launches -o "$2.folded" -- env FAKE_CUDA_LAUNCH_NS=$launch_ns ./cuda_app bench "$n" >"$2" 2>"$2.err" ;;
+	exact-probes) GPUFLAME_PRETEND_KERNEL_LACKS=sessions "$exe" record --profiles gpu-launches --cuda-exact -o "$2.folded" -- env FAKE_CUDA_LAUNCH_NS=$launch_ns ./cuda_app bench "$n" >"$2" 2>"$2.err" ;;
 	cupti) CUDA_INJECTION64_PATH="$tmp/libgpuflame_cupti.so" GPUFLAME_CUPTI_PATH="$tmp/libcupti.so.13" FAKE_CUDA_LAUNCH_NS=$launch_ns ./cuda_app bench "$n" >"$2" 2>/dev/null ;;
 	gputime) "$exe" record --profiles gpu-time -o "$2.gt.folded" -- env GPUFLAME_CUPTI_PATH="$tmp/libcupti.so.13" FAKE_CUDA_LAUNCH_NS=$launch_ns ./cuda_app bench "$n" >"$2" 2>"$2.err" ;;
 	esac
@@ -43,6 +47,8 @@ echo "cost per hooked call (LAUNCH_NS=0, 200000 calls):"
 FAKE_CUDA_LAUNCH_NS=0 ./cuda_app bench 200000 >bare0
 "$exe" record --profiles gpu-launches --cuda-exact -o hooked0.folded -- env FAKE_CUDA_LAUNCH_NS=0 ./cuda_app bench 200000 >hooked0 2>/dev/null
 awk -v a="$(field ns_per_launch bare0)" -v b="$(field ns_per_launch hooked0)" 'BEGIN { printf "  unprobed %.1f ns, hooked (entry + return, stack unwound) %.0f ns, cost %.0f ns per call\n", a, b, b - a }'
+GPUFLAME_PRETEND_KERNEL_LACKS=sessions "$exe" record --profiles gpu-launches --cuda-exact -o probes0.folded -- env FAKE_CUDA_LAUNCH_NS=0 ./cuda_app bench 200000 >probes0 2>/dev/null
+awk -v a="$(field ns_per_launch bare0)" -v b="$(field ns_per_launch probes0)" 'BEGIN { printf "  the same without uprobe sessions (an entry and a return uprobe, as before 6.13) %.0f ns, cost %.0f ns per call\n", b, b - a }'
 
 modes=${MODES:-none default exact cupti gputime}
 echo "loop of $n launches of $launch_ns ns each, $rounds rounds interleaved:"
@@ -51,7 +57,7 @@ for r in $(seq "$rounds"); do
 		run $mode "$mode.$r"
 		s=$(field seconds "$mode.$r")
 		line="  round $r $mode: ${s} s"
-		if [ "$mode" = default ] || [ "$mode" = exact ]; then
+		if [ -f "$mode.$r.folded" ]; then
 			counted=$(awk '{ s += $NF } END { print s + 0 }' "$mode.$r.folded")
 			line="$line, launches counted $counted of $n ($(awk -v c="$counted" -v n="$n" 'BEGIN { printf "%+.1f%%", (c - n) * 100 / n }'))"
 		fi

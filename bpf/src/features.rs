@@ -33,9 +33,9 @@ pub const UPROBE_SESSION: Feature = Feature { name: "uprobe sessions", since: "6
 /// The form of the session kfunc `bpf_session_is_return` this kernel has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SessionKfunc {
-    /// `bool bpf_session_is_return(void)`: 6.13 to 6.18.
+    /// `bool bpf_session_is_return(void)`: 6.13, and 6.18 still.
     NoContext,
-    /// `bool bpf_session_is_return(void *ctx)`: 6.19 on.
+    /// `bool bpf_session_is_return(void *ctx)`: later kernels (7.2 has it).
     WithContext,
 }
 

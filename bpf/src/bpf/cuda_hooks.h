@@ -48,9 +48,10 @@ struct {
 	__type(value, __u32);
 } cuda_devices SEC(".maps");
 
-/* The kfunc took no argument in its first kernels and takes the context since 6.19; a kernel has
- * one of the two, and libbpf resolves the flavour it has (weak: the other is left unresolved, in
- * code the verifier sees is dead). Loaded only where the kernel has sessions. */
+/* The kfunc took no argument in its first kernels (6.13, and 6.18 still) and takes the context in
+ * later ones (7.2 has it); a kernel has one of the two, and libbpf resolves the flavour it has
+ * (weak: the other is left unresolved, in code the verifier sees is dead). Loaded only where the
+ * kernel has sessions. */
 extern bool bpf_session_is_return___noctx(void) __ksym __weak;
 extern bool bpf_session_is_return___ctx(void *ctx) __ksym __weak;
 
