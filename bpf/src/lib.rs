@@ -27,6 +27,7 @@ pub use events::{python_name_tag, CudaCall, CuptiLaunch, CuptiStatus, Event, Hoo
 pub use programs::hooks::TorchProbes;
 pub use features::{CallHooks, Feature, KernelFeatures, SessionKfunc, UPROBE_SESSION};
 pub use programs::load::{ProgramGroup, Unavailable};
-pub use programs::{BpfPrograms, CudaFunctions, CudaHookLink};
+pub use programs::cuda_hooks::{CudaFunctions, CudaHookLink};
+pub use programs::BpfPrograms;
 pub use unwind_view::{ProcessUnwindView, PythonEval};
 pub use unwind_maps::{monotonic_ns, ExecMapping, MappingTable, PendingTable, PythonProcess, TableId, UnwindCapacity};

@@ -7,70 +7,25 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Duration;
 
-use libbpf_rs::{Link, MapCore, MapFlags, RingBuffer, RingBufferBuilder, UprobeMultiOpts, UprobeOpts};
+use libbpf_rs::{Link, MapCore, MapFlags, RingBuffer, RingBufferBuilder};
 
 use gpuflame_unwind::{CompactTable, LoadSegment, RuleTable};
 
-use crate::calibrate::{self, TrapCost};
 use crate::config::{SamplerConfig, Targets};
 use crate::counters::{self, Counters};
-use crate::cuda::CudaApi;
 use crate::error::{attach_error, BpfError};
 use crate::events::{self, Event};
-use crate::features::{CallHooks, KernelFeatures};
+use crate::features::KernelFeatures;
 use crate::perf;
-use crate::skel::{types, CpuSamplerSkel};
+use crate::skel::CpuSamplerSkel;
 use load::Unavailable;
 use crate::unwind_maps::{ExecMapping, PendingTable, PythonProcess, TableId, UnwindCapacity, UnwindMaps};
 
+pub(crate) mod cuda_hooks;
 pub(crate) mod hooks;
 pub(crate) mod load;
 
 const BTF_PATH: &str = "/sys/kernel/btf/vmlinux";
-const COOKIE_STEPPED: u64 = types::cuda_cookie::CUDA_COOKIE_STEPPED.0 as u64;
-
-/// CUDA functions of one file to hook (file offsets), with their attach cookies: the api, and
-/// whether the kernel steps the function's first instruction out of line, a trap more per call
-/// that the scaling of sampled counts subtracts (calibrate.rs). Read from the file once, when it
-/// is found; its hooks are attached every duty cycle.
-#[derive(Debug, Clone, Default)]
-pub struct CudaFunctions {
-    offsets: Vec<usize>,
-    cookies: Vec<u64>,
-    /// How kernels without sessions hook each (see [`CudaApi::has_return`]).
-    apis: Vec<CudaApi>,
-}
-
-impl CudaFunctions {
-    pub fn new(path: &Path, functions: &[(CudaApi, u64)]) -> Self {
-        let stepped = calibrate::stepped_at(path, &functions.iter().map(|&(_, off)| off).collect::<Vec<_>>());
-        let cookies = functions.iter().zip(stepped).map(|(&(api, _), stepped)| u64::from(api.raw()) | if stepped { COOKIE_STEPPED } else { 0 }).collect();
-        let apis = functions.iter().map(|&(api, _)| api).collect();
-        CudaFunctions { offsets: functions.iter().map(|&(_, off)| off as usize).collect(), cookies, apis }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.offsets.is_empty()
-    }
-}
-
-/// Hooks on the CUDA functions of one file, in every process that maps it. Dropping it detaches
-/// them.
-pub struct CudaHookLink {
-    _links: Vec<Link>,
-}
-
-impl CudaHookLink {
-    /// Detaches without waiting. The kernel takes the breakpoints out at once, then waits for an
-    /// RCU grace period (~100 ms) before the call returns; that wait happens on a thread of its
-    /// own, so that the caller does not wait for it.
-    pub fn detach_in_background(self) {
-        let spawned = std::thread::Builder::new().name("gpuflame-detach".into()).spawn(move || drop(self));
-        if let Err(e) = spawned {
-            tracing::debug!(error = %e, "cannot detach on a thread of its own");
-        }
-    }
-}
 
 /// The USDT links a sampler holds, by the id of the handle that asked for them.
 #[derive(Default)]
@@ -346,39 +301,6 @@ impl BpfPrograms {
         }
     }
 
-    /// Hooks the entry and return of `functions` of the file at `path`, in every process that maps
-    /// it now or later; the programs keep to the targets.
-    pub fn attach_cuda(&self, path: &Path, functions: &CudaFunctions) -> Result<CudaHookLink, BpfError> {
-        let what = || format!("CUDA hooks to {}", path.display());
-        self.require(load::ProgramGroup::Cuda)?;
-        let progs = &self.skel.progs;
-        if self.features.call_hooks() == CallHooks::Sessions {
-            let opts = UprobeMultiOpts { offsets: functions.offsets.clone(), cookies: functions.cookies.clone(), session: true, ..Default::default() };
-            let link = progs.on_cuda_call.attach_uprobe_multi_with_opts(-1, path, "", opts).map_err(|source| attach_error(&what(), source))?;
-            return Ok(CudaHookLink { _links: vec![link] });
-        }
-        // Without sessions: an entry probe each, and a return probe where the call has a return
-        // half; the instructions after a call are the return half's, at entry. A link each; the
-        // kernel takes each breakpoint out as its link goes.
-        let mut links = Vec::with_capacity(functions.offsets.len() * 2);
-        for ((&offset, &cookie), &api) in functions.offsets.iter().zip(&functions.cookies).zip(&functions.apis) {
-            let mut attach = |prog: &libbpf_rs::ProgramMut<'_>, retprobe: bool| -> Result<(), BpfError> {
-                let opts = UprobeOpts { cookie, retprobe, ..Default::default() };
-                links.push(prog.attach_uprobe_with_opts(-1, path, offset, opts).map_err(|source| attach_error(&what(), source))?);
-                Ok(())
-            };
-            if api.is_after_call() {
-                attach(&progs.on_cuda_return, false)?;
-                continue;
-            }
-            attach(&progs.on_cuda_entry, false)?;
-            if api.has_return() {
-                attach(&progs.on_cuda_return, true)?;
-            }
-        }
-        Ok(CudaHookLink { _links: links })
-    }
-
     /// The kernel this sampler runs on, as probed before loading.
     pub fn kernel(&self) -> &KernelFeatures {
         &self.features
@@ -390,21 +312,10 @@ impl BpfPrograms {
     }
 
     /// An error naming why, when `group` was not loaded.
-    fn require(&self, group: load::ProgramGroup) -> Result<(), BpfError> {
+    pub(crate) fn require(&self, group: load::ProgramGroup) -> Result<(), BpfError> {
         match self.unavailable.iter().find(|u| u.group == group) {
             Some(u) => Err(BpfError::Unavailable(u.why.clone())),
             None => Ok(()),
-        }
-    }
-
-    /// What a hooked call costs on this machine beyond its programs: the entry and return traps,
-    /// measured on a function of this process with programs that do nothing.
-    pub fn calibrate_trap_cost(&self) -> Result<TrapCost, BpfError> {
-        self.require(load::ProgramGroup::Cuda)?;
-        let progs = &self.skel.progs;
-        match self.features.call_hooks() {
-            CallHooks::Sessions => calibrate::trap_cost(calibrate::Probes::Session(&progs.on_calibrate)),
-            CallHooks::EntryAndReturn => calibrate::trap_cost(calibrate::Probes::EntryAndReturn(&progs.on_calibrate_entry, &progs.on_calibrate_return)),
         }
     }
 

@@ -151,9 +151,23 @@ fn out_of_memory_writes_a_snapshot_with_the_failing_stack() {
 
 #[test]
 fn exact_launch_counts_match_what_the_program_did() {
+    exact_launch_counts(&[], &["--cuda-exact"]);
+}
+
+/// Kernels before uprobe sessions (6.13): launch hooks stay attached even at the defaults (a
+/// window's links cannot be attached and detached in time), and count exactly, said in a line.
+#[test]
+fn launches_at_defaults_are_counted_exactly_through_entry_and_return_probes() {
+    let stderr = exact_launch_counts(&[(PRETEND_KERNEL_LACKS, "sessions")], &[]);
+    assert!(stderr.contains("the CUDA call hooks use entry and return probes instead, and launches are hooked all the time"), "{stderr}");
+}
+
+fn exact_launch_counts(gpuflame_env: &[(&str, &str)], flags: &[&str]) -> String {
     let fx = Fixture::build();
     let out = fx.path("l.folded");
-    let (kv, stderr) = fx.record(&["--profiles", "gpu-launches", "--cuda-exact", "-o", &out], &[], &["launches", "2000"]);
+    let mut args = vec!["--profiles", "gpu-launches", "-o", &out];
+    args.extend_from_slice(flags);
+    let (kv, stderr) = fx.record_on(gpuflame_env, &args, &[], &["launches", "2000"]);
     let stacks = read_folded(Path::new(&out));
     let ctx = format!("{}\n{stderr}", describe(&stacks));
     // The runtime launch calls the driver's cuLaunchKernel: counted once, named by its host stub.
@@ -163,6 +177,7 @@ fn exact_launch_counts_match_what_the_program_did() {
     assert_eq!(under(&stacks, &["gemm", "cuLaunchKernelEx", "[gpu] sm90_xmma_gemm_bf16"]), kv["ex_launches"].parse::<u64>().unwrap(), "{ctx}");
     assert_eq!(under(&stacks, &["replay_graph", "cudaGraphLaunch"]), kv["graph_launches"].parse::<u64>().unwrap(), "{ctx}");
     assert_eq!(total(&stacks), 2000 + 1000 + 200, "{ctx}");
+    stderr
 }
 
 #[test]

@@ -110,7 +110,10 @@ impl Session {
             programs: OptionalPrograms { off_cpu: needs.switches, cuda: needs.cuda.is_some() || needs.cupti },
         };
         let mut sampler = BpfPrograms::start(&sampler_config).map_err(user_facing)?;
-        config.profiles = kernel::runnable_profiles(&sampler, &config.profiles)?;
+        config.profiles = kernel::runnable_profiles(&sampler, &config.profiles, config.cuda_duty.is_some())?;
+        if !kernel::duty_cycles(&sampler) {
+            config.cuda_duty = None;
+        }
         let needs = needs_of(&config.profiles);
         let mut tracker = ProcessTracker::new();
         tracker.read_lazily(read_delay);
