@@ -1,6 +1,8 @@
 //! Section and program header types and flags used by the readers.
 
 pub const PT_LOAD: u32 = 1;
+/// p_flags: the segment is executable.
+pub const PF_X: u32 = 1;
 pub const PT_NOTE: u32 = 4;
 pub const SHT_SYMTAB: u32 = 2;
 pub const SHT_STRTAB: u32 = 3;

@@ -94,15 +94,18 @@ fn the_user_space_unwinder_walks_every_stack_as_the_bpf_one_does() {
     let realign = build_c(d, "realign", &no_fp);
     let clobbered = build_c(d, "clobbered_rbp", &no_fp);
     let threads = build_c(d, "threads", &[&no_fp[..], &["-pthread"]].concat());
+    // Kernels without CFI, unwound with rows made from their prologues.
+    let no_cfi = build_c(d, "no_cfi_kernels", &no_fp);
     // Debian's python3.11: the interpreter in the executable, without frame pointers; its
     // native stacks only (the check walks no Python frames).
     let script = format!(
-        "{c} 1; {r} 1; {a} 1; {b} 1; {t} 1; /usr/bin/python3.11 -c 'import time\nt = time.process_time()\nwhile time.process_time() - t < 1: sum(range(1000))'",
+        "{c} 1; {r} 1; {a} 1; {b} 1; {t} 1; {k} mkl 1; {k} realign 1; /usr/bin/python3.11 -c 'import time\nt = time.process_time()\nwhile time.process_time() - t < 1: sum(range(1000))'",
         c = chain.display(),
         r = recursion.display(),
         a = realign.display(),
         b = clobbered.display(),
-        t = threads.display()
+        t = threads.display(),
+        k = no_cfi.display()
     );
     let out = d.join("check.folded");
     let run = gpuflame_ok(&["record", "--check-unwinder", "-F", "199", "-o", out.to_str().unwrap(), "--", "sh", "-c", &script], 0);

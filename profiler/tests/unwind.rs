@@ -114,6 +114,24 @@ fn programs(dir: &Path) -> Vec<Program> {
         entries: MAIN_ENTRY,
         chain: vec![F::Is("main"), F::Is("rbp_framed_caller"), F::Is("clobbering_kernel")],
     });
+    // Hand-written kernels without CFI, unwound with rows made from their prologues: MKL's sgemm
+    // kernels' (a page-aligned frame of 8 to 64 KiB, rbp not a frame pointer's), and a frame
+    // realigned under push %rbp; mov %rsp,%rbp.
+    let no_cfi = |name: &str| build(dir, "no_cfi_kernels.c", name, &no_fp("-O2"), "cc");
+    v.push(Program {
+        name: "nocfi_mkl".into(),
+        exe: no_cfi("nocfi_mkl"),
+        args: vec!["mkl".into()],
+        entries: MAIN_ENTRY,
+        chain: vec![F::Is("main"), F::Is("outer"), F::Is("mkl_like_kernel")],
+    });
+    v.push(Program {
+        name: "nocfi_realign".into(),
+        exe: no_cfi("nocfi_realign"),
+        args: vec!["realign".into()],
+        entries: MAIN_ENTRY,
+        chain: vec![F::Is("main"), F::Is("outer"), F::Is("realigned_kernel")],
+    });
     v.push(Program { name: "static_O2".into(), exe: build(dir, "chain.c", "static_O2", &[no_fp("-O2"), vec!["-static"]].concat(), "cc"), args: vec![], entries: MAIN_ENTRY, chain: vec![F::Is("main"), F::Is("a"), F::Is("b"), F::Is("c")] });
     let stripped = build(dir, "chain.c", "stripped_O2", &no_fp("-O2"), "cc");
     let st = Command::new("strip").arg("--strip-all").arg(&stripped).status().expect("strip (binutils) is needed");

@@ -13,6 +13,7 @@ use crate::error::UnwindError;
 use crate::rule::{classify, CfaRule, UnwindRule};
 use crate::stream::{Merged, PieceSink, RowSink, TablePiece, TableSummary};
 use crate::table::{LoadSegment, PackedRows, TableStats, UnwindRow, UnwindTable};
+use crate::without_cfi::{synthesized_functions, SynthesizedFunction};
 
 type Slice<'a> = gimli::EndianSlice<'a, LittleEndian>;
 
@@ -161,13 +162,28 @@ fn stream_rows<R: ReadAt>(elf: &ElfFile<R>, mut budget: Budget, sink: &mut dyn R
         stats.from_debug_frame = spans.len() > before;
     }
     spans.sort_by_key(|f| f.start);
+    // Functions no FDE covers, whose prologues say where their frames are (MKL's kernels).
+    let covered: Vec<(u64, u64)> = spans.iter().map(|f| (f.start, f.end())).collect();
+    let synthesized = synthesized_functions(elf, &covered)?;
+    stats.synthesized_functions = synthesized.len();
     // Rows are packed relative to the lowest address the table will have: its first FDE's, or
     // the entry point's where entry code comes before it.
-    let base = spans.first().map(|s| s.start).into_iter().chain((elf.entry() != 0).then(|| elf.entry())).min().unwrap_or(0);
+    let base = spans
+        .first()
+        .map(|s| s.start)
+        .into_iter()
+        .chain(synthesized.first().map(|f| f.start))
+        .chain((elf.entry() != 0).then(|| elf.entry()))
+        .min()
+        .unwrap_or(0);
     sink.start(base);
     let mut merged = Merged::new(EntryMarker::new(elf.entry()), sink);
     let mut ctx = Box::new(UnwindContext::new());
+    let mut synthesized = synthesized.into_iter().peekable();
     for span in &spans {
+        while let Some(f) = synthesized.next_if(|f| f.start < span.start) {
+            synthesized_rows(&f, &mut merged, &mut budget)?;
+        }
         let evaluated = match (span.debug_frame(), &eh_data, &df_data) {
             (false, Some((_, data)), _) => rows_of(&EhFrame::new(data, LittleEndian), &eh_bases, span, &mut ctx, &mut merged, &mut stats, &mut budget),
             (true, _, Some(data)) => rows_of(&debug_frame(data), &df_bases, span, &mut ctx, &mut merged, &mut stats, &mut budget),
@@ -176,6 +192,9 @@ fn stream_rows<R: ReadAt>(elf: &ElfFile<R>, mut budget: Budget, sink: &mut dyn R
         if evaluated? {
             merged.pending_gap = Some(span.end());
         }
+    }
+    for f in synthesized {
+        synthesized_rows(&f, &mut merged, &mut budget)?;
     }
     merged.finish()?;
     let segments = elf
@@ -221,6 +240,21 @@ where
         }
         out.push(FdeSpan { start: fde.initial_address(), len, at: at | if debug_frame { IN_DEBUG_FRAME } else { 0 } });
     }
+    Ok(())
+}
+
+/// A function without CFI's rows from its prologue, after the gap before it.
+fn synthesized_rows(f: &SynthesizedFunction, merged: &mut Merged<'_>, budget: &mut Budget) -> Result<(), UnwindError> {
+    if let Some(end) = merged.pending_gap.take() {
+        if f.start > end {
+            merged.push(UnwindRow { pc: end, rule: UnwindRule::NO_INFO });
+        }
+    }
+    for &row in &f.rows {
+        budget.rows = budget.rows.checked_sub(1).ok_or(UnwindError::Limit { what: "unwind rows", limit: MAX_UNWIND_ROWS })?;
+        merged.push(row);
+    }
+    merged.pending_gap = Some(f.end);
     Ok(())
 }
 

@@ -13,10 +13,12 @@ mod elf;
 mod entry;
 mod error;
 mod probe;
+mod prologue;
 mod rule;
 mod rule_table;
 mod stream;
 mod table;
+mod without_cfi;
 
 pub use stream::{TablePiece, TableSummary};
 pub use compact::{CompactTable, RuleTable};

@@ -110,6 +110,8 @@ pub struct TableStats {
     pub raw_rows: usize,
     pub unsupported_rows: usize,
     pub from_debug_frame: bool,
+    /// Functions without CFI given rows from their prologues (prologue.rs).
+    pub synthesized_functions: usize,
 }
 
 impl UnwindTable {

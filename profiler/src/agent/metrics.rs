@@ -19,6 +19,8 @@ pub struct AgentMetrics {
     /// Reads of processes' maps, and new programs that exited before one was needed.
     pub maps_read: u64,
     pub maps_reads_saved: u64,
+    /// Functions without CFI unwound with rows made from their prologues.
+    pub functions_from_prologues: u64,
     pub series: super::series::Stats,
     pub ranks: crate::workload::rank::RankStats,
     /// Samples copied where a table was missing: finished, given up, held now.
@@ -101,6 +103,12 @@ pub fn render(m: &AgentMetrics, q: &QueueStats) -> String {
     );
     metric("gpuflame_processes_tracked", "gauge", "Processes whose unwind tables are loaded.", &[("", m.processes_tracked as u64)]);
     metric("gpuflame_process_maps_read_total", "counter", "Reads of a process's /proc/PID/maps.", &[("", m.maps_read)]);
+    metric(
+        "gpuflame_unwind_functions_from_prologues_total",
+        "counter",
+        "Functions without unwind information (hand-written kernels) unwound with rows made from their prologues.",
+        &[("", m.functions_from_prologues)],
+    );
     metric(
         "gpuflame_process_maps_reads_saved_total",
         "counter",

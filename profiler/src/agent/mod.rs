@@ -194,6 +194,7 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
                 m.processes_tracked = session.processes().tracker().processes();
                 m.maps_read = session.processes().tracker().stats.maps_read;
                 m.maps_reads_saved = session.processes().tracker().stats.reads_saved;
+                m.functions_from_prologues = session.processes().tracker().stats.functions_from_prologues as u64;
                 m.series = stats;
                 m.ranks = session.rank_stats();
                 m.late = session.late_stats();

@@ -12,7 +12,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use gpuflame_unwind::{CompactTable, ExecutableKey, RuleTable, TablePiece, UnwindError, UnwindTable};
+use gpuflame_unwind::{CompactTable, ExecutableKey, RuleTable, TablePiece, TableSummary, UnwindError, UnwindTable};
 
 /// A table to build: the file's key, and paths that reach it (the map_files entries of the
 /// processes that map it; the first that still opens is read).
@@ -46,6 +46,8 @@ pub struct Built {
     /// The shared rules as they are after this build, when it added any.
     pub rules: Option<RuleTable>,
     pub elapsed: Duration,
+    /// Functions without CFI that got rows from their prologues.
+    pub from_prologues: usize,
 }
 
 pub enum BuiltTable {
@@ -367,7 +369,9 @@ fn build_loop(shared: &(Mutex<Queue>, Condvar), results: &SyncSender<BuildMsg>, 
             let before = lock(rules).len();
             let table = build_in_pieces(&job, results, rules);
             let rules = lock(rules);
-            let built = Built { key: job.key, table: table.map(|rows| BuiltTable::Pieces { rows }), rules: (rules.len() != before).then(|| rules.clone()), elapsed: started.elapsed() };
+            let from_prologues = table.as_ref().map_or(0, |s| s.stats.synthesized_functions);
+            let table = table.map(|s| BuiltTable::Pieces { rows: s.rows });
+            let built = Built { key: job.key, table, rules: (rules.len() != before).then(|| rules.clone()), elapsed: started.elapsed(), from_prologues };
             drop(rules);
             if results.send(BuildMsg::Done(built)).is_err() {
                 return;
@@ -379,8 +383,9 @@ fn build_loop(shared: &(Mutex<Queue>, Condvar), results: &SyncSender<BuildMsg>, 
         // refers to, and the results arrive in the order the rules grew.
         let mut rules = lock(rules);
         let before = rules.len();
+        let from_prologues = table.as_ref().map_or(0, |t| t.stats.synthesized_functions);
         let table = table.and_then(|t| CompactTable::from_table(t, &mut rules).map_err(|e| e.to_string()));
-        let built = Built { key: job.key, table: table.map(BuiltTable::Whole), rules: (rules.len() != before).then(|| rules.clone()), elapsed: started.elapsed() };
+        let built = Built { key: job.key, table: table.map(BuiltTable::Whole), rules: (rules.len() != before).then(|| rules.clone()), elapsed: started.elapsed(), from_prologues };
         if results.send(BuildMsg::Done(built)).is_err() {
             return;
         }
@@ -393,8 +398,8 @@ fn lock(rules: &Mutex<RuleTable>) -> std::sync::MutexGuard<'_, RuleTable> {
 
 /// Builds the job's table and sends its rows in pieces, each renumbered into the shared rules
 /// before it goes (the rules a piece refers to are in the `Done` that follows it). Returns the
-/// rows sent; an error after some were sent tells the event loop to drop them.
-fn build_in_pieces(job: &BuildJob, results: &SyncSender<BuildMsg>, rules: &Mutex<RuleTable>) -> Result<usize, String> {
+/// summary; an error after some rows were sent tells the event loop to drop them.
+fn build_in_pieces(job: &BuildJob, results: &SyncSender<BuildMsg>, rules: &Mutex<RuleTable>) -> Result<TableSummary, String> {
     let mut last = String::from("no process maps the file any more");
     for path in &job.paths {
         let mut sent = false;
@@ -406,7 +411,7 @@ fn build_in_pieces(job: &BuildJob, results: &SyncSender<BuildMsg>, rules: &Mutex
                 .map_err(|_| UnwindError::Io { path: path.display().to_string(), source: std::io::Error::other("the session ended") })
         };
         match UnwindTable::build_in_pieces(path, PIECE_ROWS, &mut send) {
-            Ok(summary) => return Ok(summary.rows),
+            Ok(summary) => return Ok(summary),
             Err(e) if !sent => last = e.to_string(),
             Err(e) => return Err(e.to_string()),
         }

@@ -150,6 +150,7 @@ fn report_unwinding(counters: &Counters, t: &TrackerStats, capacity: UnwindCapac
         in_pieces = t.tables_in_pieces,
         failures = t.table_failures,
         files_without_cfi = t.files_without_cfi,
+        functions_from_prologues = t.functions_from_prologues,
         first_demanded_table_ms = t.first_demanded_table.map(|d| d.as_millis() as u64),
         rows_in_use = capacity.rows_used,
         rows_unaccounted = t.rows_unaccounted,

@@ -24,6 +24,8 @@ pub struct TrackerStats {
     pub reads_saved: u64,
     /// Files without unwind information.
     pub files_without_cfi: usize,
+    /// Functions without CFI in files with some, unwound with rows made from their prologues.
+    pub functions_from_prologues: usize,
     /// Files whose tables did not fit in the budget, by name.
     pub no_room: BTreeSet<String>,
     /// When the first table a sample asked for was loaded, after the tracker started.

@@ -188,6 +188,7 @@ impl ProcessTracker {
                     Some(id) => {
                         self.stats.tables_built += 1;
                         self.stats.rows_loaded += rows as u64;
+                        self.stats.functions_from_prologues += built.from_prologues;
                         if urgent && self.stats.first_demanded_table.is_none() {
                             self.stats.first_demanded_table = Some(self.started.elapsed());
                         }

@@ -1,0 +1,66 @@
+//! The functions of a file that no FDE covers, with rows made from their prologues
+//! (prologue.rs). Their bounds come from the symbol tables (`.symtab`, else `.dynsym`): a
+//! stripped file's code without CFI keeps today's way.
+
+use gpuflame_elfread::{consts, ElfError, ElfFile, ReadAt};
+
+use crate::prologue::{rows_from_prologue, PROLOGUE_BYTES};
+use crate::table::UnwindRow;
+
+/// At most this many functions without CFI are read a file (each a read of its first bytes).
+const MAX_FUNCTIONS: usize = 1 << 16;
+
+/// A function without CFI whose prologue gave rows: [start, end).
+pub(crate) struct SynthesizedFunction {
+    pub start: u64,
+    pub end: u64,
+    pub rows: Vec<UnwindRow>,
+}
+
+/// Those of the file's functions outside `covered` (sorted, FDE ranges) whose prologue is of a
+/// known form, in address order.
+pub(crate) fn synthesized_functions<R: ReadAt>(elf: &ElfFile<R>, covered: &[(u64, u64)]) -> Result<Vec<SynthesizedFunction>, ElfError> {
+    let symbols = match elf.symbols(consts::SHT_SYMTAB)? {
+        Some(s) if !s.is_empty() => Some(s),
+        _ => elf.symbols(consts::SHT_DYNSYM)?,
+    };
+    let Some(symbols) = symbols else { return Ok(Vec::new()) };
+    let mut functions: Vec<(u64, u64)> = symbols
+        .iter()
+        .filter(|s| s.is_function() && s.is_defined() && s.value != 0 && s.size > 0)
+        .filter_map(|s| Some((s.value, s.value.checked_add(s.size)?)))
+        .collect();
+    functions.sort_unstable();
+    functions.dedup_by_key(|f| f.0);
+    // Ranges of FDEs that start before an address, and the largest end among them.
+    let mut max_end = Vec::with_capacity(covered.len());
+    let mut running = 0;
+    for &(_, e) in covered {
+        running = running.max(e);
+        max_end.push(running);
+    }
+    let has_cfi = |(start, end): (u64, u64)| {
+        let n = covered.partition_point(|&(s, _)| s < end);
+        n > 0 && max_end[n - 1] > start
+    };
+    let code = |start: u64, end: u64| -> Option<(u64, u64)> {
+        let seg = elf.load_segments().find(|s| s.flags & consts::PF_X != 0 && s.vaddr <= start && end <= s.vaddr + s.file_size)?;
+        Some((start - seg.vaddr + seg.offset, (end - start).min(PROLOGUE_BYTES as u64)))
+    };
+    let mut out = Vec::new();
+    let mut last_end = 0;
+    for (start, end) in functions.into_iter().filter(|&f| !has_cfi(f)).take(MAX_FUNCTIONS) {
+        // Aliases and nested symbols: the first one that covers an address is its function.
+        if start < last_end {
+            continue;
+        }
+        let Some((offset, len)) = code(start, end) else { continue };
+        let bytes = elf.read(offset, len, "a function's prologue", PROLOGUE_BYTES as u64)?;
+        if let Some(rows) = rows_from_prologue(&bytes, start) {
+            last_end = end;
+            out.push(SynthesizedFunction { start, end, rows });
+        }
+    }
+    Ok(out)
+}
+
