@@ -29,3 +29,4 @@ pub use error::UnwindError;
 pub use probe::{ElfProbe, ProbeError};
 pub use rule::{CfaRule, RbpRule, UnwindRule};
 pub use table::{load_bias, LoadSegment, TableStats, UnwindRow, UnwindTable};
+pub use without_cfi::OFF_VAR as NO_PROLOGUE_ROWS_VAR;
