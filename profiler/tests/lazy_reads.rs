@@ -44,9 +44,10 @@ fn at_19_hz_commands_of_milliseconds_are_never_read_and_a_new_program_is_whole_a
     let churn = Workload(Command::new("sh").args(["-c", &script]).spawn().unwrap());
     let ranked = Workload(Command::new(&exe).arg("60").env("RANK", "5").env("WORLD_SIZE", "8").spawn().unwrap());
     // The shell truncates the file before it writes the count: a read between the two finds it
-    // empty (a CI run counted 0 commands while 411 programs exited), so it is read again.
+    // empty (a CI run counted 0 commands while 411 programs exited), so it is read again, for up
+    // to 2 s (a loaded CI machine left it empty for more than 100 ms: 0 - first overflowed).
     let commands = || {
-        (0..100)
+        (0..2000)
             .find_map(|_| std::fs::read_to_string(&count).ok().and_then(|t| t.trim().parse::<u64>().ok()).or_else(|| {
                 std::thread::sleep(std::time::Duration::from_millis(1));
                 None
@@ -61,7 +62,7 @@ fn at_19_hz_commands_of_milliseconds_are_never_read_and_a_new_program_is_whole_a
     drop((churn, ranked));
 
     let delta = |name: &str| metric(&after, name) - metric(&before, name);
-    let (read, saved, started) = (delta("gpuflame_process_maps_read_total"), delta("gpuflame_process_maps_reads_saved_total"), last - first);
+    let (read, saved, started) = (delta("gpuflame_process_maps_read_total"), delta("gpuflame_process_maps_reads_saved_total"), last.saturating_sub(first));
     eprintln!("{started} commands run; maps read {read}, programs exited unread {saved}");
     // Every command was read once or twice before. Most exit before their delay (10.5 ms): 95%
     // on a quiet machine, 75% beside two CPU hogs, where a `sleep 0.005` waits for a CPU to run
