@@ -8,7 +8,7 @@
 
 use std::fmt;
 
-use libbpf_rs::btf::types::{Enum, Func, FuncProto, Typedef};
+use libbpf_rs::btf::types::{Enum, Func, Typedef};
 use libbpf_rs::btf::Btf;
 
 /// Tests: features to act as if this kernel lacked ([`KernelFeatures::without`]).
@@ -29,15 +29,6 @@ pub const ATTACH_COOKIE: Feature = Feature { name: "BPF attach cookies", since: 
 pub const BPF_LOOP: Feature = Feature { name: "bpf_loop", since: "5.17" };
 pub const FIND_VMA: Feature = Feature { name: "bpf_find_vma", since: "5.17" };
 pub const UPROBE_SESSION: Feature = Feature { name: "uprobe sessions", since: "6.13" };
-
-/// The form of the session kfunc `bpf_session_is_return` this kernel has.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SessionKfunc {
-    /// `bool bpf_session_is_return(void)`: 6.13, and 6.18 still.
-    NoContext,
-    /// `bool bpf_session_is_return(void *ctx)`: later kernels (7.2 has it).
-    WithContext,
-}
 
 /// How the CUDA functions' entries and returns are hooked on this kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,8 +52,9 @@ pub struct KernelFeatures {
     pub attach_cookie: bool,
     pub bpf_loop: bool,
     pub find_vma: bool,
-    pub uprobe_multi: bool,
-    pub session: Option<SessionKfunc>,
+    /// Uprobe sessions: their attach type, and the kfunc `bpf_session_is_return` in either of its
+    /// prototypes (libbpf resolves the one the kernel has, cuda_hooks.h).
+    pub sessions: bool,
 }
 
 impl KernelFeatures {
@@ -70,7 +62,7 @@ impl KernelFeatures {
         let btf = Btf::from_vmlinux().ok();
         let attach_types = btf.as_ref().map(attach_type_names).unwrap_or_default();
         let has_attach = |name: &str| attach_types.iter().any(|n| n == name);
-        let session = btf.as_ref().and_then(session_kfunc).filter(|_| has_attach("BPF_TRACE_UPROBE_SESSION"));
+        let sessions = has_attach("BPF_TRACE_UPROBE_SESSION") && btf.as_ref().is_some_and(|b| b.type_by_name::<Func<'_>>("bpf_session_is_return").is_some());
         let probed = KernelFeatures {
             release: kernel_release(),
             btf: btf.is_some(),
@@ -81,8 +73,7 @@ impl KernelFeatures {
             attach_cookie: probe_helper(libbpf_sys::BPF_FUNC_get_attach_cookie),
             bpf_loop: probe_helper(libbpf_sys::BPF_FUNC_loop),
             find_vma: probe_helper(libbpf_sys::BPF_FUNC_find_vma),
-            uprobe_multi: has_attach("BPF_TRACE_UPROBE_MULTI"),
-            session,
+            sessions,
         };
         match std::env::var(PRETEND_VAR) {
             Ok(list) if !list.is_empty() => {
@@ -94,7 +85,7 @@ impl KernelFeatures {
     }
 
     /// These features taken away (comma-separated: btf, tp-btf, ring-buffer, task-storage, cookies,
-    /// bpf-loop, find-vma, uprobe-multi, sessions; unknown names are ignored), so that the
+    /// bpf-loop, find-vma, sessions; unknown names are ignored), so that the
     /// older ways and the lines that say what cannot run are tested on the kernel at hand.
     pub fn without(mut self, list: &str) -> Self {
         for name in list.split(',').map(str::trim) {
@@ -106,8 +97,7 @@ impl KernelFeatures {
                 "cookies" => self.attach_cookie = false,
                 "bpf-loop" => self.bpf_loop = false,
                 "find-vma" => self.find_vma = false,
-                "uprobe-multi" => self.uprobe_multi = false,
-                "sessions" => self.session = None,
+                "sessions" => self.sessions = false,
                 "" => {}
                 other => tracing::warn!("{PRETEND_VAR}: no feature named {other:?}"),
             }
@@ -135,7 +125,7 @@ impl KernelFeatures {
     }
 
     pub fn call_hooks(&self) -> CallHooks {
-        if self.session.is_some() {
+        if self.sessions {
             CallHooks::Sessions
         } else {
             CallHooks::EntryAndReturn
@@ -165,18 +155,13 @@ fn probe_map(map: libbpf_sys::bpf_map_type) -> bool {
 }
 
 /// The names of `enum bpf_attach_type` in the kernel's BTF: a kernel knows the attach types it
-/// has, so they date uprobe_multi (BPF_TRACE_UPROBE_MULTI) and sessions (BPF_TRACE_UPROBE_SESSION).
+/// has, so they date uprobe sessions (BPF_TRACE_UPROBE_SESSION).
 fn attach_type_names(btf: &Btf<'_>) -> Vec<String> {
     btf.type_by_name::<Enum<'_>>("bpf_attach_type")
         .map(|e| e.iter().filter_map(|m| m.name.map(|n| n.to_string_lossy().into_owned())).collect())
         .unwrap_or_default()
 }
 
-fn session_kfunc(btf: &Btf<'_>) -> Option<SessionKfunc> {
-    let func = btf.type_by_name::<Func<'_>>("bpf_session_is_return")?;
-    let proto = FuncProto::try_from(func.next_type()?).ok()?;
-    Some(if proto.is_empty() { SessionKfunc::NoContext } else { SessionKfunc::WithContext })
-}
 
 #[cfg(test)]
 mod tests {
@@ -192,14 +177,13 @@ mod tests {
             attach_cookie: true,
             bpf_loop: true,
             find_vma: true,
-            uprobe_multi: true,
-            session: Some(SessionKfunc::NoContext),
+            sessions: true,
         }
     }
 
     #[test]
     fn the_sampler_names_the_first_feature_missing() {
-        let k515 = KernelFeatures { bpf_loop: false, find_vma: false, session: None, uprobe_multi: false, ..all() };
+        let k515 = KernelFeatures { bpf_loop: false, find_vma: false, sessions: false, ..all() };
         assert_eq!(k515.missing_for_sampler(), Some(BPF_LOOP));
         assert_eq!(k515.missing_for_sampler().map(|f| f.to_string()).as_deref(), Some("bpf_loop (Linux 5.17)"));
         assert_eq!(all().missing_for_sampler(), None);
@@ -208,14 +192,14 @@ mod tests {
     #[test]
     fn features_can_be_taken_away_for_tests() {
         let k = all().without("sessions, task-storage,bpf-loop");
-        assert_eq!(k.session, None);
+        assert!(!k.sessions);
         assert!(!k.task_storage && !k.bpf_loop && k.find_vma && k.attach_cookie);
     }
 
     #[test]
     fn kernels_without_sessions_hook_entries_and_returns() {
         assert_eq!(all().call_hooks(), CallHooks::Sessions);
-        assert_eq!(KernelFeatures { session: None, ..all() }.call_hooks(), CallHooks::EntryAndReturn);
+        assert_eq!(KernelFeatures { sessions: false, ..all() }.call_hooks(), CallHooks::EntryAndReturn);
     }
 
     #[test]

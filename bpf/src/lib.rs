@@ -25,7 +25,7 @@ pub use cuda::{CudaApi, CudaClass};
 pub use error::BpfError;
 pub use events::{python_name_tag, CudaCall, CuptiLaunch, CuptiStatus, Event, HookedStack, GpuKernel, GpuKernelBatch, GpuKernelName, KernelName, LeafFile, OffCpuEnd, OffCpuStack, OffCpuState, ProcessEvent, ProcessEventKind, Sample, StackCopy, StackRead, UnwindStatus, UserFrame, STACK_COPY_BYTES, STACK_COPY_RECORD_BYTES};
 pub use programs::hooks::TorchProbes;
-pub use features::{CallHooks, Feature, KernelFeatures, SessionKfunc, UPROBE_SESSION};
+pub use features::{CallHooks, Feature, KernelFeatures, UPROBE_SESSION};
 pub use programs::load::{ProgramGroup, Unavailable};
 pub use programs::cuda_hooks::{CudaFunctions, CudaHookLink};
 pub use programs::BpfPrograms;
