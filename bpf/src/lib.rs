@@ -15,6 +15,8 @@ mod pod;
 mod process_maps;
 mod programs;
 mod skel;
+mod python_threads;
+mod threads;
 mod unwind_maps;
 mod unwind_view;
 
@@ -29,5 +31,6 @@ pub use features::{CallHooks, Feature, KernelFeatures, UPROBE_SESSION};
 pub use programs::load::{ProgramGroup, Unavailable};
 pub use programs::cuda_hooks::{CudaFunctions, CudaHookLink};
 pub use programs::BpfPrograms;
+pub use threads::{FollowedWait, ThreadReport, ThreadState, UserRegs};
 pub use unwind_view::{ProcessUnwindView, PythonEval};
 pub use unwind_maps::{monotonic_ns, ExecMapping, MappingTable, PendingTable, PythonProcess, TableId, UnwindCapacity};

@@ -42,6 +42,7 @@ pod!(
     types::py_offsets,
     types::unwind_block,
     types::unwind_rule,
+    types::thread_report,
 );
 
 /// The `T` at the start of `data`, if it is long enough.

@@ -15,6 +15,7 @@
 #include "torch_probes.h"
 #include "process_events.h"
 #include "offcpu.h"
+#include "thread_reports.h"
 #include "stack_hooks.h"
 #include "targets.h"
 
@@ -33,6 +34,7 @@ enum process_event_kind layout_process_event_kind = PROCESS_EXEC;
 enum cfa_kind layout_cfa_kind = CFA_NO_INFO;
 enum rbp_kind layout_rbp_kind = RBP_UNCHANGED;
 struct py_process layout_py_process = {};
+struct thread_report layout_thread_report = {};
 enum py_frame_kind layout_py_frame_kind = PY_FRAME_OBJECT;
 enum event_kind layout_event_kind = EVENT_CPU_SAMPLE;
 enum cuda_api layout_cuda_api = CUDA_API_NONE;

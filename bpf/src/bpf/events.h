@@ -174,18 +174,21 @@ struct stack_copy_payload {
 /* EVENT_OFFCPU_STACK: where a target thread left the CPU, in a wait drawn for unwinding. */
 struct offcpu_stack_payload {
 	__u64 wait;  /* its number within the thread, which the wait's offcpu_end carries */
+	__u64 since; /* when the wait began, on the scheduler's clock (offcpu.h switch_time) */
 	__u32 state; /* the thread's state at the switch (prev_state) */
 	__u32 _pad;
 };
 
-/* EVENT_OFFCPU_END: an unwound wait ended, or a thread sends the time of the waits it was not
- * unwound at (at its exit, or once it is 100 ms). */
+/* EVENT_OFFCPU_END: a wait ended that was unwound or lasted a sampling period or more (user
+ * space may have counted a part of it at a window's end: it knows the wait by `since`); or a
+ * thread sends the time of its short waits not unwound (at its exit, or once they are 100 ms). */
 struct offcpu_end_payload {
-	__u64 wait;           /* the offcpu_stack it belongs to; 0: none (only the totals below) */
+	__u64 wait;           /* the offcpu_stack it belongs to; 0: not unwound */
+	__u64 since;          /* when it began (scheduler clock); 0: no wait, the total below alone */
 	__u64 off_ns;         /* its time off the CPU */
 	__u64 chance;         /* the chance it was drawn with, of 1 << 32 */
-	__u64 short_rest_ns;  /* the thread's waits not unwound since its last record: those */
-	__u64 long_rest_ns;   /* shorter than the sampling period, and the others */
+	__u64 short_rest_ns;  /* the thread's waits shorter than the sampling period and not
+			       * unwound, since its last record */
 };
 
 union event_payload {
@@ -213,6 +216,34 @@ struct event_record {
 };
 
 #define EVENT_FIXED_BYTES __builtin_offsetof(struct event_record, user_stack)
+
+/* What the task iterator (thread_reports.h) says of one thread of a target process: whether it
+ * runs, how long it has waited and where (its user registers as its last entry into the kernel
+ * saved them, its kernel stack), for the off-CPU time of waits that outlast a window and for
+ * `gpuflame dump`. Written up to its kernel stack's used bytes. */
+struct thread_report {
+	__u32 pid;
+	__u32 tid;
+	__u32 state;         /* task->__state: 0 runnable, 1 sleeping, 2 uninterruptible, ... */
+	__u8 on_cpu;         /* running on a CPU now: no registers nor kernel stack taken */
+	__u8 followed;       /* has off-CPU state: `since` is its wait's start, as switches see it */
+	__u8 preempted;      /* its current wait is a preemption */
+	__u8 unwound;        /* its current wait was unwound by the switch program (an offcpu_stack) */
+	__u64 since;         /* its current wait's start, scheduler clock; 0: none known */
+	__u64 now;           /* the iterator's time, on the same clock */
+	__u64 chance;        /* the chance its current wait was drawn with (of 1 << 32) */
+	__u64 waited_ns;     /* how long since it last ran, by the scheduler's accounting */
+	__u64 ip;            /* its user registers (user_regs 1) */
+	__u64 sp;
+	__u64 bp;
+	__s64 syscall;       /* the system call it is in, or -1 */
+	__u64 fsbase;        /* its TLS base: pthread_t, which CPython's thread states hold */
+	__u8 user_regs;      /* ip, sp and bp are its user registers */
+	__u8 _pad[3];
+	__s32 kernel_stack_bytes; /* as bpf_get_task_stack returns them */
+	char comm[COMM_LEN];
+	__u64 kernel_stack[MAX_KERNEL_FRAMES];
+};
 
 /* Where ring records of CUDA calls are built: not the sampler's entry, whose programs can
  * interrupt a hook. */

@@ -17,9 +17,13 @@
  *     threads wait little (every wait of 1/64 period or more is then drawn), down to 1/65536.
  * A CPU's drawn waits are also held to a budget per second, for the bursts within an epoch.
  *
- * The time itself is not left to chance: each thread sends the time of the waits it was not
- * unwound at, shorter than a period and longer apart, and user space shares each out over the
- * unwound waits of the same kind, each weighing its time over its chance (sources/offcpu.rs).
+ * The time itself is not left to chance: each thread sends the time of its short waits not
+ * unwound (shorter than a period) as a sum, and every other wait's end on its own, with its start;
+ * user space shares the time out over the unwound waits of the same kind, each weighing its time
+ * over its chance (sources/offcpu.rs). A wait that outlasts a window is counted in the windows it
+ * spans: at a window's end user space reads the waits going on (thread_reports.h) and counts
+ * them up to then; their ends, a period long or more, come on their own and say when the wait
+ * began, so that user space counts only what it had not.
  * Weighing alone (each unwound wait counting time / chance) would be unbiased, but a wait drawn
  * at a small chance that turned out long counted a thousand times its length: the service
  * benchmark's total came out at up to twice the time measured. */
@@ -56,8 +60,7 @@ struct offcpu_thread {
 	__u64 chance;      /* the chance the current wait was drawn with; 0 when it was not drawn */
 	__u64 seq;         /* the stack record of the current wait, or 0 when it was not unwound */
 	__u64 next_seq;
-	__u64 short_rest_ns; /* waits not unwound, not yet sent: shorter than a period */
-	__u64 long_rest_ns;  /* and the others */
+	__u64 short_rest_ns; /* waits not unwound, shorter than a period, not yet sent */
 	__u32 preempted;   /* the current wait is a preemption */
 	__u32 _pad;
 };
@@ -154,9 +157,10 @@ static __always_inline void learn_wait(__u64 *avg, __u64 off)
 	*avg = (*avg * 3 + off) / 4;
 }
 
-/* An unwound wait's end (`seq`, its time and chance), with the time of the thread's waits not
- * unwound since its last record; or those alone (seq 0). A header-sized record, no stack. */
-static __always_inline void send_offcpu_end(struct task_struct *task, struct offcpu_thread *t, __u64 seq, __u64 off_ns)
+/* A wait's end (`since` its start, `off_ns` its length; `seq` its stack record, 0 when it was not
+ * unwound), with the time of the thread's short waits not unwound since its last record; or those
+ * alone (since 0). A header-sized record, no stack. */
+static __always_inline void send_offcpu_end(struct task_struct *task, struct offcpu_thread *t, __u64 seq, __u64 since, __u64 off_ns)
 {
 	struct event_record *e;
 	__u32 slot = SCRATCH_OFFCPU;
@@ -166,14 +170,13 @@ static __always_inline void send_offcpu_end(struct task_struct *task, struct off
 		return;
 	record_header(e, EVENT_OFFCPU_END, task->tgid, task->pid, task);
 	e->payload.offcpu_end.wait = seq;
+	e->payload.offcpu_end.since = since;
 	e->payload.offcpu_end.off_ns = off_ns;
-	e->payload.offcpu_end.chance = t->chance;
+	e->payload.offcpu_end.chance = seq ? t->chance : 0;
 	e->payload.offcpu_end.short_rest_ns = t->short_rest_ns;
-	e->payload.offcpu_end.long_rest_ns = t->long_rest_ns;
 	if (!send_record(e, EVENT_FIXED_BYTES, WAKE_NEVER, COUNTER_OFFCPU_LOST))
 		return;
 	t->short_rest_ns = 0;
-	t->long_rest_ns = 0;
 }
 
 /* The switch-out of the current task `prev`: drawn, and unwound when drawn, its stack cut after
@@ -225,6 +228,7 @@ static __always_inline void offcpu_switch_out(void *ctx, struct task_struct *pre
 	count(COUNTER_OFFCPU_UNWOUND);
 	record_header(e, EVENT_OFFCPU_STACK, prev->tgid, tid, NULL);
 	e->payload.offcpu_stack.wait = t->seq;
+	e->payload.offcpu_stack.since = now;
 	e->payload.offcpu_stack.state = prev_state;
 	e->payload.offcpu_stack._pad = 0;
 	unwind_user_stack(e, slot);
@@ -237,25 +241,27 @@ static __always_inline void offcpu_switch_out(void *ctx, struct task_struct *pre
 static __always_inline void offcpu_switch_in(struct task_struct *next, __u64 now)
 {
 	struct offcpu_thread *t = bpf_task_storage_get(&offcpu_threads, next, 0, 0);
-	__u64 off;
+	__u64 off, since;
 
 	if (!t || !t->off_since)
 		return;
-	off = now - t->off_since;
+	since = t->off_since;
+	/* A time from another CPU's clock (a wait begun by the task iterator) may be ahead by a
+	 * tick: such a wait lasted no time. */
+	off = now > since ? now - since : 0;
 	t->off_since = 0;
 	count_add(COUNTER_OFFCPU_WAITED_NS, off);
 	learn_wait(t->preempted ? &t->avg_preempted_ns : &t->avg_wait_ns, off);
-	if (t->seq) {
-		send_offcpu_end(next, t, t->seq, off);
+	/* A wait a period long or more ends on its own record, unwound or not: a window's end may
+	 * have counted a part of it, which user space knows by its start. */
+	if (t->seq || off >= offcpu_period_ns) {
+		send_offcpu_end(next, t, t->seq, since, off);
 	} else {
-		if (off < offcpu_period_ns)
-			t->short_rest_ns += off;
-		else
-			t->long_rest_ns += off;
+		t->short_rest_ns += off;
 		/* A thread seldom unwound still sends its time, in time for its window (and for a
 		 * recording's end, which loses what is not sent: under 100 ms a thread). */
-		if (t->short_rest_ns + t->long_rest_ns >= 100000000ULL)
-			send_offcpu_end(next, t, 0, 0);
+		if (t->short_rest_ns >= 100000000ULL)
+			send_offcpu_end(next, t, 0, 0, 0);
 	}
 }
 
@@ -295,8 +301,8 @@ int BPF_PROG(on_thread_exit, struct task_struct *task)
 
 	if (!t)
 		return 0;
-	if (t->short_rest_ns || t->long_rest_ns)
-		send_offcpu_end(task, t, 0, 0);
+	if (t->short_rest_ns)
+		send_offcpu_end(task, t, 0, 0, 0);
 	if (!bpf_task_storage_delete(&offcpu_threads, task))
 		count(COUNTER_OFFCPU_RELEASED);
 	return 0;

@@ -44,14 +44,22 @@ impl OffCpuState {
 #[derive(Debug, Clone)]
 pub struct OffCpuStack {
     pub sample: Sample,
-    /// The wait's number within its thread.
+    /// The wait's number within its thread; [`OffCpuStack::READ_BY_USER`]: read by user space
+    /// from a thread that waits (session/waiting.rs), not by the switch program.
     pub wait: u64,
+    /// When the wait began, on the scheduler's clock: its end says the same.
+    pub since: u64,
     pub state: OffCpuState,
 }
 
-/// An unwound wait of a thread ended (`wait` > 0), with the time of the thread's waits that were
-/// not unwound since its last record; or those alone (`wait` 0: at its exit, or once they are
-/// 100 ms).
+impl OffCpuStack {
+    /// The `wait` of a stack read by user space; BPF numbers its waits from 1 up.
+    pub const READ_BY_USER: u64 = u64::MAX;
+}
+
+/// A wait of a thread ended that was unwound (`wait` > 0) or lasted a sampling period or more,
+/// with the time of the thread's short waits not unwound since its last record; or those alone
+/// (`since` 0: at its exit, or once they are 100 ms).
 #[derive(Debug, Clone)]
 pub struct OffCpuEnd {
     pub pid: u32,
@@ -59,13 +67,14 @@ pub struct OffCpuEnd {
     pub comm: String,
     /// The [`OffCpuStack`] it belongs to; 0 for none.
     pub wait: u64,
-    /// Its time off the CPU.
+    /// When it began (scheduler clock), as its stack and the thread reports say; 0: no wait.
+    pub since: u64,
+    /// Its time off the CPU, all of it.
     pub duration_ns: u64,
-    /// The chance it was drawn with, of 1 << 32.
+    /// The chance it was drawn with, of 1 << 32 (0 when not unwound).
     pub chance: u64,
-    /// The thread's waits not unwound: those shorter than the sampling period, and the others.
+    /// The thread's waits shorter than the sampling period and not unwound.
     pub short_rest_ns: u64,
-    pub long_rest_ns: u64,
 }
 
 impl OffCpuEnd {
@@ -79,14 +88,14 @@ impl OffCpuEnd {
 /// EVENT_OFFCPU_STACK: cut after its frames, the kernel ones right after the user ones (no room
 /// is sent for a user stack shorter than the most).
 pub(super) fn decode_stack(r: &Record) -> OffCpuStack {
-    let types::offcpu_stack_payload { wait, state, _pad: _ } = r.payload();
-    OffCpuStack { sample: sample_with_kernel_after_user(r), wait, state: OffCpuState::from_raw(state) }
+    let types::offcpu_stack_payload { wait, since, state, _pad: _ } = r.payload();
+    OffCpuStack { sample: sample_with_kernel_after_user(r), wait, since, state: OffCpuState::from_raw(state) }
 }
 
 /// EVENT_OFFCPU_END: the fixed part alone.
 pub(super) fn decode_end(r: &Record) -> OffCpuEnd {
-    let types::offcpu_end_payload { wait, off_ns, chance, short_rest_ns, long_rest_ns } = r.payload();
-    OffCpuEnd { pid: r.header.pid, tid: r.header.tid, comm: r.comm(), wait, duration_ns: off_ns, chance, short_rest_ns, long_rest_ns }
+    let types::offcpu_end_payload { wait, since, off_ns, chance, short_rest_ns } = r.payload();
+    OffCpuEnd { pid: r.header.pid, tid: r.header.tid, comm: r.comm(), wait, since, duration_ns: off_ns, chance, short_rest_ns }
 }
 
 #[cfg(test)]
@@ -99,10 +108,10 @@ mod tests {
     fn decodes_an_off_cpu_stack_with_its_kernel_frames_after_the_user_ones() {
         let h = header(types::event_kind::EVENT_OFFCPU_STACK, 42, 44, "loader");
         let stack = types::event_stack { kernel_stack_bytes: 16, user_frames: 2, ..Default::default() };
-        let payload = types::offcpu_stack_payload { wait: 7, state: 1, _pad: 0 };
+        let payload = types::offcpu_stack_payload { wait: 7, since: 123, state: 1, _pad: 0 };
         let data = record(h, stack, &payload, &[0x10, 0x20, 0xffff_ffff_8100_0000, 0xffff_ffff_8200_0000]);
         let Some(o) = decoded(&data, |r| Some(decode_stack(r))) else { panic!("not an off-CPU stack") };
-        assert_eq!((o.wait, o.state, o.sample.tid, o.sample.comm.as_str()), (7, OffCpuState::Sleeping, 44, "loader"));
+        assert_eq!((o.wait, o.since, o.state, o.sample.tid, o.sample.comm.as_str()), (7, 123, OffCpuState::Sleeping, 44, "loader"));
         assert_eq!(o.sample.user_stack, vec![UserFrame::Native(0x10), UserFrame::Native(0x20)]);
         assert_eq!(o.sample.kernel_stack, StackRead::Frames(vec![0xffff_ffff_8100_0000, 0xffff_ffff_8200_0000]));
         // A record cut short keeps what it carries.
@@ -115,10 +124,10 @@ mod tests {
     #[test]
     fn decodes_the_end_of_a_wait() {
         let h = header(types::event_kind::EVENT_OFFCPU_END, 42, 44, "loader");
-        let payload = types::offcpu_end_payload { wait: 7, off_ns: 5_000_000, chance: 1 << 30, short_rest_ns: 300, long_rest_ns: 400 };
+        let payload = types::offcpu_end_payload { wait: 7, since: 99, off_ns: 5_000_000, chance: 1 << 30, short_rest_ns: 300 };
         let Some(end) = decoded(&record(h, Default::default(), &payload, &[]), |r| Some(decode_end(r))) else { panic!("not an off-CPU end") };
         assert_eq!((end.pid, end.tid, end.comm.as_str()), (42, 44, "loader"));
-        assert_eq!((end.wait, end.duration_ns, end.chance, end.short_rest_ns, end.long_rest_ns), (7, 5_000_000, 1 << 30, 300, 400));
+        assert_eq!((end.wait, end.since, end.duration_ns, end.chance, end.short_rest_ns), (7, 99, 5_000_000, 1 << 30, 300));
         // Drawn with a chance of 1/4, it weighs as four such waits.
         assert_eq!(end.weight(), 20_000_000.0);
         assert_eq!(OffCpuEnd { chance: 1 << 32, ..end.clone() }.weight(), 5_000_000.0);

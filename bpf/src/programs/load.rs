@@ -63,7 +63,7 @@ pub(crate) struct Loaded {
 pub(crate) fn wanted(program: &str, groups: OptionalPrograms, hooks: CallHooks) -> bool {
     let sessions = hooks == CallHooks::Sessions;
     match program {
-        "on_sched_switch" | "on_thread_exit" => groups.off_cpu,
+        "on_sched_switch" | "on_thread_exit" | "report_threads" | "report_threads_following" => groups.off_cpu,
         "on_cuda_call" | "on_calibrate" => groups.cuda && sessions,
         "on_cuda_entry" | "on_cuda_return" | "on_calibrate_entry" | "on_calibrate_return" => groups.cuda && !sessions,
         "on_torch_malloc" | "on_torch_free" => groups.cuda,

@@ -29,7 +29,7 @@ impl Collector {
     pub fn new(profiles: &[ProfileKind], frequency_hz: u64, trap_cost: TrapCost, tensor_sample_bytes: u64) -> Self {
         Collector {
             stacks: Stacks::new(),
-            sources: sources::for_profiles(profiles, trap_cost, tensor_sample_bytes),
+            sources: sources::for_profiles(profiles, frequency_hz, trap_cost, tensor_sample_bytes),
             profiles: profiles.to_vec(),
             frequency_hz,
             stats: WindowStats::default(),

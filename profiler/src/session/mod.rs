@@ -7,6 +7,7 @@ mod kernel;
 mod late;
 mod order;
 mod processes;
+mod waiting;
 mod window;
 
 use std::path::{Path, PathBuf};
@@ -16,7 +17,9 @@ use gpuflame_bpf::{BpfError, BpfPrograms, Event, OffCpuSampling, OptionalProgram
 
 pub use collector::Collector;
 pub use processes::{CudaState, Gone, ProcessView, Processes};
+pub use waiting::WaitingStats;
 pub use window::{Flow, Oom, Window, WindowStats};
+use waiting::WaitingThreads;
 use late::LateStacks;
 pub use late::{LateStats, UnwinderCheck};
 use order::{record_sample, reports_first_for_new_processes};
@@ -73,6 +76,10 @@ pub struct Session {
     late: LateStacks,
     /// `check_unwinder`: the comparison of both unwinders.
     check: Option<UnwinderCheck>,
+    /// Threads that wait now, reported at each window's end (off-CPU and wall).
+    waiting: WaitingThreads,
+    /// The off-CPU sampling period: a wait this long at a window's end is counted there.
+    off_cpu_period_ns: u64,
 }
 
 impl Session {
@@ -169,7 +176,24 @@ impl Session {
         let mut processes = Processes::new(tracker, RankReader::new(config.rank_labels), config.service_names, cuda);
         processes.report_ready();
         let check = config.check_unwinder.then(UnwinderCheck::default);
-        Ok(Session { sampler, processes, collector, profiles: config.profiles, window: window::OpenWindow::now(), late: LateStacks::default(), check })
+        let off_cpu_period_ns = OffCpuSampling::at(frequency_hz).period_ns();
+        let mut session = Session {
+            sampler,
+            processes,
+            collector,
+            profiles: config.profiles,
+            window: window::OpenWindow::now(),
+            late: LateStacks::default(),
+            check,
+            waiting: WaitingThreads::default(),
+            off_cpu_period_ns,
+        };
+        // Threads that wait since before now are followed from here, their stacks read now,
+        // before they may wake.
+        if needs.switches {
+            session.report_waiting_threads();
+        }
+        Ok(session)
     }
 
     /// Waits up to `timeout` for events and handles them; attaches and detaches the duty-cycled
@@ -254,6 +278,11 @@ impl Session {
         for s in samples {
             self.collect(Event::Sample(s));
         }
+    }
+
+    /// What reading the threads that wait did so far.
+    pub fn waiting_stats(&self) -> WaitingStats {
+        self.waiting.stats()
     }
 
     /// What finishing copied stacks did so far.
@@ -344,6 +373,10 @@ impl Session {
             self.release_late(true);
         } else {
             self.release_late(false);
+        }
+        // Waits going on are counted up to here.
+        if self.off_cpu() {
+            self.report_waiting_threads();
         }
         let open = std::mem::replace(&mut self.window, OpenWindow::now());
         let duration = open.start.elapsed();

@@ -46,7 +46,7 @@ impl Sources {
 /// one hooked call cost, as calibrated, to correct the counts of duty-cycled hooks;
 /// `tensor_sample_bytes`: the interval of tensors' byte sampling, by which their stacks are
 /// weighed (0: every stack taken).
-pub fn for_profiles(kinds: &[ProfileKind], trap_cost: TrapCost, tensor_sample_bytes: u64) -> Sources {
+pub fn for_profiles(kinds: &[ProfileKind], frequency_hz: u64, trap_cost: TrapCost, tensor_sample_bytes: u64) -> Sources {
     let wants = |k| kinds.contains(&k);
     let mut made: Vec<SourceKind> = kinds.iter().map(|k| k.descriptor().source).collect();
     made.sort();
@@ -56,7 +56,7 @@ pub fn for_profiles(kinds: &[ProfileKind], trap_cost: TrapCost, tensor_sample_by
         .filter_map(|source| -> Option<Box<dyn Source>> {
             Some(match source {
                 SourceKind::Cpu => Box::new(cpu::Cpu::default()),
-                SourceKind::OffCpu => Box::new(offcpu::OffCpu::new(wants(ProfileKind::OffCpu), wants(ProfileKind::Wall))),
+                SourceKind::OffCpu => Box::new(offcpu::OffCpu::new(wants(ProfileKind::OffCpu), wants(ProfileKind::Wall), frequency_hz)),
                 SourceKind::DeviceMemory => return None,
                 SourceKind::CudaCalls => Box::new(cycled::CycledHooks::new(trap_cost, wants(ProfileKind::GpuLaunches), wants(ProfileKind::CudaApi))),
                 SourceKind::GpuTime => Box::new(gpu_time::GpuTimeSource::default()),

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use gpuflame_bpf::{CudaCall, CuptiLaunch, CuptiStatus, GpuKernelBatch, HookedStack, GpuKernelName, KernelName, OffCpuEnd, OffCpuStack, Sample};
+use gpuflame_bpf::{CudaCall, CuptiLaunch, CuptiStatus, GpuKernelBatch, HookedStack, GpuKernelName, KernelName, OffCpuEnd, OffCpuStack, Sample, ThreadReport};
 use gpuflame_symbolizer::MappedFile;
 
 use crate::cuda::hbm::HbmStats;
@@ -19,6 +19,9 @@ pub enum Input<'a> {
     /// A thread left the CPU here; its time comes with the [`OffCpuEnd`] of the same wait.
     OffCpu { record: &'a OffCpuStack, stack: &'a StackKey },
     OffCpuEnd(&'a OffCpuEnd),
+    /// A thread of a target as it is at a window's end (or when following starts): a wait going
+    /// on is counted up to now.
+    Waiting(&'a ThreadReport),
     /// A hooked CUDA call returned; `stack` is its caller's, without the call itself.
     CudaCall { call: &'a CudaCall, stack: &'a StackKey, files: Option<&'a [MappedFile]> },
     /// A tensor's block went back to PyTorch's allocator: a pointer, no stack.

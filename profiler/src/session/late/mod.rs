@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use gpuflame_bpf::{BpfPrograms, Sample};
 
 pub use check::UnwinderCheck;
-use finish::{finish, Code, Outcome};
+pub(super) use finish::{finish, Code, Outcome};
 
 /// How long a sample waits for its table at most: the biggest (libtorch_cpu, 2.7 M rows) take
 /// about a second to build and load on a loaded machine.

@@ -1,0 +1,155 @@
+//! Threads that wait now: at a window's end, and when following starts, every thread of the
+//! targets is reported by a task iterator (`BpfPrograms::report_threads`). The waits going on are
+//! counted up to here by the off-CPU source (`Input::Waiting`), so that a wait longer than a window
+//! is in the windows it spans and not only in the one it ends in. A wait the switch program did not
+//! unwind (it began before gpuflame followed the thread, or was drawn out) has its stack read here,
+//! once, from user space: its user registers as the kernel saved them, a copy of its stack from
+//! /proc/PID/mem, the late walk over it (`late::finish`), its Python frames from its thread state
+//! and its kernel stack from the iterator. No signal, no ptrace: the thread is not woken.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::time::{Duration, Instant};
+
+use gpuflame_bpf::{Event, OffCpuStack, OffCpuState, Sample, StackCopy, ThreadReport, ThreadState, UnwindStatus, UserFrame};
+use gpuflame_unwind::WalkStart;
+
+use super::late::{finish, Code, Outcome};
+use super::Session;
+use crate::sources::Input;
+
+/// Stack bytes copied from a waiting thread at most: deep Python stacks (3.10's eval loop takes
+/// a few hundred bytes of C stack per call) fit.
+const MAX_STACK_BYTES: usize = 512 << 10;
+/// How long one report's stack reads may take: the rest wait for the next window.
+const READ_BUDGET: Duration = Duration::from_millis(250);
+/// Bytes below sp the copy starts at, as BPF's copies do (STACK_COPY_START_BELOW_SP).
+const BELOW_SP: u64 = 128;
+
+/// What reading waiting threads did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct WaitingStats {
+    /// Passes of the task iterator, and the threads they reported waiting.
+    pub reports: u64,
+    pub waiting: u64,
+    /// Stacks read from user space, those that reached their outermost frame, and those not read
+    /// for want of time (read at the next window's end).
+    pub stacks_read: u64,
+    pub stacks_whole: u64,
+    pub deferred: u64,
+    /// Time spent in the last pass, iterator and reads.
+    pub last_pass: Duration,
+}
+
+#[derive(Default)]
+pub(super) struct WaitingThreads {
+    /// tid → the start of the wait whose stack was read (or tried), so that each is read once.
+    read: HashMap<u32, u64>,
+    stats: WaitingStats,
+}
+
+impl WaitingThreads {
+    pub(super) fn stats(&self) -> WaitingStats {
+        self.stats
+    }
+}
+
+impl Session {
+    /// Reports the targets' threads: those waiting go to the sources, counted up to now; the stacks
+    /// of waits not unwound yet and a period long are read. Needs the switch programs attached.
+    pub(super) fn report_waiting_threads(&mut self) {
+        let started = Instant::now();
+        let reports = match self.sampler.report_threads(true) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the targets' threads failed: waits going on are counted when they end");
+                return;
+            }
+        };
+        let period = self.off_cpu_period_ns;
+        self.waiting.stats.reports += 1;
+        self.waiting.read.retain(|tid, since| reports.iter().any(|r| r.tid == *tid && r.wait.is_some_and(|w| w.since == *since)));
+        for r in &reports {
+            let Some(wait) = r.wait.filter(|_| r.state != ThreadState::Running) else { continue };
+            self.waiting.stats.waiting += 1;
+            // Read when the switch program did not unwind it, and it has lasted (or, begun now at
+            // the thread's first report, the thread has been idle) a period.
+            let long = r.waited_ns().max(r.idle_ns) >= period;
+            if !wait.unwound && long && self.waiting.read.get(&r.tid) != Some(&wait.since) {
+                if started.elapsed() >= READ_BUDGET {
+                    self.waiting.stats.deferred += 1;
+                } else {
+                    self.waiting.read.insert(r.tid, wait.since);
+                    if let Some(stack) = self.read_waiting_stack(r, wait.since) {
+                        self.collect(Event::OffCpu(stack));
+                    }
+                }
+            }
+            self.collector.offer(&Input::Waiting(r));
+        }
+        self.waiting.stats.last_pass = started.elapsed();
+    }
+
+    /// The stack of a thread that waits, as if the switch program had unwound it.
+    fn read_waiting_stack(&mut self, r: &ThreadReport, since: u64) -> Option<OffCpuStack> {
+        let regs = r.regs?;
+        let memory = File::open(format!("/proc/{}/mem", r.pid)).ok()?;
+        let base = regs.sp.wrapping_sub(BELOW_SP);
+        let bytes = read_stack(&memory, base);
+        if bytes.is_empty() {
+            return None;
+        }
+        let mut user_stack = vec![UserFrame::Native(regs.ip)];
+        let py = self.sampler.python_frames_of_thread(r.pid, r.fsbase, &memory);
+        tracing::debug!(pid = r.pid, tid = r.tid, fsbase = r.fsbase, python_frames = py.as_ref().map_or(0, |p| p.len()), "stack of a waiting thread read");
+        user_stack.extend(py.unwrap_or_default());
+        let mut sample = Sample {
+            timestamp_ns: 0,
+            pid: r.pid,
+            tid: r.tid,
+            cpu: 0,
+            comm: r.comm.clone(),
+            kernel_stack: r.kernel_stack.clone(),
+            user_stack,
+            unwind: UnwindStatus::NoTableYet,
+            leaf_file: None,
+            forked_from: None,
+            by_file: false,
+            stack_copy: None,
+        };
+        let copy = StackCopy { start: WalkStart { ip: regs.ip, sp: regs.sp, bp: regs.bp, ..Default::default() }, from_leaf: false, bytes };
+        let python = self.sampler.python_eval(r.pid);
+        let mut view = self.sampler.unwind_view(r.pid)?;
+        let mut code = Code { view: &mut view, memory: Some(&memory) };
+        if let Outcome::Waiting { ip } = finish(&mut sample, &copy, &mut code, python.as_ref(), true) {
+            // Its table is not loaded yet: asked for, and read again at the next report.
+            self.waiting.read.remove(&r.tid);
+            self.processes.tracker_mut().need_table(&mut self.sampler, r.pid, ip);
+            return None;
+        }
+        self.waiting.stats.stacks_read += 1;
+        self.waiting.stats.stacks_whole += u64::from(sample.unwind.is_complete());
+        let state = match r.state {
+            ThreadState::Preempted | ThreadState::Running => OffCpuState::Preempted,
+            ThreadState::Sleeping => OffCpuState::Sleeping,
+            ThreadState::Uninterruptible => OffCpuState::Uninterruptible,
+            ThreadState::Stopped | ThreadState::Other => OffCpuState::Other,
+        };
+        Some(OffCpuStack { sample, wait: OffCpuStack::READ_BY_USER, since, state })
+    }
+}
+
+/// The stack from `base` up, as far as it is mapped, up to MAX_STACK_BYTES.
+pub(super) fn read_stack(memory: &File, base: u64) -> Vec<u8> {
+    let mut bytes = vec![0u8; MAX_STACK_BYTES];
+    let mut got = 0;
+    while got < bytes.len() {
+        match memory.read_at(&mut bytes[got..], base + got as u64) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got += n,
+        }
+    }
+    bytes.truncate(got);
+    bytes
+}

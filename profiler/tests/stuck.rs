@@ -1,0 +1,129 @@
+//! Where is it stuck: waits that outlast a window, and threads that waited since before gpuflame
+//! attached, are counted in the windows they span, under their whole stacks. Real BPF; run as
+//! root.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+/// A program started and run until it says "ready" on stdout (then a moment, so that it is
+/// blocked); killed when dropped.
+struct Stuck(Child);
+
+impl Stuck {
+    fn start(cmd: &mut Command) -> Stuck {
+        let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("starting the stuck program");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready", "the program did not start");
+        std::thread::sleep(Duration::from_millis(300));
+        Stuck(child)
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// Its stderr so far: it is killed first.
+    fn stderr(mut self) -> String {
+        let _ = self.0.kill();
+        let out = std::mem::replace(&mut self.0, Command::new("true").spawn().unwrap()).wait_with_output().unwrap();
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+}
+
+impl Drop for Stuck {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn holds(s: &Stack, frames: &[&str]) -> bool {
+    let mut it = s.frames.iter();
+    frames.iter().all(|want| it.any(|f| f == want || f.starts_with(&format!("{want} ("))))
+}
+
+fn under(stacks: &[Stack], frames: &[&str]) -> u64 {
+    stacks.iter().filter(|s| holds(s, frames)).map(|s| s.count).sum()
+}
+
+/// `record --profiles off-cpu,wall -p PID -d SECONDS` to pprof; each profile as folded stacks,
+/// and the window's start and length (ns).
+fn record_pid(dir: &Path, pid: u32, seconds: &str) -> (Vec<Stack>, Vec<Stack>, (i64, i64), String) {
+    let out = dir.join("out.pb.gz");
+    let o = gpuflame_ok(&["-v", "record", "--profiles", "off-cpu,wall", "-p", &pid.to_string(), "-d", seconds, "-o", out.to_str().unwrap()], 0);
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    let folded = |kind: &str| {
+        let pb = dir.join(format!("out.{kind}.pb.gz"));
+        let f = dir.join(format!("{kind}.folded"));
+        gpuflame_ok(&["convert", pb.to_str().unwrap(), "-o", f.to_str().unwrap()], 0);
+        read_folded(&f)
+    };
+    let wall = gpuflame::output::load::load(&dir.join("out.wall.pb.gz"), 1).expect("the wall profile reads back");
+    (folded("off-cpu"), folded("wall"), (wall.time_nanos, wall.duration_nanos), stderr)
+}
+
+fn debian_python() -> &'static str {
+    let python = "/usr/bin/python3.11";
+    assert!(Path::new(python).exists(), "Debian's python3.11 is needed (scripts/setup.sh installs python3)");
+    python
+}
+
+/// Debian's python3.11 has no local symbols: the lock's own functions are `[unknown]`.
+const LOCK_WAIT: &[&str] = &["all_reduce_like", "wait_for_peer", "PyThread_acquire_lock_timed", "futex_wait_[k]", "[off-cpu: sleeping]"];
+
+#[test]
+fn a_thread_waiting_since_before_the_attach_holds_the_window_under_its_python_chain() {
+    require_bpf();
+    let dir = tempfile::tempdir().unwrap();
+    let program = format!("{}/stuck.py", program_dir());
+    let stuck = Stuck::start(Command::new(debian_python()).args([program.as_str(), "before", "spin"]));
+    let (off, wall, (_, window), stderr) = record_pid(dir.path(), stuck.pid(), "5");
+    // The main thread's wait began before the attach: all of the window is under it.
+    let main: Vec<Stack> = wall.iter().filter(|s| s.comm() == "python3.11" || s.comm() == "python3").cloned().collect();
+    let waited = under(&main, LOCK_WAIT);
+    assert!(waited as f64 >= 0.95 * window as f64, "{waited} ns of a {window} ns window under the lock's chain:\n{}\n{stderr}", describe(&wall));
+    assert!(waited as f64 <= 1.01 * window as f64, "{waited} ns counted for a {window} ns window:\n{}", describe(&wall));
+    assert_eq!(under(&off, LOCK_WAIT), waited, "off-CPU holds the same wait");
+    // Whole, from _start through the futex's kernel frames.
+    assert!(main.iter().any(|s| holds(s, &["_start", "<module>", "all_reduce_like", "wait_for_peer", "futex_wait_[k]", "[off-cpu: sleeping]"])), "{}", describe(&main));
+    // The spinner's wall time is its window, as before: CPU samples and its preemptions.
+    let spinner = under(&wall, &["spin"]);
+    assert!(spinner as f64 >= 0.9 * window as f64 && spinner as f64 <= 1.05 * window as f64, "spinner: {spinner} ns of {window}\n{}", describe(&wall));
+}
+
+#[test]
+fn a_wait_begun_inside_the_window_counts_from_then_to_the_windows_end() {
+    require_bpf();
+    let dir = tempfile::tempdir().unwrap();
+    let program = format!("{}/stuck.py", program_dir());
+    let stuck = Stuck::start(Command::new(debian_python()).args([program.as_str(), "after", "2.5"]));
+    let (_, wall, (start, window), stderr) = record_pid(dir.path(), stuck.pid(), "5");
+    let said = stuck.stderr();
+    let blocked_at: i64 = said.split("BLOCKING_AT=").nth(1).and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no BLOCKING_AT in {said}"));
+    let expected = start + window - blocked_at;
+    assert!(expected > 1_000_000_000, "the lock wait began {expected} ns before the window's end: too late to measure");
+    let waited = under(&wall, LOCK_WAIT) as i64;
+    let off = (waited - expected).abs() as f64 / expected as f64;
+    assert!(off <= 0.02, "lock wait {waited} ns, expected {expected} ns ({:.1}% off)\n{}\n{stderr}", off * 100.0, describe(&wall));
+    // The sleep before it, begun before the attach, is there too.
+    assert!(under(&wall, &["<module>", "main", "[off-cpu: sleeping]"]) > waited as u64, "{}", describe(&wall));
+}
+
+#[test]
+fn a_c_program_blocked_in_read_since_before_the_attach_has_its_stack_to_start() {
+    require_bpf();
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_c(dir.path(), "pipe_reader", &["-O2", "-g", "-fomit-frame-pointer", "-fasynchronous-unwind-tables"]);
+    let stuck = Stuck::start(&mut Command::new(&exe));
+    let (off, _, (_, window), stderr) = record_pid(dir.path(), stuck.pid(), "3");
+    let chain = ["_start", "main", "wait_for_input", "read_all", "vfs_read_[k]", "[off-cpu: sleeping]"];
+    let waited = under(&off, &chain);
+    assert!(waited as f64 >= 0.95 * window as f64 && waited as f64 <= 1.01 * window as f64, "{waited} ns of {window} under {chain:?}:\n{}\n{stderr}", describe(&off));
+}
