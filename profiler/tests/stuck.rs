@@ -127,3 +127,65 @@ fn a_c_program_blocked_in_read_since_before_the_attach_has_its_stack_to_start() 
     let waited = under(&off, &chain);
     assert!(waited as f64 >= 0.95 * window as f64 && waited as f64 <= 1.01 * window as f64, "{waited} ns of {window} under {chain:?}:\n{}\n{stderr}", describe(&off));
 }
+
+/// A number the program said on stderr as `NAME=N`.
+fn said(text: &str, name: &str) -> i64 {
+    text.split(&format!("{name}=")).nth(1).and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
+#[test]
+fn the_agent_counts_a_60_s_wait_in_each_window_it_spans() {
+    use common::agent::{agent, serial};
+    use common::receiver::Receiver;
+    require_bpf();
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_c(dir.path(), "long_block", FP_FLAGS);
+    let receiver = Receiver::start(Box::new(|_| 200));
+    let a = agent(&["--server", &receiver.url(), "--window", "15", "--profiles", "off-cpu,wall", "-v"]);
+    let blocked = Command::new(&exe).arg("60000").env("GPUFLAME_SERVICE_NAME", "blocked").stderr(Stdio::piped()).spawn().unwrap();
+    let out = blocked.wait_with_output().unwrap();
+    let said_text = String::from_utf8_lossy(&out.stderr).into_owned();
+    let (start, end) = (said(&said_text, "BLOCK_START"), said(&said_text, "BLOCK_END"));
+    // The window the wait ended in is pushed at its end, or at the agent's stop.
+    std::thread::sleep(Duration::from_secs(2));
+    let log = a.stop();
+    let mut windows: Vec<_> = receiver
+        .received()
+        .into_iter()
+        .filter(|r| r.labels.get("__name__").map(String::as_str) == Some("off_cpu") && r.labels.get("service_name").map(String::as_str) == Some("blocked"))
+        .collect();
+    windows.sort_by_key(|w| w.profile.time_nanos);
+    let in_poll = |p: &gpuflame::profile::Profile| -> i64 {
+        p.samples
+            .iter()
+            .filter(|s| {
+                let names: Vec<&str> = s.stack.iter().map(|&l| p.locations[l].lines[0].function.as_str()).collect();
+                ["main", "block_for", "poll"].iter().all(|f| names.iter().any(|n| n.contains(f))) && names.last() == Some(&"[off-cpu: sleeping]")
+            })
+            .map(|s| s.value())
+            .sum()
+    };
+    let mut total = 0;
+    let mut report = String::new();
+    for w in &windows {
+        let (w_start, w_end) = (w.profile.time_nanos, w.profile.time_nanos + w.profile.duration_nanos);
+        let share = (end.min(w_end) - start.max(w_start)).max(0);
+        let got = in_poll(&w.profile);
+        report += &format!("window {w_start}+{}: {got} ns, its share {share} ns\n", w.profile.duration_nanos);
+        for smp in &w.profile.samples {
+            let names: Vec<&str> = smp.stack.iter().map(|&l| w.profile.locations[l].lines[0].function.as_str()).collect();
+            report += &format!("  {} {}\n", names.join(";"), smp.value());
+        }
+        total += got;
+    }
+    for w in &windows {
+        let (w_start, w_end) = (w.profile.time_nanos, w.profile.time_nanos + w.profile.duration_nanos);
+        let share = (end.min(w_end) - start.max(w_start)).max(0);
+        assert!((in_poll(&w.profile) - share).abs() as f64 <= 0.02 * w.profile.duration_nanos as f64, "a window's share is off:\n{report}\n{log}");
+    }
+    assert!(windows.len() >= 4, "the 60 s wait spans at least 4 windows of 15 s:\n{report}\n{log}");
+    let waited = end - start;
+    assert!((total - waited).abs() as f64 <= 0.02 * waited as f64, "{total} ns counted for a wait of {waited} ns:\n{report}\n{log}");
+    eprintln!("{report}");
+}

@@ -255,6 +255,10 @@ impl Session {
                         self.collect(Event::Sample(s));
                     }
                 }
+                Event::OffCpu(o) if !o.sample.unwind.is_complete() => {
+                    self.waiting.cut_short(o.sample.tid, o.since);
+                    self.collect(Event::OffCpu(o));
+                }
                 other => self.collect(other),
             }
         }

@@ -19,8 +19,10 @@ use super::late::{finish, Code, Outcome};
 use super::Session;
 use crate::sources::Input;
 
-/// Stack bytes copied from a waiting thread at most: deep Python stacks (3.10's eval loop takes
-/// a few hundred bytes of C stack per call) fit.
+/// Stack bytes copied from a waiting thread first, and at most: a walk that runs off its copy is
+/// tried again on one four times longer, up to deep Python stacks (3.10's eval loop takes a few
+/// hundred bytes of C stack per call).
+const FIRST_STACK_BYTES: usize = 32 << 10;
 const MAX_STACK_BYTES: usize = 512 << 10;
 /// How long one report's stack reads may take: the rest wait for the next window.
 const READ_BUDGET: Duration = Duration::from_millis(250);
@@ -46,12 +48,20 @@ pub struct WaitingStats {
 pub(super) struct WaitingThreads {
     /// tid → the start of the wait whose stack was read (or tried), so that each is read once.
     read: HashMap<u32, u64>,
+    /// tid → the start of its last wait whose stack the switch program could not finish (a
+    /// program's first moments, before its code was read): read again if it lasts.
+    cut: HashMap<u32, u64>,
     stats: WaitingStats,
 }
 
 impl WaitingThreads {
     pub(super) fn stats(&self) -> WaitingStats {
         self.stats
+    }
+
+    /// The switch program's stack of a wait, which did not reach the outermost frame.
+    pub(super) fn cut_short(&mut self, tid: u32, since: u64) {
+        self.cut.insert(tid, since);
     }
 }
 
@@ -69,14 +79,17 @@ impl Session {
         };
         let period = self.off_cpu_period_ns;
         self.waiting.stats.reports += 1;
-        self.waiting.read.retain(|tid, since| reports.iter().any(|r| r.tid == *tid && r.wait.is_some_and(|w| w.since == *since)));
+        let current = |tid: &u32, since: &mut u64| reports.iter().any(|r| r.tid == *tid && r.wait.is_some_and(|w| w.since == *since));
+        self.waiting.read.retain(current);
+        self.waiting.cut.retain(current);
         for r in &reports {
             let Some(wait) = r.wait.filter(|_| r.state != ThreadState::Running) else { continue };
             self.waiting.stats.waiting += 1;
             // Read when the switch program did not unwind it, and it has lasted (or, begun now at
             // the thread's first report, the thread has been idle) a period.
             let long = r.waited_ns().max(r.idle_ns) >= period;
-            if !wait.unwound && long && self.waiting.read.get(&r.tid) != Some(&wait.since) {
+            let unwound = wait.unwound && self.waiting.cut.get(&r.tid) != Some(&wait.since);
+            if !unwound && long && self.waiting.read.get(&r.tid) != Some(&wait.since) {
                 if started.elapsed() >= READ_BUDGET {
                     self.waiting.stats.deferred += 1;
                 } else {
@@ -95,39 +108,49 @@ impl Session {
     fn read_waiting_stack(&mut self, r: &ThreadReport, since: u64) -> Option<OffCpuStack> {
         let regs = r.regs?;
         let memory = File::open(format!("/proc/{}/mem", r.pid)).ok()?;
-        let base = regs.sp.wrapping_sub(BELOW_SP);
-        let bytes = read_stack(&memory, base);
-        if bytes.is_empty() {
-            return None;
-        }
-        let mut user_stack = vec![UserFrame::Native(regs.ip)];
         let py = self.sampler.python_frames_of_thread(r.pid, r.fsbase, &memory);
-        tracing::debug!(pid = r.pid, tid = r.tid, fsbase = r.fsbase, python_frames = py.as_ref().map_or(0, |p| p.len()), "stack of a waiting thread read");
-        user_stack.extend(py.unwrap_or_default());
-        let mut sample = Sample {
-            timestamp_ns: 0,
-            pid: r.pid,
-            tid: r.tid,
-            cpu: 0,
-            comm: r.comm.clone(),
-            kernel_stack: r.kernel_stack.clone(),
-            user_stack,
-            unwind: UnwindStatus::NoTableYet,
-            leaf_file: None,
-            forked_from: None,
-            by_file: false,
-            stack_copy: None,
-        };
-        let copy = StackCopy { start: WalkStart { ip: regs.ip, sp: regs.sp, bp: regs.bp, ..Default::default() }, from_leaf: false, bytes };
         let python = self.sampler.python_eval(r.pid);
         let mut view = self.sampler.unwind_view(r.pid)?;
-        let mut code = Code { view: &mut view, memory: Some(&memory) };
-        if let Outcome::Waiting { ip } = finish(&mut sample, &copy, &mut code, python.as_ref(), true) {
-            // Its table is not loaded yet: asked for, and read again at the next report.
-            self.waiting.read.remove(&r.tid);
-            self.processes.tracker_mut().need_table(&mut self.sampler, r.pid, ip);
-            return None;
+        let mut want = FIRST_STACK_BYTES;
+        loop {
+            let bytes = read_stack(&memory, regs.sp.wrapping_sub(BELOW_SP), want);
+            if bytes.is_empty() {
+                return None;
+            }
+            let got = bytes.len();
+            let mut user_stack = vec![UserFrame::Native(regs.ip)];
+            user_stack.extend(py.iter().flatten().copied());
+            let mut sample = Sample {
+                timestamp_ns: 0,
+                pid: r.pid,
+                tid: r.tid,
+                cpu: 0,
+                comm: r.comm.clone(),
+                kernel_stack: r.kernel_stack.clone(),
+                user_stack,
+                unwind: UnwindStatus::NoTableYet,
+                leaf_file: None,
+                forked_from: None,
+                by_file: false,
+                stack_copy: None,
+            };
+            let copy = StackCopy { start: WalkStart { ip: regs.ip, sp: regs.sp, bp: regs.bp, ..Default::default() }, from_leaf: false, bytes };
+            let mut code = Code { view: &mut view, memory: Some(&memory) };
+            match finish(&mut sample, &copy, &mut code, python.as_ref(), true) {
+                Outcome::Waiting { ip } => {
+                    // Its table is not loaded yet: asked for, and read again at the next report.
+                    self.waiting.read.remove(&r.tid);
+                    self.processes.tracker_mut().need_table(&mut self.sampler, r.pid, ip);
+                    return None;
+                }
+                // Ran off the copy, which could be longer: again, with more.
+                Outcome::Finished { cut_by_copy: true } if got == want && want < MAX_STACK_BYTES => want *= 4,
+                Outcome::Finished { .. } => break Some(self.waiting_stack(r, since, sample)),
+            }
         }
+    }
+
+    fn waiting_stack(&mut self, r: &ThreadReport, since: u64, sample: Sample) -> OffCpuStack {
         self.waiting.stats.stacks_read += 1;
         self.waiting.stats.stacks_whole += u64::from(sample.unwind.is_complete());
         let state = match r.state {
@@ -136,13 +159,13 @@ impl Session {
             ThreadState::Uninterruptible => OffCpuState::Uninterruptible,
             ThreadState::Stopped | ThreadState::Other => OffCpuState::Other,
         };
-        Some(OffCpuStack { sample, wait: OffCpuStack::READ_BY_USER, since, state })
+        OffCpuStack { sample, wait: OffCpuStack::READ_BY_USER, since, state }
     }
 }
 
-/// The stack from `base` up, as far as it is mapped, up to MAX_STACK_BYTES.
-pub(super) fn read_stack(memory: &File, base: u64) -> Vec<u8> {
-    let mut bytes = vec![0u8; MAX_STACK_BYTES];
+/// The stack from `base` up, as far as it is mapped, up to `most` bytes.
+fn read_stack(memory: &File, base: u64, most: usize) -> Vec<u8> {
+    let mut bytes = vec![0u8; most];
     let mut got = 0;
     while got < bytes.len() {
         match memory.read_at(&mut bytes[got..], base + got as u64) {
