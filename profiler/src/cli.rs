@@ -78,6 +78,17 @@ its own service by setting GPUFLAME_SERVICE_NAME in its environment.")]
 Widths are the new profile's; stacks only in the base have no width (swap the arguments to see
 them). --format folded writes `stack BASE NEW` lines instead.")]
     Diff(DiffArgs),
+    /// Where every thread of some processes is now: its state, how long it has waited, and its
+    /// stack (Python, native and kernel frames); threads and ranks with the same stack grouped.
+    /// Nothing is stopped: no ptrace, no signal.
+    #[command(after_help = "Examples:
+  gpuflame dump -p 1234                           one process
+  gpuflame dump --match train.py                  every rank of a job, by its command line
+  gpuflame dump --match vllm --format json        for scripts
+
+The odd rank out of a hung job stands apart: seven ranks grouped in ncclAllReduce, one elsewhere.
+Needs root (or CAP_BPF + CAP_PERFMON + CAP_SYS_PTRACE to read the processes' memory).")]
+    Dump(DumpArgs),
 }
 
 #[derive(Args, Debug)]
@@ -175,6 +186,38 @@ impl RecordArgs {
             memory_timeline: self.memory_timeline.clone(),
             tensor_sample_bytes: self.tensor_sample_bytes,
             check_unwinder: self.check_unwinder,
+            rank_labels: crate::workload::rank::RankLabels::parse(&self.rank_labels).map_err(crate::UserError)?,
+        })
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct DumpArgs {
+    /// A process to dump (repeatable).
+    #[arg(short, long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
+    /// Every process whose command line contains TEXT (repeatable): the ranks of a job.
+    #[arg(long = "match", value_name = "TEXT")]
+    pub matching: Vec<String>,
+    /// text (default) or json.
+    #[arg(long, value_name = "FORMAT", default_value = "text")]
+    pub format: String,
+    /// A label read from each process's environment (as record's --rank-label).
+    #[arg(long = "rank-label", value_name = "LABEL=VAR[,VAR…]")]
+    pub rank_labels: Vec<String>,
+}
+
+impl DumpArgs {
+    pub fn options(&self) -> Result<crate::dump::DumpOptions, crate::UserError> {
+        let json = match self.format.as_str() {
+            "text" => false,
+            "json" => true,
+            other => return Err(crate::UserError(format!("unknown dump format '{other}' (expected text or json)"))),
+        };
+        Ok(crate::dump::DumpOptions {
+            pids: self.pids.clone(),
+            matching: self.matching.clone(),
+            json,
             rank_labels: crate::workload::rank::RankLabels::parse(&self.rank_labels).map_err(crate::UserError)?,
         })
     }

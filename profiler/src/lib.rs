@@ -5,6 +5,7 @@ pub mod agent;
 pub mod cli;
 pub mod convert;
 pub mod cuda;
+pub mod dump;
 pub mod frame;
 pub mod names;
 pub mod outfile;

@@ -47,6 +47,7 @@ fn main() -> ExitCode {
             convert::run(&args.input, &args.output, args.format.as_deref(), args.frequency, gpuflame::cli::detail(args.lines), &args.conditions).map(|()| 0)
         }
         Command::Diff(args) => convert::diff(args).map(|()| 0),
+        Command::Dump(args) => args.options().map_err(anyhow::Error::from).and_then(|o| gpuflame::dump::run(&o)),
     };
     match result {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),

@@ -397,7 +397,7 @@ const LAYERS: &[&[&str]] = &[
     &["sources"],
     &["session"],
     // The commands.
-    &["record", "agent", "convert", "cli", "main"],
+    &["record", "agent", "convert", "dump", "cli", "main"],
 ];
 
 /// Each use of a module of a higher layer, described for a person.

@@ -157,6 +157,7 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
         tensors_by_hooks: cfg.profiles_asked,
         service_names: Some(namer),
         check_unwinder: false,
+        thread_reports: false,
     })?;
     eprintln!(
         "gpuflame agent: profiling the whole machine ({} processes) at {} Hz, pushing every {} s to {}",

@@ -181,6 +181,7 @@ fn record(opts: &RecordOptions, format: Format, outputs: &[(ProfileKind, Output)
         tensors_by_hooks: true,
         service_names: None,
         check_unwinder: opts.check_unwinder,
+        thread_reports: false,
     })?;
     let mut ooms = OomWriter { output: opts.output.clone(), format, detail: opts.detail, count: 0 };
     let mut child = start_command(opts, &mut session)?;

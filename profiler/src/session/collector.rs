@@ -3,14 +3,14 @@
 
 use std::time::{Duration, SystemTime};
 
-use gpuflame_bpf::{CudaClass, Event, TrapCost};
+use gpuflame_bpf::{CudaClass, Event, OffCpuState, Sample, TrapCost};
 use super::processes::{Gone, ProcessView};
 use super::window::{Oom, WindowStats};
 use crate::cuda::Coverage;
 use crate::profile::Profile;
 use crate::profile_kind::ProfileKind;
 use crate::sources::{self, Input, OomReport, Sources, SourceStats, WindowInfo};
-use crate::stacks::{StackKey, Stacks};
+use crate::stacks::{StackKey, StackValues, Stacks};
 use crate::workload::rank::ProcessLabels;
 
 pub struct Collector {
@@ -84,6 +84,26 @@ impl Collector {
         for s in self.sources.all() {
             s.add(input, &mut self.stacks);
         }
+    }
+
+    /// A thread's stack as the profiles would have it: a CPU sample's, or a wait's (its
+    /// off-CPU state as its leaf). For `gpuflame dump`.
+    pub fn stack_key(&mut self, sample: &Sample, process: ProcessView<'_>, wait: Option<OffCpuState>) -> StackKey {
+        let ProcessView { files, python } = process;
+        match wait {
+            Some(state) => {
+                let mut key = self.stacks.wait_stack(sample, files, python);
+                key.leaf = Some(state.label());
+                key
+            }
+            None => self.stacks.stack(sample, files, python, false),
+        }
+    }
+
+    /// These stacks symbolized, each with its values (`gpuflame dump`).
+    pub fn symbolize(&mut self, mut profile: Profile, values: StackValues, labels: &ProcessLabels) -> Profile {
+        self.stacks.build(&mut profile, values, SystemTime::now(), Duration::ZERO, labels);
+        profile
     }
 
     /// Processes the registry says are gone: exited now (their last records may still come in

@@ -7,6 +7,7 @@ mod kernel;
 mod late;
 mod order;
 mod processes;
+mod threads_now;
 mod waiting;
 mod window;
 
@@ -17,6 +18,7 @@ use gpuflame_bpf::{BpfError, BpfPrograms, Event, OffCpuSampling, OptionalProgram
 
 pub use collector::Collector;
 pub use processes::{CudaState, Gone, ProcessView, Processes};
+pub use threads_now::ThreadsNow;
 pub use waiting::WaitingStats;
 pub use window::{Flow, Oom, Window, WindowStats};
 use waiting::WaitingThreads;
@@ -64,6 +66,9 @@ pub struct SessionConfig {
     /// Tests: every CPU sample's stack is unwound again in user space from a copy and compared
     /// with BPF's walk (`late::UnwinderCheck`).
     pub check_unwinder: bool,
+    /// Load the task iterator that reports the targets' threads (`gpuflame dump`), whatever the
+    /// profiles; off-CPU and wall load it anyway.
+    pub thread_reports: bool,
 }
 
 pub struct Session {
@@ -80,6 +85,8 @@ pub struct Session {
     waiting: WaitingThreads,
     /// The off-CPU sampling period: a wait this long at a window's end is counted there.
     off_cpu_period_ns: u64,
+    /// While `gpuflame dump` waits for the running threads' stacks: each thread's last CPU sample.
+    tap: Option<std::collections::HashMap<u32, gpuflame_bpf::Sample>>,
 }
 
 impl Session {
@@ -114,7 +121,7 @@ impl Session {
             lazy_process_events: read_delay.is_some(),
             tensor_sample_bytes: config.tensor_sample_bytes,
             copy_every_stack: config.check_unwinder,
-            programs: OptionalPrograms { off_cpu: needs.switches, cuda: needs.cuda.is_some() || needs.cupti },
+            programs: OptionalPrograms { off_cpu: needs.switches || config.thread_reports, cuda: needs.cuda.is_some() || needs.cupti },
         };
         let mut sampler = BpfPrograms::start(&sampler_config).map_err(user_facing)?;
         config.profiles = kernel::runnable_profiles(&sampler, &config.profiles, config.cuda_duty.is_some())?;
@@ -187,6 +194,7 @@ impl Session {
             check,
             waiting: WaitingThreads::default(),
             off_cpu_period_ns,
+            tap: None,
         };
         // Threads that wait since before now are followed from here, their stacks read now,
         // before they may wake.
@@ -254,6 +262,12 @@ impl Session {
                     if let Some(s) = self.late.offer(s) {
                         self.collect(Event::Sample(s));
                     }
+                }
+                Event::Sample(s) if self.tap.is_some() => {
+                    if let Some(tap) = self.tap.as_mut() {
+                        tap.insert(s.tid, s.clone());
+                    }
+                    self.collect(Event::Sample(s));
                 }
                 Event::OffCpu(o) if !o.sample.unwind.is_complete() => {
                     self.waiting.cut_short(o.sample.tid, o.since);

@@ -94,7 +94,10 @@ impl Session {
                     self.waiting.stats.deferred += 1;
                 } else {
                     self.waiting.read.insert(r.tid, wait.since);
-                    if let Some(stack) = self.read_waiting_stack(r, wait.since) {
+                    if let Some(sample) = self.read_thread_stack(r) {
+                        self.waiting.stats.stacks_read += 1;
+                        self.waiting.stats.stacks_whole += u64::from(sample.unwind.is_complete());
+                        let stack = OffCpuStack { sample, wait: OffCpuStack::READ_BY_USER, since: wait.since, state: wait_state(r.state) };
                         self.collect(Event::OffCpu(stack));
                     }
                 }
@@ -104,8 +107,9 @@ impl Session {
         self.waiting.stats.last_pass = started.elapsed();
     }
 
-    /// The stack of a thread that waits, as if the switch program had unwound it.
-    fn read_waiting_stack(&mut self, r: &ThreadReport, since: u64) -> Option<OffCpuStack> {
+    /// The stack of a thread that does not run, as if the switch program had unwound it: None
+    /// without its user registers, its process's maps, or the table its walk needs (asked for).
+    pub(super) fn read_thread_stack(&mut self, r: &ThreadReport) -> Option<Sample> {
         let regs = r.regs?;
         let memory = File::open(format!("/proc/{}/mem", r.pid)).ok()?;
         let py = self.sampler.python_frames_of_thread(r.pid, r.fsbase, &memory);
@@ -145,21 +149,19 @@ impl Session {
                 }
                 // Ran off the copy, which could be longer: again, with more.
                 Outcome::Finished { cut_by_copy: true } if got == want && want < MAX_STACK_BYTES => want *= 4,
-                Outcome::Finished { .. } => break Some(self.waiting_stack(r, since, sample)),
+                Outcome::Finished { .. } => break Some(sample),
             }
         }
     }
+}
 
-    fn waiting_stack(&mut self, r: &ThreadReport, since: u64, sample: Sample) -> OffCpuStack {
-        self.waiting.stats.stacks_read += 1;
-        self.waiting.stats.stacks_whole += u64::from(sample.unwind.is_complete());
-        let state = match r.state {
-            ThreadState::Preempted | ThreadState::Running => OffCpuState::Preempted,
-            ThreadState::Sleeping => OffCpuState::Sleeping,
-            ThreadState::Uninterruptible => OffCpuState::Uninterruptible,
-            ThreadState::Stopped | ThreadState::Other => OffCpuState::Other,
-        };
-        OffCpuStack { sample, wait: OffCpuStack::READ_BY_USER, since, state }
+/// The leaf a waiting thread's stack gets, by its state.
+pub(super) fn wait_state(state: ThreadState) -> OffCpuState {
+    match state {
+        ThreadState::Preempted | ThreadState::Running => OffCpuState::Preempted,
+        ThreadState::Sleeping => OffCpuState::Sleeping,
+        ThreadState::Uninterruptible => OffCpuState::Uninterruptible,
+        ThreadState::Stopped | ThreadState::Other => OffCpuState::Other,
     }
 }
 
