@@ -10,9 +10,15 @@ communicator, prints `rank=R pid=P`, then for each step computes (a pure-Python 
 for 20 ms per unit: 3 units on SLOW_RANK, 1 elsewhere), all-reduces its gradients (ncclAllReduce of
 1048576 float32: 4 MiB) and gathers metrics (ncclAllGather of 1024 int64: 8 KiB). The fast ranks
 then wait in ncclAllReduce for the slow one, about 2 units a step. At the end each rank prints
-`rank=R allreduce_calls=N allreduce_bytes=B allgather_calls=M allgather_bytes=C`."""
+`rank=R allreduce_calls=N allreduce_bytes=B allgather_calls=M allgather_bytes=C`.
+
+With STUCK_RANK=R in the environment, rank R never reaches its first all-reduce: after its first
+compute it waits for a batch that never comes (load_batch), and the others wait for it in
+ncclAllReduce until FAKE_NCCL_TIMEOUT_S. Each rank prints `rank=R stuck=1` or `rank=R waiting=1`
+first."""
 import ctypes
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -64,6 +70,11 @@ def compute(units):
     return x
 
 
+def load_batch():
+    # A data loader that never delivers: the rank waits on an empty queue.
+    return queue.Queue().get()
+
+
 class Rank:
     def __init__(self, nccl, comm, world):
         self.nccl, self.comm = nccl, comm
@@ -102,6 +113,13 @@ def rank_main(world, steps, slow_rank):
     check(nccl, "ncclCommInitRank", nccl.ncclCommInitRank(ctypes.byref(comm), world, uid, rank))
     say(f"rank={rank} pid={os.getpid()}")
     r = Rank(nccl, comm, world)
+    stuck = os.environ.get("STUCK_RANK")
+    if stuck is not None:
+        compute(1)
+        say(f"rank={rank} {'stuck' if int(stuck) == rank else 'waiting'}=1")
+        if int(stuck) == rank:
+            load_batch()
+        r.all_reduce_gradients()
     for _ in range(steps):
         compute(3 if rank == slow_rank else 1)
         r.all_reduce_gradients()
