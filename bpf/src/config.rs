@@ -49,10 +49,13 @@ pub struct OptionalPrograms {
     pub off_cpu: bool,
     /// The CUDA hooks with their calibration, and PyTorch's allocator probes.
     pub cuda: bool,
+    /// The task iterators that report the targets' threads (`gpuflame dump`; off-CPU loads
+    /// them too), without the switch programs.
+    pub threads: bool,
 }
 
 impl OptionalPrograms {
-    pub const ALL: OptionalPrograms = OptionalPrograms { off_cpu: true, cuda: true };
+    pub const ALL: OptionalPrograms = OptionalPrograms { off_cpu: true, cuda: true, threads: true };
 }
 
 /// The chance that the stack of a tensor of `size` bytes was taken, under byte sampling with

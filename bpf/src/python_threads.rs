@@ -16,8 +16,8 @@ use crate::pod::read_pod;
 use crate::programs::BpfPrograms;
 use crate::skel::types;
 
-/// Thread states looked at before giving up: more threads than a process runs.
-const MAX_THREAD_STATES: usize = 4096;
+/// Thread states read at most: more threads than a process runs.
+const MAX_THREAD_STATES: usize = 65536;
 /// Python frames a walk emits at most, as a BPF sample holds (two slots each).
 const MAX_FRAMES: usize = 255;
 const NO_OFFSET: u16 = u16::MAX;
@@ -46,15 +46,33 @@ impl Memory<'_> {
     }
 }
 
+/// A process's Python, for reading its threads' frames: its interpreter's layout and its thread
+/// states by pthread_t, read once (the list is walked once, not once per thread: a process of a
+/// thousand threads has a thousand states in it).
+pub struct PythonThreads {
+    p: types::py_process,
+    states: std::collections::HashMap<u64, u64>,
+}
+
 impl BpfPrograms {
-    /// The Python frames of the thread of `pid` whose pthread_t is `fsbase`, read from `memory`
-    /// (its /proc/PID/mem): a gap mark, then its frames innermost first, each eval-loop call's
-    /// ended by a call mark. None when the process runs no Python the walker knows, or the
-    /// thread has no thread state or frame.
-    pub fn python_frames_of_thread(&self, pid: u32, fsbase: u64, memory: &File) -> Option<Vec<UserFrame>> {
+    /// The Python of `pid` as the walker has it, with its thread states read from `memory` (its
+    /// /proc/PID/mem); None when it runs no Python the walker knows.
+    pub fn python_threads(&self, pid: u32, memory: &File) -> Option<PythonThreads> {
         let bytes = self.skel().maps.python_processes.lookup(&pid.to_ne_bytes(), MapFlags::ANY).ok()??;
         let p: types::py_process = read_pod(&bytes)?;
-        walk_thread(&p, fsbase, &Memory(memory))
+        let states = thread_states(&p, &Memory(memory));
+        Some(PythonThreads { p, states })
+    }
+}
+
+impl PythonThreads {
+    /// The Python frames of the thread whose pthread_t is `fsbase`: a gap mark, then its frames
+    /// innermost first, each eval-loop call's ended by a call mark. None when the thread has no
+    /// thread state or frame.
+    pub fn frames(&self, fsbase: u64, memory: &File) -> Option<Vec<UserFrame>> {
+        let m = Memory(memory);
+        let ts = *self.states.get(&fsbase)?;
+        walk_thread(&self.p, current_frame(&self.p, ts, &m)?, &m)
     }
 }
 
@@ -62,25 +80,30 @@ fn at(base: u64, offset: u16) -> u64 {
     base.wrapping_add(u64::from(offset))
 }
 
-/// py_current_frame: the thread state whose thread id is `fsbase`, and its current frame.
-fn current_frame(p: &types::py_process, fsbase: u64, m: &Memory<'_>) -> Option<u64> {
+/// The interpreter's thread states, by thread id (pthread_t).
+fn thread_states(p: &types::py_process, m: &Memory<'_>) -> std::collections::HashMap<u64, u64> {
     let o = &p.o;
-    let interp = m.word(at(p.runtime, o.runtime_interpreters_head)).filter(|&a| a != 0)?;
-    let mut ts = m.word(at(interp, o.interp_threads_head))?;
-    for _ in 0..MAX_THREAD_STATES {
-        if ts == 0 {
-            return None;
+    let mut out = std::collections::HashMap::new();
+    let Some(interp) = m.word(at(p.runtime, o.runtime_interpreters_head)).filter(|&a| a != 0) else { return out };
+    let mut ts = m.word(at(interp, o.interp_threads_head)).unwrap_or(0);
+    while ts != 0 && out.len() < MAX_THREAD_STATES {
+        let Some(id) = m.word(at(ts, o.tstate_thread_id)) else { break };
+        if out.insert(id, ts).is_some() {
+            break; // a cycle: the list is being changed under the reads
         }
-        if m.word(at(ts, o.tstate_thread_id))? == fsbase {
-            let mut frame = m.word(at(ts, o.tstate_frame))?;
-            if o.cframe_current_frame != NO_OFFSET && frame != 0 {
-                frame = m.word(at(frame, o.cframe_current_frame))?;
-            }
-            return Some(frame);
-        }
-        ts = m.word(at(ts, o.tstate_next))?;
+        ts = m.word(at(ts, o.tstate_next)).unwrap_or(0);
     }
-    None
+    out
+}
+
+/// py_current_frame, from the thread's state.
+fn current_frame(p: &types::py_process, ts: u64, m: &Memory<'_>) -> Option<u64> {
+    let o = &p.o;
+    let mut frame = m.word(at(ts, o.tstate_frame))?;
+    if o.cframe_current_frame != NO_OFFSET && frame != 0 {
+        frame = m.word(at(frame, o.cframe_current_frame))?;
+    }
+    (frame != 0).then_some(frame)
 }
 
 /// py_emit_frame: the frame's code object, its name's tag, its first line and last instruction.
@@ -104,9 +127,9 @@ fn python_frame(o: &types::py_offsets, f: u64, code: u64, m: &Memory<'_>) -> Use
 }
 
 /// py_emit_rest with the calls marked: every frame of the thread, after a gap mark.
-fn walk_thread(p: &types::py_process, fsbase: u64, m: &Memory<'_>) -> Option<Vec<UserFrame>> {
+fn walk_thread(p: &types::py_process, frame: u64, m: &Memory<'_>) -> Option<Vec<UserFrame>> {
     let o = &p.o;
-    let mut f = current_frame(p, fsbase, m).filter(|&f| f != 0)?;
+    let mut f = frame;
     let kind = u32::from(o.frame_kind);
     let marked = kind != types::py_frame_kind::PY_FRAME_OBJECT.0;
     let mut out = vec![UserFrame::Gap];

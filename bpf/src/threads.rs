@@ -160,6 +160,7 @@ impl BpfPrograms {
     /// off-CPU state is given one, its wait begun now (needs the switch programs attached).
     pub fn report_threads(&self, follow: bool) -> Result<Vec<ThreadReport>, BpfError> {
         self.require(load::ProgramGroup::OffCpu)?;
+        self.require(load::ProgramGroup::Threads)?;
         let progs = &self.skel().progs;
         let prog = if follow { &progs.report_threads_following } else { &progs.report_threads };
         let link = prog.attach().map_err(|source| attach_error("the thread iterator", source))?;

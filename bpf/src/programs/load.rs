@@ -21,13 +21,16 @@ pub enum ProgramGroup {
     OffCpu,
     /// The CUDA hooks and PyTorch's allocator probes.
     Cuda,
+    /// The task iterators alone.
+    Threads,
 }
 
 impl ProgramGroup {
     fn only(self) -> OptionalPrograms {
         match self {
-            ProgramGroup::OffCpu => OptionalPrograms { off_cpu: true, cuda: false },
-            ProgramGroup::Cuda => OptionalPrograms { off_cpu: false, cuda: true },
+            ProgramGroup::OffCpu => OptionalPrograms { off_cpu: true, ..Default::default() },
+            ProgramGroup::Cuda => OptionalPrograms { cuda: true, ..Default::default() },
+            ProgramGroup::Threads => OptionalPrograms { threads: true, ..Default::default() },
         }
     }
 
@@ -35,6 +38,7 @@ impl ProgramGroup {
         match self {
             ProgramGroup::OffCpu => programs.off_cpu,
             ProgramGroup::Cuda => programs.cuda,
+            ProgramGroup::Threads => programs.threads,
         }
     }
 
@@ -42,6 +46,7 @@ impl ProgramGroup {
         match self {
             ProgramGroup::OffCpu => OptionalPrograms { off_cpu: false, ..programs },
             ProgramGroup::Cuda => OptionalPrograms { cuda: false, ..programs },
+            ProgramGroup::Threads => OptionalPrograms { threads: false, ..programs },
         }
     }
 }
@@ -63,7 +68,8 @@ pub(crate) struct Loaded {
 pub(crate) fn wanted(program: &str, groups: OptionalPrograms, hooks: CallHooks) -> bool {
     let sessions = hooks == CallHooks::Sessions;
     match program {
-        "on_sched_switch" | "on_thread_exit" | "report_threads" | "report_threads_following" => groups.off_cpu,
+        "on_sched_switch" | "on_thread_exit" => groups.off_cpu,
+        "report_threads" | "report_threads_following" => groups.off_cpu || groups.threads,
         "on_cuda_call" | "on_calibrate" => groups.cuda && sessions,
         "on_cuda_entry" | "on_cuda_return" | "on_calibrate_entry" | "on_calibrate_return" => groups.cuda && !sessions,
         "on_torch_malloc" | "on_torch_free" => groups.cuda,
@@ -80,7 +86,11 @@ const ALWAYS: &[&str] = &["on_cpu_sample", "on_process_fork", "on_process_exec",
 pub(crate) fn plan(asked: OptionalPrograms, features: &KernelFeatures) -> (OptionalPrograms, Vec<Unavailable>) {
     let mut programs = asked;
     let mut unavailable = Vec::new();
-    for (group, missing) in [(ProgramGroup::OffCpu, features.missing_for_off_cpu()), (ProgramGroup::Cuda, features.missing_for_cuda())] {
+    for (group, missing) in [
+        (ProgramGroup::OffCpu, features.missing_for_off_cpu()),
+        (ProgramGroup::Cuda, features.missing_for_cuda()),
+        (ProgramGroup::Threads, features.missing_for_off_cpu()),
+    ] {
         if let (true, Some(feature)) = (group.wanted_in(programs), missing) {
             unavailable.push(Unavailable { group, why: format!("this kernel ({}) lacks {feature}", features.release) });
             programs = group.without(programs);
@@ -107,7 +117,7 @@ pub(crate) fn load(config: &SamplerConfig, features: &KernelFeatures) -> Result<
     // each group beside it, to say which the kernel would not take.
     tracing::warn!(error = %first, "loading every program asked for failed; trying the sampler and each group of programs alone");
     drop(open_and_load(config, OptionalPrograms::default(), hooks)?);
-    for group in [ProgramGroup::OffCpu, ProgramGroup::Cuda] {
+    for group in [ProgramGroup::OffCpu, ProgramGroup::Cuda, ProgramGroup::Threads] {
         if !group.wanted_in(programs) {
             continue;
         }
@@ -189,23 +199,23 @@ mod tests {
         k.release = "5.10.0-32-cloud-amd64".into();
         k.task_storage = false;
         let (programs, unavailable) = plan(OptionalPrograms::ALL, &k);
-        assert_eq!(programs, OptionalPrograms { off_cpu: false, cuda: false });
-        assert_eq!(unavailable.len(), 2);
+        assert_eq!(programs, OptionalPrograms::default());
+        assert_eq!(unavailable.len(), 3);
         assert_eq!(unavailable[0].group, ProgramGroup::OffCpu);
         assert_eq!(unavailable[0].why, "this kernel (5.10.0-32-cloud-amd64) lacks task storage in tracing programs (Linux 5.11)");
         k.task_storage = true;
         k.attach_cookie = false;
         let (programs, unavailable) = plan(OptionalPrograms::ALL, &k);
-        assert_eq!(programs, OptionalPrograms { off_cpu: true, cuda: false });
+        assert_eq!(programs, OptionalPrograms { off_cpu: true, threads: true, ..Default::default() });
         assert_eq!(unavailable, vec![Unavailable { group: ProgramGroup::Cuda, why: "this kernel (5.10.0-32-cloud-amd64) lacks BPF attach cookies (Linux 5.15)".into() }]);
         // What was not asked for is not said.
-        let (_, unavailable) = plan(OptionalPrograms { off_cpu: true, cuda: false }, &k);
+        let (_, unavailable) = plan(OptionalPrograms { off_cpu: true, ..Default::default() }, &k);
         assert!(unavailable.is_empty());
     }
 
     #[test]
     fn each_kernel_loads_one_way_of_hooking_calls() {
-        let cuda = OptionalPrograms { cuda: true, off_cpu: false };
+        let cuda = OptionalPrograms { cuda: true, ..Default::default() };
         assert!(wanted("on_cuda_call", cuda, CallHooks::Sessions) && !wanted("on_cuda_entry", cuda, CallHooks::Sessions));
         assert!(!wanted("on_cuda_call", cuda, CallHooks::EntryAndReturn) && wanted("on_cuda_return", cuda, CallHooks::EntryAndReturn));
         assert!(!wanted("on_sched_switch", cuda, CallHooks::Sessions));

@@ -77,7 +77,9 @@ pub fn run(opts: &DumpOptions) -> anyhow::Result<i32> {
         check_unwinder: false,
         thread_reports: true,
     })?;
+    tracing::info!(ms = started.elapsed().as_millis() as u64, "session started");
     let now = session.threads_now(RUNNING_WAIT)?;
+    tracing::info!(ms = started.elapsed().as_millis() as u64, "threads read and symbolized");
     let dump = group::Dump::new(now, &pids);
     let elapsed = started.elapsed();
     if opts.json {

@@ -9,7 +9,7 @@ use crate::cuda::hooks::{AllocatorFollowed, HookStats};
 use crate::cuda::Coverage;
 use crate::output::Format;
 use crate::process::TrackerStats;
-use crate::session::{LateStats, Session, UnwinderCheck, Window, WindowStats};
+use crate::session::{LateStats, Session, UnwinderCheck, Window, WindowStats, WaitingStats};
 use crate::sources::SourceStats;
 use crate::workload::rank::RankStats;
 
@@ -25,6 +25,7 @@ pub(super) struct End {
     off_cpu_threads_left: Option<u64>,
     ranks: RankStats,
     late: LateStats,
+    waiting: WaitingStats,
     /// `--check-unwinder`: the lines that say how the unwinders compared.
     check: Option<Vec<String>>,
 }
@@ -53,6 +54,7 @@ impl End {
             off_cpu_threads_left: off_cpu.then(|| session.programs().off_cpu_threads().ok()).flatten(),
             ranks: session.rank_stats(),
             late: session.late_stats(),
+            waiting: session.waiting_stats(),
             check: session.unwinder_check().map(UnwinderCheck::summary),
             counters,
         })
@@ -95,6 +97,19 @@ impl End {
                 threads_left = left,
                 "off-CPU"
             );
+            let w = &self.waiting;
+            tracing::info!(
+                reports = w.reports,
+                waiting = w.waiting,
+                stacks_read = w.stacks_read,
+                whole = w.stacks_whole,
+                deferred = w.deferred,
+                last_pass_ms = format!("{:.1}", w.last_pass.as_secs_f64() * 1e3),
+                "threads waiting at the windows' ends (their stacks read where they lie)"
+            );
+            if w.deferred > 0 {
+                tracing::warn!(deferred = w.deferred, "some waiting threads' stacks were not read for want of time: their time is under [off-cpu: waits not unwound] until a window's end reads them");
+            }
             if o.lost > 0 || o.threads_full > 0 {
                 tracing::warn!(lost = o.lost, threads_not_followed = o.threads_full, "some off-CPU time was not recorded: the ring buffer was full, or no state could be made for some threads");
             }

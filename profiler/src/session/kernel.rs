@@ -71,6 +71,8 @@ fn needs_group(kind: ProfileKind, group: ProgramGroup) -> bool {
     match group {
         ProgramGroup::OffCpu => needs.switches,
         ProgramGroup::Cuda => needs.cuda.is_some() || needs.cupti,
+        // gpuflame dump alone: it says so when it reads the threads.
+        ProgramGroup::Threads => false,
     }
 }
 

@@ -14,7 +14,7 @@ mod window;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use gpuflame_bpf::{BpfError, BpfPrograms, Event, OffCpuSampling, OptionalPrograms, TrapCost, ProcessEventKind, RingUse, SamplerConfig, Targets};
+use gpuflame_bpf::{BpfError, BpfPrograms, Event, OffCpuSampling, ThreadState, OptionalPrograms, TrapCost, ProcessEventKind, RingUse, SamplerConfig, Targets};
 
 pub use collector::Collector;
 pub use processes::{CudaState, Gone, ProcessView, Processes};
@@ -41,6 +41,8 @@ const PRELOAD_WAIT: Duration = Duration::from_millis(1000);
 /// How often the work of a window's caller runs, between polls.
 const TICK: Duration = Duration::from_millis(100);
 
+/// How long a dump waits for the tables its walks still need.
+const DUMP_TABLES_WAIT: Duration = Duration::from_secs(3);
 /// How long the last window waits for the tables its held samples need.
 const LAST_TABLES_WAIT: Duration = Duration::from_secs(5);
 
@@ -121,9 +123,11 @@ impl Session {
             lazy_process_events: read_delay.is_some(),
             tensor_sample_bytes: config.tensor_sample_bytes,
             copy_every_stack: config.check_unwinder,
-            programs: OptionalPrograms { off_cpu: needs.switches || config.thread_reports, cuda: needs.cuda.is_some() || needs.cupti },
+            programs: OptionalPrograms { off_cpu: needs.switches, cuda: needs.cuda.is_some() || needs.cupti, threads: config.thread_reports },
         };
+        let loading = Instant::now();
         let mut sampler = BpfPrograms::start(&sampler_config).map_err(user_facing)?;
+        tracing::debug!(ms = loading.elapsed().as_millis() as u64, "BPF programs loaded");
         config.profiles = kernel::runnable_profiles(&sampler, &config.profiles, config.cuda_duty.is_some())?;
         if !kernel::duty_cycles(&sampler) {
             config.cuda_duty = None;
@@ -296,6 +300,56 @@ impl Session {
         for s in samples {
             self.collect(Event::Sample(s));
         }
+    }
+
+    /// Reports the targets' threads: the stacks of waits not unwound read, then the waits going
+    /// on given to the sources, which count them up to now.
+    fn report_waiting_threads(&mut self) {
+        let Some(mut pass) = self.waiting.pass(&self.sampler, self.off_cpu_period_ns) else { return };
+        for &(pid, ip) in &pass.needs {
+            self.processes.tracker_mut().need_table(&mut self.sampler, pid, ip);
+        }
+        for stack in std::mem::take(&mut pass.stacks) {
+            self.collect(Event::OffCpu(stack));
+        }
+        for r in pass.waiting() {
+            self.collector.offer(&Input::Waiting(r));
+        }
+    }
+
+    /// Every thread of the targets now, with its stack: read at once for those that do not run
+    /// (after waiting a while for the tables their walks need), from a CPU sample within
+    /// `running_wait` for those that do (`gpuflame dump`).
+    pub fn threads_now(&mut self, running_wait: Duration) -> anyhow::Result<ThreadsNow> {
+        let threads = self.sampler.report_threads(false).map_err(user_facing)?;
+        let (mut stacks, needs) = threads_now::read_stacks(&self.sampler, &threads, None);
+        if !needs.is_empty() {
+            for &(i, ip) in &needs {
+                self.processes.tracker_mut().need_table(&mut self.sampler, threads[i].pid, ip);
+            }
+            self.processes.tracker_mut().wait_for_tables(&mut self.sampler, DUMP_TABLES_WAIT);
+            let again: Vec<usize> = needs.iter().map(|&(i, _)| i).collect();
+            stacks.extend(threads_now::read_stacks(&self.sampler, &threads, Some(&again)).0);
+        }
+        let running: Vec<usize> = (0..threads.len()).filter(|&i| threads[i].state == ThreadState::Running).collect();
+        if !running.is_empty() {
+            self.tap = Some(std::collections::HashMap::new());
+            let deadline = Instant::now() + running_wait;
+            while Instant::now() < deadline && !running.iter().all(|&i| self.tap.as_ref().is_some_and(|t| t.contains_key(&threads[i].tid))) {
+                self.pump(Duration::from_millis(10))?;
+            }
+            let mut tap = self.tap.take().unwrap_or_default();
+            stacks.extend(running.iter().filter_map(|&i| Some((i, tap.remove(&threads[i].tid)?))));
+        }
+        let mut values = Vec::with_capacity(stacks.len());
+        for (i, sample) in stacks {
+            let view = self.processes.record(&sample);
+            let key = self.collector.stack_key(&sample, view, threads_now::leaf_of(&threads[i]));
+            values.push((key, None, vec![i as i64 + 1]));
+        }
+        let labels = self.processes.labels().clone();
+        let stacks = self.collector.symbolize(threads_now::thread_profile(), values, &labels);
+        Ok(ThreadsNow { threads, stacks, labels })
     }
 
     /// What reading the threads that wait did so far.

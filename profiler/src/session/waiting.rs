@@ -12,19 +12,17 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
-use gpuflame_bpf::{Event, OffCpuStack, OffCpuState, Sample, StackCopy, ThreadReport, ThreadState, UnwindStatus, UserFrame};
+use gpuflame_bpf::{BpfPrograms, OffCpuStack, OffCpuState, ProcessUnwindView, PythonEval, PythonThreads, Sample, StackCopy, ThreadReport, ThreadState, UnwindStatus, UserFrame};
 use gpuflame_unwind::WalkStart;
 
 use super::late::{finish, Code, Outcome};
-use super::Session;
-use crate::sources::Input;
 
 /// Stack bytes copied from a waiting thread first, and at most: a walk that runs off its copy is
 /// tried again on one four times longer, up to deep Python stacks (3.10's eval loop takes a few
 /// hundred bytes of C stack per call).
 const FIRST_STACK_BYTES: usize = 32 << 10;
 const MAX_STACK_BYTES: usize = 512 << 10;
-/// How long one report's stack reads may take: the rest wait for the next window.
+/// How long one report's stack reads may take: the rest wait for the next window's end.
 const READ_BUDGET: Duration = Duration::from_millis(250);
 /// Bytes below sp the copy starts at, as BPF's copies do (STACK_COPY_START_BELOW_SP).
 const BELOW_SP: u64 = 128;
@@ -65,61 +63,129 @@ impl WaitingThreads {
     }
 }
 
-impl Session {
-    /// Reports the targets' threads: those waiting go to the sources, counted up to now; the stacks
-    /// of waits not unwound yet and a period long are read. Needs the switch programs attached.
-    pub(super) fn report_waiting_threads(&mut self) {
+/// One report of the targets' threads at a window's end: the stacks read (each to go to the
+/// sources before the waits), the tables the reads still need, and the threads.
+pub(super) struct WaitingPass {
+    pub(super) stacks: Vec<OffCpuStack>,
+    pub(super) needs: Vec<(u32, u64)>,
+    pub(super) reports: Vec<ThreadReport>,
+}
+
+impl WaitingPass {
+    /// The threads that wait now, for the sources to count their waits up to now.
+    pub(super) fn waiting(&self) -> impl Iterator<Item = &ThreadReport> {
+        self.reports.iter().filter(|r| r.wait.is_some() && r.state != ThreadState::Running)
+    }
+}
+
+impl WaitingThreads {
+    /// Reports the targets' threads, and reads the stacks of waits not unwound yet and a period
+    /// long. Needs the switch programs attached.
+    pub(super) fn pass(&mut self, sampler: &BpfPrograms, period: u64) -> Option<WaitingPass> {
         let started = Instant::now();
-        let reports = match self.sampler.report_threads(true) {
+        let reports = match sampler.report_threads(true) {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(error = %e, "reading the targets' threads failed: waits going on are counted when they end");
-                return;
+                return None;
             }
         };
-        let period = self.off_cpu_period_ns;
-        self.waiting.stats.reports += 1;
+        let iterated = started.elapsed();
+        let (mut reads, mut reading) = (0u32, Duration::ZERO);
+        self.stats.reports += 1;
         let current = |tid: &u32, since: &mut u64| reports.iter().any(|r| r.tid == *tid && r.wait.is_some_and(|w| w.since == *since));
-        self.waiting.read.retain(current);
-        self.waiting.cut.retain(current);
+        self.read.retain(current);
+        self.cut.retain(current);
+        let mut wanted: Vec<(&ThreadReport, u64)> = Vec::new();
         for r in &reports {
             let Some(wait) = r.wait.filter(|_| r.state != ThreadState::Running) else { continue };
-            self.waiting.stats.waiting += 1;
+            self.stats.waiting += 1;
             // Read when the switch program did not unwind it, and it has lasted (or, begun now at
             // the thread's first report, the thread has been idle) a period.
             let long = r.waited_ns().max(r.idle_ns) >= period;
-            let unwound = wait.unwound && self.waiting.cut.get(&r.tid) != Some(&wait.since);
-            if !unwound && long && self.waiting.read.get(&r.tid) != Some(&wait.since) {
-                if started.elapsed() >= READ_BUDGET {
-                    self.waiting.stats.deferred += 1;
-                } else {
-                    self.waiting.read.insert(r.tid, wait.since);
-                    if let Some(sample) = self.read_thread_stack(r) {
-                        self.waiting.stats.stacks_read += 1;
-                        self.waiting.stats.stacks_whole += u64::from(sample.unwind.is_complete());
-                        let stack = OffCpuStack { sample, wait: OffCpuStack::READ_BY_USER, since: wait.since, state: wait_state(r.state) };
-                        self.collect(Event::OffCpu(stack));
-                    }
-                }
+            let unwound = wait.unwound && self.cut.get(&r.tid) != Some(&wait.since);
+            if !unwound && long && self.read.get(&r.tid) != Some(&wait.since) {
+                wanted.push((r, wait.since));
             }
-            self.collector.offer(&Input::Waiting(r));
         }
-        self.waiting.stats.last_pass = started.elapsed();
+        // A process's threads one after another: the reader keeps what it read of the process
+        // (threads of processes started together come interleaved by tid).
+        wanted.sort_by_key(|(r, _)| (r.pid, r.tid));
+        let (mut stacks, mut needs) = (Vec::new(), Vec::new());
+        let mut reader = StackReader::new(sampler);
+        for (r, since) in wanted {
+            if reading >= READ_BUDGET {
+                self.stats.deferred += 1;
+                continue;
+            }
+            self.read.insert(r.tid, since);
+            let read_started = Instant::now();
+            let read = reader.read(r);
+            reads += 1;
+            reading += read_started.elapsed();
+            match read {
+                Read::Stack(sample) => {
+                    self.stats.stacks_read += 1;
+                    self.stats.stacks_whole += u64::from(sample.unwind.is_complete());
+                    stacks.push(OffCpuStack { sample, wait: OffCpuStack::READ_BY_USER, since, state: wait_state(r.state) });
+                }
+                Read::NeedsTable(ip) => {
+                    // Read again at the next report, once the table is in.
+                    self.read.remove(&r.tid);
+                    needs.push((r.pid, ip));
+                }
+                Read::Nothing => {}
+            }
+        }
+        self.stats.last_pass = started.elapsed();
+        let ms = |d: Duration| format!("{:.2}", d.as_secs_f64() * 1e3);
+        tracing::debug!(threads = reports.len(), iterator_ms = ms(iterated), reads, reads_ms = ms(reading), pass_ms = ms(started.elapsed()), "the targets' threads reported");
+        Some(WaitingPass { stacks, needs, reports })
+    }
+}
+
+/// What reading a thread's stack came to.
+pub(super) enum Read {
+    Stack(Sample),
+    /// The walk needs the table of the file at this address, not loaded yet (asked for).
+    NeedsTable(u64),
+    /// No user registers, no memory, or no maps of the process.
+    Nothing,
+}
+
+/// Reads the stacks of threads that do not run, keeping what it has of a process (its memory,
+/// its mappings and the rules found in them, its Python) while the threads are of that process.
+pub(super) struct StackReader<'p> {
+    programs: &'p BpfPrograms,
+    pid: u32,
+    memory: Option<File>,
+    view: Option<ProcessUnwindView<'p>>,
+    python: Option<PythonEval>,
+    threads: Option<PythonThreads>,
+}
+
+impl<'p> StackReader<'p> {
+    pub(super) fn new(programs: &'p BpfPrograms) -> Self {
+        StackReader { programs, pid: 0, memory: None, view: None, python: None, threads: None }
     }
 
-    /// The stack of a thread that does not run, as if the switch program had unwound it: None
-    /// without its user registers, its process's maps, or the table its walk needs (asked for).
-    pub(super) fn read_thread_stack(&mut self, r: &ThreadReport) -> Option<Sample> {
-        let regs = r.regs?;
-        let memory = File::open(format!("/proc/{}/mem", r.pid)).ok()?;
-        let py = self.sampler.python_frames_of_thread(r.pid, r.fsbase, &memory);
-        let python = self.sampler.python_eval(r.pid);
-        let mut view = self.sampler.unwind_view(r.pid)?;
+    /// The stack of a thread that does not run, as if the switch program had unwound it.
+    pub(super) fn read(&mut self, r: &ThreadReport) -> Read {
+        let Some(regs) = r.regs else { return Read::Nothing };
+        if self.pid != r.pid {
+            self.pid = r.pid;
+            self.memory = File::open(format!("/proc/{}/mem", r.pid)).ok();
+            self.view = self.programs.unwind_view(r.pid);
+            self.python = self.programs.python_eval(r.pid);
+            self.threads = self.memory.as_ref().and_then(|m| self.programs.python_threads(r.pid, m));
+        }
+        let (Some(memory), Some(view)) = (self.memory.as_ref(), self.view.as_mut()) else { return Read::Nothing };
+        let py = self.threads.as_ref().and_then(|t| t.frames(r.fsbase, memory));
         let mut want = FIRST_STACK_BYTES;
         loop {
-            let bytes = read_stack(&memory, regs.sp.wrapping_sub(BELOW_SP), want);
+            let bytes = read_stack(memory, regs.sp.wrapping_sub(BELOW_SP), want);
             if bytes.is_empty() {
-                return None;
+                return Read::Nothing;
             }
             let got = bytes.len();
             let mut user_stack = vec![UserFrame::Native(regs.ip)];
@@ -139,17 +205,12 @@ impl Session {
                 stack_copy: None,
             };
             let copy = StackCopy { start: WalkStart { ip: regs.ip, sp: regs.sp, bp: regs.bp, ..Default::default() }, from_leaf: false, bytes };
-            let mut code = Code { view: &mut view, memory: Some(&memory) };
-            match finish(&mut sample, &copy, &mut code, python.as_ref(), true) {
-                Outcome::Waiting { ip } => {
-                    // Its table is not loaded yet: asked for, and read again at the next report.
-                    self.waiting.read.remove(&r.tid);
-                    self.processes.tracker_mut().need_table(&mut self.sampler, r.pid, ip);
-                    return None;
-                }
+            let mut code = Code { view, memory: Some(memory) };
+            match finish(&mut sample, &copy, &mut code, self.python.as_ref(), true) {
+                Outcome::Waiting { ip } => return Read::NeedsTable(ip),
                 // Ran off the copy, which could be longer: again, with more.
                 Outcome::Finished { cut_by_copy: true } if got == want && want < MAX_STACK_BYTES => want *= 4,
-                Outcome::Finished { .. } => break Some(sample),
+                Outcome::Finished { .. } => return Read::Stack(sample),
             }
         }
     }
