@@ -17,14 +17,15 @@ Exit status 1 when a check of a required kernel is not `works`. Standard library
 with the host's python3 before anything else is installed.
 """
 import argparse
+import json
 import os
 import re
 import sys
 
 MIB = 1 << 20
-CHECKS = ["cpu", "python", "offcpu", "cuda", "agent"]
+CHECKS = ["cpu", "python", "offcpu", "dump", "cuda", "agent"]
 # The guest's steps that make up each check.
-STEPS = {"cpu": ["cpu"], "python": ["python"], "offcpu": ["offcpu"], "cuda": ["cuda-hbm", "cuda-tensors", "cuda-tensor-hooks"], "agent": ["agent"]}
+STEPS = {"cpu": ["cpu"], "python": ["python"], "offcpu": ["offcpu"], "dump": ["dump"], "cuda": ["cuda-hbm", "cuda-tensors", "cuda-tensor-hooks"], "agent": ["agent"]}
 CHAIN = [f"f{i:02d}" for i in range(1, 41)]
 # The first frame of a whole stack of the main thread: `_start` (here and in the guests:
 # _start;__libc_start_main_impl;__libc_start_call_main;main;f01, glibc's internal names
@@ -208,6 +209,21 @@ def offcpu_criterion(steps):
     return f"{' and '.join(empty)} empty" if empty else None
 
 
+def dump_criterion(steps):
+    try:
+        dump = json.loads("\n".join(steps["dump"].stdout))
+    except ValueError:
+        return "dump: its output is not JSON"
+    frames = [{f["function"] for f in g["frames"]} for g in dump.get("groups", [])]
+    missing = [w for w in ("block_sleep", "block_wait", "block_read") if not any(w in f for f in frames)]
+    waiting = [t for t in dump.get("threads", []) if t.get("state") == "sleeping" and t.get("group")]
+    if missing:
+        return f"dump: no stack through {', '.join(missing)}"
+    if len(waiting) < 3:
+        return f"dump: {len(waiting)} sleeping threads with a stack, not 3"
+    return None
+
+
 def cuda_criterion(steps):
     why = []
     hbm = steps["cuda-hbm"]
@@ -256,7 +272,7 @@ def agent_criterion(steps):
     return None if pushes else "the receiver got no push"
 
 
-CRITERIA = {"cpu": cpu_criterion, "python": python_criterion, "offcpu": offcpu_criterion, "cuda": cuda_criterion, "agent": agent_criterion}
+CRITERIA = {"cpu": cpu_criterion, "python": python_criterion, "offcpu": offcpu_criterion, "dump": dump_criterion, "cuda": cuda_criterion, "agent": agent_criterion}
 
 
 def error_line(step):

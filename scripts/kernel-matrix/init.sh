@@ -125,6 +125,14 @@ step python $G record -F 99 -o py.folded -- /usr/bin/python3.11 $M/spin.py 3
 # offcpu: two profiles, whose outputs are named off.off-cpu.folded and off.wall.folded.
 step offcpu $G record --profiles off-cpu,wall -o off.folded -- $M/blocker 2
 
+# dump: blocker's threads, waiting since before the dump, read where they lie (the task iterator,
+# their registers and kernel stacks).
+$M/blocker 30 &
+blocker=$!
+sleep 1
+step dump $G dump -p $blocker --format json
+kill $blocker 2>/dev/null
+
 # cuda: the stand-ins of profiler/tests/cuda.rs (HBM) and tensors.rs (PyTorch's allocator), with
 # the same commands and the totals the tests hold exact.
 step cuda-hbm $G record --profiles hbm-alloc,hbm-inuse -o mem.folded -- $M/cuda/cuda_app memory

@@ -82,7 +82,9 @@ static __always_inline int report_thread(struct bpf_iter__task *ctx, bool follow
 	r->pid = task->tgid;
 	r->tid = task->pid;
 	r->state = BPF_CORE_READ(task, __state);
-	r->on_cpu = BPF_CORE_READ(task, on_cpu) != 0;
+	/* An int up to 7.1, a u8 from 7.2: read at the kernel's own size, not the compiled one (the
+	 * int's four bytes held on_rq and more, and every thread read as running). */
+	r->on_cpu = BPF_CORE_READ_BITFIELD_PROBED(task, on_cpu) != 0;
 	r->now = now;
 	r->syscall = -1;
 	/* Saved at its last switch-out; the current one is read as the sampler reads it. */
