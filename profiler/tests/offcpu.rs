@@ -244,11 +244,11 @@ fn the_agent_pushes_off_cpu_and_wall_under_their_names() {
             .sum()
     };
     let (off_ns, wall_ns) = (asleep(&off.profile), wall.profile.total());
-    // A wait is counted in the window where it ends: the one in progress at the window's end goes
-    // to the next window (never pushed with --once), and the one in progress when the agent
-    // attached is not seen whole, so the window (3 s, or more when a loaded machine closes it
-    // late: its own duration says) holds all of the napper's time but up to two of its waits,
-    // of 300 ms and what a loaded machine adds to them. Above the window only by what CPU
+    // A wait going on at the window's end is counted up to it, and one going on when the agent
+    // attached from then; the napper's waits are short of a period at the agent's 19 Hz only at
+    // its edges, so the window (3 s, or more when a loaded machine closes it late: its own
+    // duration says) holds all of the napper's time but up to two pieces of its waits, of 300 ms
+    // and what a loaded machine adds to them. Above the window only by what CPU
     // samples at the agent's 19 Hz can be off: beside CPU hogs the napper's spins come in many
     // pieces, each a sample (52.6 ms) off either way (seen: 123 ms over in 2 of ~20 runs).
     let window = wall.profile.duration_nanos;

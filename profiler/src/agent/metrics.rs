@@ -25,6 +25,8 @@ pub struct AgentMetrics {
     pub ranks: crate::workload::rank::RankStats,
     /// Samples copied where a table was missing: finished, given up, held now.
     pub late: crate::session::LateStats,
+    /// Threads waiting at the windows' ends, and their stacks read where they lie.
+    pub waiting: crate::session::WaitingStats,
     /// Reserved against allocated per device.
     pub devices: Vec<crate::cuda::memory::DeviceUse>,
     pub tensors: crate::cuda::hbm::HbmStats,
@@ -68,6 +70,19 @@ pub fn render(m: &AgentMetrics, q: &QueueStats) -> String {
         &[("{outcome=\"finished\"}", l.finished), ("{outcome=\"gave_up\"}", l.gave_up), ("{outcome=\"not_held\"}", l.turned_away)],
     );
     metric("gpuflame_late_stack_bytes", "gauge", "Bytes of copied stacks waiting for their tables.", &[("", l.waiting_bytes)]);
+    let w = &m.waiting;
+    metric(
+        "gpuflame_waiting_stacks_total",
+        "counter",
+        "Stacks of threads waiting at a window's end that the switch program had not unwound, read from user space: read (whole or not), and deferred to a later window for want of time.",
+        &[("{outcome=\"read\"}", w.stacks_read), ("{outcome=\"whole\"}", w.stacks_whole), ("{outcome=\"deferred\"}", w.deferred)],
+    );
+    metric(
+        "gpuflame_window_end_threads_milliseconds",
+        "gauge",
+        "How long the last report of the threads at a window's end took (task iterator and stack reads).",
+        &[("", w.last_pass.as_millis() as u64)],
+    );
     metric("gpuflame_windows_total", "counter", "Profile windows completed.", &[("", m.windows)]);
     metric("gpuflame_profiles_pushed_total", "counter", "Push requests delivered.", &[("", q.pushed.load(Ordering::Relaxed))]);
     metric("gpuflame_profiles_failed_total", "counter", "Push requests the server refused (4xx).", &[("", q.failed.load(Ordering::Relaxed))]);

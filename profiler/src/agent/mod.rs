@@ -199,6 +199,7 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
                 m.series = stats;
                 m.ranks = session.rank_stats();
                 m.late = session.late_stats();
+                m.waiting = session.waiting_stats();
                 let sources = session.source_stats();
                 m.devices = sources.devices;
                 m.tensors = sources.tensors;
