@@ -4,7 +4,6 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -69,12 +68,7 @@ fn ranks_in(dump: &Value, group: &Value) -> Vec<String> {
 
 #[test]
 fn the_rank_that_never_reaches_all_reduce_stands_apart_from_the_three_in_nccl() {
-    require_bpf();
-    let python = "/usr/bin/python3.11";
-    assert!(Path::new(python).exists(), "Debian's python3.11 is needed (scripts/setup.sh installs python3)");
-    let dir = tempfile::tempdir().unwrap();
-    common::cuda::build_stand_ins(dir.path());
-    let nccl = common::cuda::build_nccl(dir.path());
+    let (dir, nccl, python) = common::cuda::nccl_stand_ins();
     let script = common::cuda::source("ranks.py");
     let mut job = spawn_group(
         Command::new(python)

@@ -7,7 +7,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use common::agent::{agent, assert_clean, serial};
 use common::receiver::Receiver;
@@ -62,20 +61,9 @@ fn describe_profile(p: &Profile) -> String {
     lines.join("\n")
 }
 
-/// The stand-ins (CUDA and NCCL) built into a new folder; the Python the ranks run on.
-fn stand_ins() -> (tempfile::TempDir, std::path::PathBuf, &'static str) {
-    require_bpf();
-    let python = "/usr/bin/python3.11";
-    assert!(Path::new(python).exists(), "Debian's python3.11 is needed (scripts/setup.sh installs python3)");
-    let dir = tempfile::tempdir().unwrap();
-    common::cuda::build_stand_ins(dir.path());
-    let nccl = common::cuda::build_nccl(dir.path());
-    (dir, nccl, python)
-}
-
 #[test]
 fn each_ranks_collectives_are_exact_and_the_fast_ranks_wait_for_the_slow_one() {
-    let (dir, nccl, python) = stand_ins();
+    let (dir, nccl, python) = common::cuda::nccl_stand_ins();
     let path = |name: &str| dir.path().join(name).display().to_string();
     let script = common::cuda::source("ranks.py");
     let out = path("job.pb.gz");
@@ -164,7 +152,7 @@ fn each_ranks_collectives_are_exact_and_the_fast_ranks_wait_for_the_slow_one() {
 #[test]
 fn the_agent_pushes_each_rank_as_its_own_series() {
     let _serial = serial();
-    let (dir, nccl, python) = stand_ins();
+    let (dir, nccl, python) = common::cuda::nccl_stand_ins();
     let path = |name: &str| dir.path().join(name).display().to_string();
     let injection = path("libgpuflame_cupti.so");
     gpuflame_ok(&["cupti-library", &injection], 0);

@@ -88,6 +88,7 @@ fn a_thread_waiting_since_before_the_attach_holds_the_window_under_its_python_ch
     // The main thread's wait began before the attach: all of the window is under it.
     let main: Vec<Stack> = wall.iter().filter(|s| s.comm() == "python3.11" || s.comm() == "python3").cloned().collect();
     let waited = under(&main, LOCK_WAIT);
+    eprintln!("{waited} ns of a {window} ns window under the lock's chain ({:.2}%)", waited as f64 * 100.0 / window as f64);
     assert!(waited as f64 >= 0.95 * window as f64, "{waited} ns of a {window} ns window under the lock's chain:\n{}\n{stderr}", describe(&wall));
     assert!(waited as f64 <= 1.01 * window as f64, "{waited} ns counted for a {window} ns window:\n{}", describe(&wall));
     assert_eq!(under(&off, LOCK_WAIT), waited, "off-CPU holds the same wait");
@@ -111,6 +112,7 @@ fn a_wait_begun_inside_the_window_counts_from_then_to_the_windows_end() {
     assert!(expected > 1_000_000_000, "the lock wait began {expected} ns before the window's end: too late to measure");
     let waited = under(&wall, LOCK_WAIT) as i64;
     let off = (waited - expected).abs() as f64 / expected as f64;
+    eprintln!("lock wait {waited} ns, its time to the window's end {expected} ns ({:+.2}%)", (waited - expected) as f64 * 100.0 / expected as f64);
     assert!(off <= 0.02, "lock wait {waited} ns, expected {expected} ns ({:.1}% off)\n{}\n{stderr}", off * 100.0, describe(&wall));
     // The sleep before it, begun before the attach, is there too.
     assert!(under(&wall, &["<module>", "main", "[off-cpu: sleeping]"]) > waited as u64, "{}", describe(&wall));

@@ -77,3 +77,14 @@ pub fn build_c10_with(dir: &Path, notes: bool, defines: &[&str]) -> PathBuf {
     cxx_in(dir, &["-O2", "-g", "-rdynamic", "-o", "tensor_app", &source("tensor_app.cpp"), "-L.", "-l:libc10_cuda.so", &rpath]);
     dir.join("tensor_app")
 }
+
+/// The stand-ins (CUDA and NCCL) built into a new folder; the Python the ranks run on.
+pub fn nccl_stand_ins() -> (tempfile::TempDir, PathBuf, &'static str) {
+    super::require_bpf();
+    let python = "/usr/bin/python3.11";
+    assert!(Path::new(python).exists(), "Debian's python3.11 is needed (scripts/setup.sh installs python3)");
+    let dir = tempfile::tempdir().unwrap();
+    build_stand_ins(dir.path());
+    let nccl = build_nccl(dir.path());
+    (dir, nccl, python)
+}
