@@ -73,17 +73,20 @@ pub(crate) fn events() -> Vec<Event> {
     out.push(Event::Sample(sample(PID, "trainer", &[0x40_9999], UnwindStatus::Truncated)));
     out.push(Event::Sample(sample(PID, "trainer", &[0x40_8888], UnwindStatus::NoRow)));
 
-    out.push(Event::OffCpu(OffCpuStack { sample: sample(TID, "loader", &[0x50_0200, 0x50_0100], UnwindStatus::EndOfStack), wait: 1, state: OffCpuState::Sleeping }));
-    let end = |pid, tid, comm: &str, wait, duration_ns, rest: [u64; 2]| {
-        Event::OffCpuEnd(OffCpuEnd { pid, tid, comm: comm.into(), wait, duration_ns, chance: 1 << 32, short_rest_ns: rest[0], long_rest_ns: rest[1] })
+    out.push(Event::OffCpu(OffCpuStack { sample: sample(TID, "loader", &[0x50_0200, 0x50_0100], UnwindStatus::EndOfStack), wait: 1, since: 1_000, state: OffCpuState::Sleeping }));
+    let end = |pid, tid, comm: &str, wait, since, duration_ns, short_rest_ns| {
+        Event::OffCpuEnd(OffCpuEnd { pid, tid, comm: comm.into(), wait, since, duration_ns, chance: if wait > 0 { 1 << 32 } else { 0 }, short_rest_ns })
     };
-    // The loader's unwound 30 ms wait carries its 10 ms of long waits not unwound.
-    out.push(end(PID, TID, "loader", 1, 30_000_000, [0, 10_000_000]));
+    // The loader's unwound 30 ms wait, and a wait of 20 ms not unwound (a period and more: its
+    // end comes on its own), which the unwound one carries.
+    out.push(end(PID, TID, "loader", 1, 1_000, 30_000_000, 0));
+    out.push(end(PID, TID, "loader", 0, 40_000_000, 20_000_000, 0));
     // The trainer has no unwound wait: its process's (the loader's) carries its 3 ms of short
-    // waits; its 2 ms of long ones stay under [off-cpu: waits not unwound].
-    out.push(end(PID, PID, "trainer", 0, 0, [3_000_000, 2_000_000]));
+    // waits; its 20 ms one stays under [off-cpu: waits not unwound].
+    out.push(end(PID, PID, "trainer", 0, 0, 0, 3_000_000));
+    out.push(end(PID, PID, "trainer", 0, 60_000_000, 20_000_000, 0));
     // Nothing of another process was unwound: its 4 ms stay under [off-cpu: waits not unwound].
-    out.push(end(PID + 10, PID + 10, "worker", 0, 0, [4_000_000, 0]));
+    out.push(end(PID + 10, PID + 10, "worker", 0, 0, 0, 4_000_000));
 
     let alloc_site = [0x40_4040, 0x40_2020, 0x40_3030];
     out.push(call(CudaApi::CudaMalloc, &alloc_site, 1 << 20, 0x7000_0000, 0, 2_000));

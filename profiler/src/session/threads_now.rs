@@ -19,10 +19,15 @@ pub struct ThreadsNow {
     pub labels: ProcessLabels,
 }
 
+/// A thread's stack, by its index in the report.
+pub(super) type ThreadStack = (usize, Sample);
+/// A thread whose walk needs the table of the file at an address.
+pub(super) type TableNeeded = (usize, u64);
+
 /// The stacks of the threads that do not run, read where they lie: (thread index, stack), and
 /// the threads whose walk needs a table not loaded yet, with its address. `only`: these threads
 /// alone (None: every thread that does not run).
-pub(super) fn read_stacks(sampler: &BpfPrograms, threads: &[ThreadReport], only: Option<&[usize]>) -> (Vec<(usize, Sample)>, Vec<(usize, u64)>) {
+pub(super) fn read_stacks(sampler: &BpfPrograms, threads: &[ThreadReport], only: Option<&[usize]>) -> (Vec<ThreadStack>, Vec<TableNeeded>) {
     let mut order: Vec<usize> = match only {
         Some(only) => only.to_vec(),
         None => (0..threads.len()).filter(|&i| threads[i].state != ThreadState::Running).collect(),
