@@ -16,8 +16,9 @@ use crate::pod::read_pod;
 use crate::programs::BpfPrograms;
 use crate::skel::types;
 
-/// Thread states read at most: more threads than a process runs.
-const MAX_THREAD_STATES: usize = 65536;
+/// Thread states read at most (two reads each): more threads than a Python process runs, and a
+/// bound on what a list changed under the reads, or made so on purpose, costs.
+const MAX_THREAD_STATES: usize = 8192;
 /// Python frames a walk emits at most, as a BPF sample holds (two slots each).
 const MAX_FRAMES: usize = 255;
 const NO_OFFSET: u16 = u16::MAX;

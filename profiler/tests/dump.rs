@@ -195,3 +195,31 @@ fn a_process_in_another_pid_namespace_is_dumped_by_its_host_pid() {
     let group = &dump["groups"].as_array().unwrap()[main["group"].as_u64().unwrap() as usize - 1];
     assert!(functions(group).iter().any(|f| f == "wait_for_peer"), "{text}");
 }
+
+#[test]
+fn a_waiting_threads_python_frames_are_read_on_every_interpreter() {
+    require_bpf();
+    let program = format!("{}/stuck.py", program_dir());
+    let mut failed = Vec::new();
+    for python in python_interpreters() {
+        assert!(python.exists(), "{} is missing (scripts/setup.sh installs it)", python.display());
+        let mut job = spawn_group(Command::new(&python).args([program.as_str(), "before"]));
+        wait_lines(&mut job, 1, "ready");
+        std::thread::sleep(Duration::from_millis(300));
+        let pid = job.0.id();
+        let (dump, text) = dump_json(&["-p", &pid.to_string()]);
+        let main = dump["threads"].as_array().unwrap().iter().find(|t| t["tid"] == pid).cloned();
+        let frames = main.and_then(|t| Some(functions(&dump["groups"].as_array()?[t["group"].as_u64()? as usize - 1])));
+        // Root first (the JSON's frames are innermost first): the entry point, the script's frames
+        // in their order, the lock's futex.
+        let wanted = ["_start", "<module>", "all_reduce_like", "wait_for_peer", "futex_wait", "[off-cpu: sleeping]"];
+        let in_order = frames.as_ref().is_some_and(|f| {
+            let mut it = f.iter().rev();
+            wanted.iter().all(|w| it.any(|g| g == w))
+        });
+        if !in_order {
+            failed.push(format!("{}: {frames:?}\n{text}", python.display()));
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n\n"));
+}

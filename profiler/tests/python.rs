@@ -7,27 +7,9 @@ use std::process::Command;
 
 use common::*;
 
-/// The interpreters: pyenv's 3.8 to 3.13, Debian's python3.11, and Debian's 3.13, 3.14 and 3.15 that
-/// scripts/setup.sh installs.
-fn interpreters() -> Vec<PathBuf> {
-    let mut v = Vec::new();
-    for minor in 8..=13 {
-        let found = std::fs::read_dir("/root/.pyenv/versions").ok().and_then(|d| {
-            d.flatten().map(|e| e.path()).filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&format!("3.{minor}.")))).max()
-        });
-        v.push(found.map(|p| p.join(format!("bin/python3.{minor}"))).unwrap_or_else(|| PathBuf::from(format!("/root/.pyenv/versions/3.{minor}.x/bin/python3.{minor}"))));
-    }
-    v.push(PathBuf::from("/usr/bin/python3.11"));
-    let debian = std::env::var("GPUFLAME_TEST_PYTHONS").unwrap_or_else(|_| "/opt/gpuflame-pythons".into());
-    for minor in [13, 14, 15] {
-        v.push(Path::new(&debian).join(format!("3.{minor}/usr/bin/python3.{minor}")));
-    }
-    v
-}
-
 /// Debian's python3.15, the newest of the matrix.
 fn python_3_15() -> PathBuf {
-    let python = interpreters().into_iter().find(|p| p.ends_with("python3.15")).expect("3.15 is in the matrix");
+    let python = python_interpreters().into_iter().find(|p| p.ends_with("python3.15")).expect("3.15 is in the matrix");
     assert!(python.exists(), "{} is missing (scripts/setup.sh installs it)", python.display());
     python
 }
@@ -109,7 +91,7 @@ fn python_and_native_frames_interleave_on_every_interpreter() {
     require_bpf();
     let dir = tempfile::tempdir().unwrap();
     let mut failures = Vec::new();
-    for python in interpreters() {
+    for python in python_interpreters() {
         if !python.exists() {
             failures.push(format!("{} is missing (scripts/setup.sh installs the interpreters these tests need)", python.display()));
             continue;
@@ -145,7 +127,7 @@ fn generators_and_coroutines_on_every_interpreter() {
     let dir = tempfile::tempdir().unwrap();
     let script = Path::new(&program_dir()).join("pygen.py");
     let mut failures = Vec::new();
-    for python in interpreters() {
+    for python in python_interpreters() {
         if !python.exists() {
             failures.push(format!("{} is missing (scripts/setup.sh installs the interpreters these tests need)", python.display()));
             continue;

@@ -40,7 +40,7 @@ pub(super) fn read_stacks(sampler: &BpfPrograms, threads: &[ThreadReport], only:
         match reader.read(&threads[i]) {
             Read::Stack(sample) => stacks.push((i, sample)),
             Read::NeedsTable(ip) => needs.push((i, ip)),
-            Read::Nothing => {}
+            Read::NotYet | Read::Nothing => {}
         }
     }
     (stacks, needs)

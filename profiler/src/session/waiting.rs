@@ -134,6 +134,9 @@ impl WaitingThreads {
                     self.read.remove(&r.tid);
                     needs.push((r.pid, ip));
                 }
+                Read::NotYet => {
+                    self.read.remove(&r.tid);
+                }
                 Read::Nothing => {}
             }
         }
@@ -149,7 +152,10 @@ pub(super) enum Read {
     Stack(Sample),
     /// The walk needs the table of the file at this address, not loaded yet (asked for).
     NeedsTable(u64),
-    /// No user registers, no memory, or no maps of the process.
+    /// The process's maps are not read yet (a program the agent has not looked at): read again
+    /// at the next report.
+    NotYet,
+    /// No user registers, or no memory (the process is gone, or not readable).
     Nothing,
 }
 
@@ -179,7 +185,8 @@ impl<'p> StackReader<'p> {
             self.python = self.programs.python_eval(r.pid);
             self.threads = self.memory.as_ref().and_then(|m| self.programs.python_threads(r.pid, m));
         }
-        let (Some(memory), Some(view)) = (self.memory.as_ref(), self.view.as_mut()) else { return Read::Nothing };
+        let Some(memory) = self.memory.as_ref() else { return Read::Nothing };
+        let Some(view) = self.view.as_mut() else { return Read::NotYet };
         let py = self.threads.as_ref().and_then(|t| t.frames(r.fsbase, memory));
         let mut want = FIRST_STACK_BYTES;
         loop {

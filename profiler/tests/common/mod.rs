@@ -439,3 +439,21 @@ pub fn complete(stacks: &[Stack], seq: &[&str]) {
     eprintln!("{good} of {all} samples carry {}", seq.join(";"));
     assert!(good * 100 >= all * 95, "only {good} of {all} samples carry {}:\n{}", seq.join(";"), describe(stacks));
 }
+
+/// The interpreters: pyenv's 3.8 to 3.13, Debian's python3.11, and Debian's 3.13, 3.14 and 3.15 that
+/// scripts/setup.sh installs.
+pub fn python_interpreters() -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    for minor in 8..=13 {
+        let found = std::fs::read_dir("/root/.pyenv/versions").ok().and_then(|d| {
+            d.flatten().map(|e| e.path()).filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&format!("3.{minor}.")))).max()
+        });
+        v.push(found.map(|p| p.join(format!("bin/python3.{minor}"))).unwrap_or_else(|| PathBuf::from(format!("/root/.pyenv/versions/3.{minor}.x/bin/python3.{minor}"))));
+    }
+    v.push(PathBuf::from("/usr/bin/python3.11"));
+    let debian = std::env::var("GPUFLAME_TEST_PYTHONS").unwrap_or_else(|_| "/opt/gpuflame-pythons".into());
+    for minor in [13, 14, 15] {
+        v.push(Path::new(&debian).join(format!("3.{minor}/usr/bin/python3.{minor}")));
+    }
+    v
+}
