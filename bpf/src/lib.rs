@@ -16,6 +16,7 @@ mod process_maps;
 mod programs;
 mod skel;
 mod python_threads;
+mod ring_lag;
 mod threads;
 mod unwind_maps;
 mod unwind_view;

@@ -43,6 +43,8 @@ pub struct BpfPrograms {
     ring: RingBuffer<'static>,
     inbox: Rc<RefCell<Vec<Event>>>,
     malformed: Rc<RefCell<u64>>,
+    /// How long records waited in the samples ring before they were read.
+    lag: Rc<crate::ring_lag::RingLag>,
     unwind: UnwindMaps,
     skel: CpuSamplerSkel<'static>,
     features: KernelFeatures,
@@ -85,13 +87,16 @@ impl BpfPrograms {
 
         let inbox = Rc::new(RefCell::new(Vec::new()));
         let malformed = Rc::new(RefCell::new(0u64));
+        let lag = Rc::new(crate::ring_lag::RingLag::default());
         let ring = {
+            let sample_lag = Rc::clone(&lag);
             let (sample_inbox, sample_malformed) = (Rc::clone(&inbox), Rc::clone(&malformed));
             let mut copies = events::CopiesAwaitingSamples::default();
             let (process_inbox, process_malformed) = (Rc::clone(&inbox), Rc::clone(&malformed));
             let mut builder = RingBufferBuilder::new();
             builder
                 .add(&skel.maps.samples, move |data: &[u8]| {
+                    sample_lag.read(data);
                     match events::decode_ring_record(data, &mut copies) {
                         Ok(Some(event)) => sample_inbox.borrow_mut().push(event),
                         Ok(None) => {}
@@ -119,6 +124,7 @@ impl BpfPrograms {
             ring,
             inbox,
             malformed,
+            lag,
             unwind: UnwindMaps::new(u32::try_from((config.unwind_memory / SamplerConfig::BYTES_PER_ROW).div_ceil(16).max(1)).unwrap_or(u32::MAX)),
             skel,
         };
@@ -203,6 +209,12 @@ impl BpfPrograms {
     pub fn drain(&mut self) -> Result<Vec<Event>, BpfError> {
         self.ring.consume().map_err(BpfError::RingBuffer)?;
         Ok(std::mem::take(&mut *self.inbox.borrow_mut()))
+    }
+
+    /// The longest any record waited in the samples ring before it was read, since the last call:
+    /// how far behind a starved reader fell.
+    pub fn take_ring_lag(&self) -> Duration {
+        self.lag.take()
     }
 
     /// Records that did not have the size of a sample (a layout mismatch; should stay 0).

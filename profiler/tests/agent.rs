@@ -276,3 +276,32 @@ fn tls_with_a_given_ca_and_refused_without_it() {
     assert_eq!(pushes() as u64, pushed);
     let _ = server.0.kill();
 }
+
+/// A starved agent says how far behind it fell: stopped (SIGSTOP) for 2 s, its metrics then show
+/// records that waited that long in the ring.
+#[test]
+fn the_agents_metrics_say_how_long_records_waited_in_the_ring() {
+    require_bpf();
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let _spinner = spinner(dir.path(), "lagged", None);
+    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let child = agent(&["--server", "http://127.0.0.1:9", "--window", "15", "--metrics-addr", &format!("127.0.0.1:{metrics_port}")]);
+    sleep(Duration::from_secs(1));
+    let pid = child.child.id() as i32;
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    sleep(Duration::from_secs(2));
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let lag = loop {
+        let lag = metric(&http_get(metrics_port), "gpuflame_ring_lag_milliseconds");
+        if lag >= 1_800 || Instant::now() >= deadline {
+            break lag;
+        }
+        sleep(Duration::from_millis(200));
+    };
+    child.stop();
+    assert!(lag >= 1_800, "the ring lag said {lag} ms after 2 s stopped");
+}

@@ -144,3 +144,31 @@ fn a_command_started_by_record_is_whole_from_its_first_sample() {
     assert!(total(&incomplete) * 100 <= all, "{} of {all} samples incomplete:\n{}", total(&incomplete), describe(&incomplete));
     complete(&stacks, &["main", "a", "b", "c"]);
 }
+
+/// A starved reader says how far behind it fell: gpuflame stopped (SIGSTOP) for 2 s while a
+/// spinner is sampled, then let go.
+#[test]
+fn a_recording_stopped_for_two_seconds_says_how_long_records_waited_in_the_ring() {
+    require_bpf();
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_c(dir.path(), "chain", FP_FLAGS);
+    let mut spinner = Command::new(&exe).arg("60").spawn().unwrap();
+    let out = dir.path().join("lag.folded");
+    let recording = Recording::start(&["record", "-F", "199", "-p", &spinner.id().to_string(), "-d", "4", "-o", out.to_str().unwrap()]);
+    let pid = recording.child.id() as i32;
+    sleep(Duration::from_millis(500));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    sleep(Duration::from_secs(2));
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let (status, stderr) = recording.finish();
+    spinner.kill().ok();
+    spinner.wait().ok();
+    assert!(status.success(), "exit {status:?}: {stderr}");
+    let line = stderr.lines().find(|l| l.contains("records waited in the ring")).unwrap_or_else(|| panic!("no ring lag line:\n{stderr}"));
+    let longest: u64 = line.split("longest_ms=").nth(1).and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{line}"));
+    // Samples written just after the stop waited all of it, less the wake-up's batching.
+    assert!((1_800..=10_000).contains(&longest), "longest {longest} ms for a reader stopped 2 s:\n{stderr}");
+    assert!(stderr.contains("gpuflame fell behind"), "no warning:\n{stderr}");
+}

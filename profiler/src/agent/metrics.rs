@@ -25,6 +25,8 @@ pub struct AgentMetrics {
     pub ranks: crate::workload::rank::RankStats,
     /// Samples copied where a table was missing: finished, given up, held now.
     pub late: crate::session::LateStats,
+    /// The longest a record waited in the samples ring before it was read, this window so far.
+    pub ring_lag: std::time::Duration,
     /// Threads waiting at the windows' ends, and their stacks read where they lie.
     pub waiting: crate::session::WaitingStats,
     /// Reserved against allocated per device.
@@ -70,6 +72,12 @@ pub fn render(m: &AgentMetrics, q: &QueueStats) -> String {
         &[("{outcome=\"finished\"}", l.finished), ("{outcome=\"gave_up\"}", l.gave_up), ("{outcome=\"not_held\"}", l.turned_away)],
     );
     metric("gpuflame_late_stack_bytes", "gauge", "Bytes of copied stacks waiting for their tables.", &[("", l.waiting_bytes)]);
+    metric(
+        "gpuflame_ring_lag_milliseconds",
+        "gauge",
+        "The longest any record waited in the samples ring before gpuflame read it, this window so far: how far behind a starved agent fell (records are lost once the ring is full: gpuflame_samples_lost_total and the cuda.lost counter).",
+        &[("", m.ring_lag.as_millis() as u64)],
+    );
     let w = &m.waiting;
     metric(
         "gpuflame_waiting_stacks_total",

@@ -182,8 +182,11 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
     let mut last_metrics = Instant::now();
     let mut ooms = Vec::new();
     loop {
+        // The longest a record waited in the ring before it was read, this window so far.
+        let mut ring_lag = Duration::ZERO;
         let window = session.window(Some(cfg.window), |session| {
             ooms.extend(log_ooms(session));
+            ring_lag = ring_lag.max(session.programs().take_ring_lag());
             let stopping = stop.load(Ordering::SeqCst);
             if stopping || last_metrics.elapsed() >= Duration::from_secs(1) {
                 last_metrics = Instant::now();
@@ -200,6 +203,7 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
                 m.ranks = session.rank_stats();
                 m.late = session.late_stats();
                 m.waiting = session.waiting_stats();
+                m.ring_lag = ring_lag;
                 let sources = session.source_stats();
                 m.devices = sources.devices;
                 m.tensors = sources.tensors;

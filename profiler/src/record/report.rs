@@ -26,6 +26,8 @@ pub(super) struct End {
     ranks: RankStats,
     late: LateStats,
     waiting: WaitingStats,
+    /// The longest a record waited in the samples ring before it was read.
+    ring_lag: Duration,
     /// `--check-unwinder`: the lines that say how the unwinders compared.
     check: Option<Vec<String>>,
 }
@@ -55,6 +57,7 @@ impl End {
             ranks: session.rank_stats(),
             late: session.late_stats(),
             waiting: session.waiting_stats(),
+            ring_lag: session.programs().take_ring_lag(),
             check: session.unwinder_check().map(UnwinderCheck::summary),
             counters,
         })
@@ -79,6 +82,11 @@ impl End {
         );
         for line in self.memory.iter().chain(self.check.iter().flatten()) {
             eprintln!("gpuflame: {line}");
+        }
+        let lag_ms = self.ring_lag.as_millis() as u64;
+        tracing::info!(longest_ms = lag_ms, "records waited in the ring before they were read");
+        if self.ring_lag >= Duration::from_secs(1) {
+            tracing::warn!(longest_ms = lag_ms, lost = counters.lost, cuda_lost = counters.cuda.lost, "gpuflame fell behind: records waited up to {:.1} s in the ring before they were read (its CPU was taken by other work); a full ring loses records", self.ring_lag.as_secs_f64());
         }
         tracing::info!(finished = self.late.finished, whole = self.late.finished_whole, deeper_than_copy = self.late.cut_by_copy, gave_up = self.late.gave_up, turned_away = self.late.turned_away, "stacks copied where a table was missing, finished when it came");
         report_unwinding(counters, &self.tracker, self.capacity, self.unknown_python);
