@@ -33,6 +33,7 @@ pub use programs::load::{ProgramGroup, Unavailable};
 pub use programs::cuda_hooks::{CudaFunctions, CudaHookLink};
 pub use programs::BpfPrograms;
 pub use python_threads::PythonThreads;
+pub use ring_lag::boottime_ns;
 pub use threads::{FollowedWait, ThreadReport, ThreadState, UserRegs};
 pub use unwind_view::{ProcessUnwindView, PythonEval};
 pub use unwind_maps::{monotonic_ns, ExecMapping, MappingTable, PendingTable, PythonProcess, TableId, UnwindCapacity};

@@ -30,8 +30,8 @@ impl RingLag {
     }
 }
 
-/// CLOCK_BOOTTIME, the records' clock (events.h).
-fn boottime_ns() -> u64 {
+/// Now, on the clock the records' times are taken on (CLOCK_BOOTTIME, events.h).
+pub fn boottime_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: ts is a valid timespec for the call to fill.
     if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) } != 0 {

@@ -181,12 +181,7 @@ impl DeviceLine {
 
 /// Now, on the clock the BPF records' times are taken on (CLOCK_BOOTTIME).
 pub fn boot_time_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes the timespec it is given.
-    if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) } != 0 {
-        return 0;
-    }
-    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+    gpuflame_bpf::boottime_ns()
 }
 
 #[cfg(test)]
