@@ -32,6 +32,9 @@ pub struct SamplerConfig {
     /// Byte sampling of PyTorch tensors' stacks (torch_allocator.h): the interval in bytes, 0 for
     /// every tensor's stack. Every tensor is still sent; see [`tensor_stack_chance`].
     pub tensor_sample_bytes: u64,
+    /// The most allocations (tensors and segments) the live set of device memory holds; more
+    /// are counted and left out of in-use (live_allocations.h).
+    pub max_live_allocations: u32,
     /// Tests: every CPU sample carries a copy of its stack from the leaf, with the walk's own
     /// stack, for the user-space unwinder to check the BPF one (stack_copy.h). Python frames are
     /// not walked then.
@@ -92,6 +95,9 @@ impl SamplerConfig {
     /// known ahead (switches, CUDA calls).
     pub const MAX_RING_BYTES: u32 = 16 << 20;
     const MIN_RING_BYTES: u32 = 1 << 20;
+    /// The live set's bound: a vLLM server holds tens of thousands of tensors; a million is
+    /// ~100 MiB of kernel memory when full (BENCHMARKS.md), nothing while unused.
+    pub const DEFAULT_LIVE_ALLOCATIONS: u32 = 1 << 20;
 
     /// A ring for CPU samples alone, at `frequency_hz` on `cpus` CPUs: room for 4 s of them
     /// (a window's close may keep the reader away that long), between 1 and 16 MiB. The reader

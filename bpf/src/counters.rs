@@ -135,6 +135,10 @@ counters! {
         lost = COUNTER_CUDA_LOST, "CUDA records dropped because the ring buffer was full.";
         table_full = COUNTER_CUDA_CALLS_FULL, "Calls not followed because the table of calls in flight was full.";
         races = COUNTER_CUDA_RACE, "CUDA records dropped because another hook reused their scratch space (preemption).";
+        memory_events_lost = COUNTER_MEMORY_EVENTS_LOST, "Allocations and frees the full ring kept off the memory timeline and the allocation profiles (the live set, and so in-use, still has them).";
+        memory_stacks_lost = COUNTER_MEMORY_STACKS_LOST, "Allocations whose new stack the full ring turned away: in use under [stacks lost: ring full].";
+        live_full = COUNTER_LIVE_FULL, "Allocations not kept in the live set because it was full (--max-live-allocations): missing from in-use.";
+        live_replaced = COUNTER_LIVE_REPLACED, "Allocations at an address that was live: the free before them was not seen.";
     }
     /// The off-CPU programs' counters.
     off_cpu: OffCpuCounters {

@@ -154,6 +154,12 @@ impl CudaApi {
         CudaApi::ALL.iter().copied().find(|a| a.symbol() == name)
     }
 
+    /// A tensor's allocation or free (PyTorch's caching allocator): in the live set, apart from
+    /// the segment of the same address.
+    pub fn is_tensor(self) -> bool {
+        matches!(self.class(), CudaClass::TensorAlloc | CudaClass::TensorFree)
+    }
+
     /// PyTorch's caching allocator's, not CUDA's own.
     pub fn is_pytorch(self) -> bool {
         matches!(self.class(), CudaClass::TensorAlloc | CudaClass::TensorFree | CudaClass::TensorOom)

@@ -10,6 +10,7 @@ mod cuda;
 mod error;
 mod events;
 mod features;
+mod live_set;
 mod perf;
 mod pod;
 mod process_maps;
@@ -26,7 +27,8 @@ pub use config::{tensor_stack_chance, OffCpuSampling, OptionalPrograms, RingUse,
 pub use counters::{Counter, Counters, CudaCounters, OffCpuCounters, PythonCounters, UnwindCounters};
 pub use cuda::{CudaApi, CudaClass};
 pub use error::BpfError;
-pub use events::{python_name_tag, CudaCall, CuptiLaunch, CuptiStatus, Event, HookedStack, GpuKernel, GpuKernelBatch, GpuKernelName, KernelName, LeafFile, OffCpuEnd, OffCpuStack, OffCpuState, ProcessEvent, ProcessEventKind, Sample, StackCopy, StackRead, UnwindStatus, UserFrame, STACK_COPY_BYTES, STACK_COPY_RECORD_BYTES};
+pub use live_set::LiveAllocation;
+pub use events::{python_name_tag, CudaCall, LiveKind, MemoryChange, MemoryEvent, CuptiLaunch, CuptiStatus, Event, HookedStack, GpuKernel, GpuKernelBatch, GpuKernelName, KernelName, LeafFile, OffCpuEnd, OffCpuStack, OffCpuState, ProcessEvent, ProcessEventKind, Sample, StackCopy, StackRead, UnwindStatus, UserFrame, STACK_COPY_BYTES, STACK_COPY_RECORD_BYTES};
 pub use programs::hooks::TorchProbes;
 pub use features::{CallHooks, Feature, KernelFeatures, UPROBE_SESSION};
 pub use programs::load::{ProgramGroup, Unavailable};

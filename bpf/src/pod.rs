@@ -43,6 +43,9 @@ pod!(
     types::unwind_block,
     types::unwind_rule,
     types::thread_report,
+    types::live_key,
+    types::live_allocation,
+    types::memory_event,
 );
 
 /// The `T` at the start of `data`, if it is long enough.

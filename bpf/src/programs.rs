@@ -57,6 +57,10 @@ impl BpfPrograms {
         &self.skel
     }
 
+    pub(crate) fn skel_mut(&mut self) -> &mut CpuSamplerSkel<'static> {
+        &mut self.skel
+    }
+
     /// The inner map of unwind rows number `index`, once created.
     pub(crate) fn unwind_shard(&self, index: u32) -> Option<&libbpf_rs::MapHandle> {
         self.unwind.shard(index)
@@ -93,6 +97,7 @@ impl BpfPrograms {
             let (sample_inbox, sample_malformed) = (Rc::clone(&inbox), Rc::clone(&malformed));
             let mut copies = events::CopiesAwaitingSamples::default();
             let (process_inbox, process_malformed) = (Rc::clone(&inbox), Rc::clone(&malformed));
+            let (oom_inbox, oom_malformed) = (Rc::clone(&inbox), Rc::clone(&malformed));
             let mut builder = RingBufferBuilder::new();
             builder
                 .add(&skel.maps.samples, move |data: &[u8]| {
@@ -101,6 +106,14 @@ impl BpfPrograms {
                         Ok(Some(event)) => sample_inbox.borrow_mut().push(event),
                         Ok(None) => {}
                         Err(()) => *sample_malformed.borrow_mut() += 1,
+                    }
+                    0
+                })
+                .map_err(BpfError::RingBuffer)?
+                .add(&skel.maps.oom_records, move |data: &[u8]| {
+                    match events::decode_record(data) {
+                        Some(event) => oom_inbox.borrow_mut().push(event),
+                        None => *oom_malformed.borrow_mut() += 1,
                     }
                     0
                 })

@@ -96,6 +96,7 @@ fn every_record_kind_goes_through_the_loaded_programs_and_decodes() {
         ring: RingUse::Any,
         lazy_process_events: false,
         tensor_sample_bytes: 0,
+        max_live_allocations: 1024,
         copy_every_stack: false,
         programs: OptionalPrograms::ALL,
     };

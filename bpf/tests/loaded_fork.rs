@@ -45,6 +45,7 @@ fn a_forked_child_unwinds_with_its_parents_copy_until_it_execs() {
         ring: RingUse::Any,
         lazy_process_events: false,
         tensor_sample_bytes: 0,
+        max_live_allocations: 1024,
         copy_every_stack: false,
         programs: OptionalPrograms::ALL,
     };

@@ -141,6 +141,10 @@ pub struct RecordArgs {
     /// default) takes every stack: exact bytes per stack.
     #[arg(long, value_name = "BYTES", default_value_t = 0)]
     pub tensor_sample_bytes: u64,
+    /// The most tensors and segments kept live at once, in the kernel (~100 bytes each when
+    /// used); more are counted and left out of in-use, said in one line.
+    #[arg(long, value_name = "N", default_value_t = gpuflame_bpf::SamplerConfig::DEFAULT_LIVE_ALLOCATIONS)]
+    pub max_live_allocations: u32,
     /// Tests: unwind every sample's stack again in user space from a copy and report where it
     /// differs from the BPF unwinder's (the unwinder's oracle).
     #[arg(long, hide = true)]
@@ -185,6 +189,7 @@ impl RecordArgs {
             detail: detail(self.lines),
             memory_timeline: self.memory_timeline.clone(),
             tensor_sample_bytes: self.tensor_sample_bytes,
+            max_live_allocations: self.max_live_allocations,
             check_unwinder: self.check_unwinder,
             rank_labels: crate::workload::rank::RankLabels::parse(&self.rank_labels).map_err(crate::UserError)?,
         })

@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, UNIX_EPOCH};
 
-use gpuflame_bpf::{CudaApi, CudaCall, CuptiLaunch, Event, GpuKernel, HookTraps, TrapCost, GpuKernelBatch, GpuKernelName, KernelName, OffCpuEnd, OffCpuStack, OffCpuState, Sample, StackRead, UnwindStatus, UserFrame};
+use gpuflame_bpf::{LiveAllocation, LiveKind, MemoryChange, MemoryEvent, CudaApi, CudaCall, CuptiLaunch, Event, GpuKernel, HookTraps, TrapCost, GpuKernelBatch, GpuKernelName, KernelName, OffCpuEnd, OffCpuStack, OffCpuState, Sample, StackRead, UnwindStatus, UserFrame};
 
 use gpuflame::cuda::Coverage;
 use gpuflame::frame::FrameKind;
@@ -18,6 +18,7 @@ use gpuflame::output::{self, Detail, Format, Rendering};
 use gpuflame::profile::{Labels, Line, Location, Mapping, Profile, ProfileBuilder, KERNEL_MAPPING, PYTHON_MAPPING};
 use gpuflame::profile_kind::ProfileKind;
 use gpuflame::session::{Collector, ProcessView};
+use gpuflame::sources::Input;
 
 /// No process has this PID (above the kernel's largest, 2^22).
 const PID: u32 = 4_300_001;
@@ -54,7 +55,51 @@ fn call(api: CudaApi, user: &[u64], size: u64, addr: u64, result: i32, duration_
         traps: HookTraps::default(),
         in_allocator: false,
         stack_sampled_out: false,
+        stack_id: 0,
     })
+}
+
+/// A successful allocation as the programs send it: its record with its stack (the first of
+/// its stack id), then its memory record.
+fn allocation(api: CudaApi, user: &[u64], size: u64, addr: u64, stack_id: u64) -> [Event; 2] {
+    let Event::Cuda(c) = call(api, user, size, addr, 0, 1_000) else { unreachable!() };
+    let kind = LiveKind { api: Some(api), device: 1, ..Default::default() };
+    let memory = MemoryEvent { pid: PID, tid: PID, timestamp_ns: 0, addr, size, stack: stack_id, kind, change: MemoryChange::Allocated { replaced: false, untracked: false } };
+    [Event::Cuda(CudaCall { stack_id, ..c }), Event::Memory(memory)]
+}
+
+/// The live set as the programs keep it, from the memory records: what `recorded` gives the
+/// collector at an out-of-memory and at the window's end.
+#[derive(Default)]
+struct LiveModel(std::collections::BTreeMap<(bool, u64), LiveAllocation>);
+
+impl LiveModel {
+    /// Applies a memory record; a free is sent with what it freed.
+    fn apply(&mut self, e: &mut MemoryEvent) {
+        // A tensor and the segment it starts have one address: the set tells them apart.
+        let key = (e.kind.api.is_some_and(CudaApi::is_tensor), e.addr);
+        match e.change {
+            MemoryChange::Allocated { .. } => {
+                self.0.insert(key, LiveAllocation { pid: e.pid, tid: e.tid, addr: e.addr, size: e.size, stack: e.stack, t_ns: 0, stream: 0, freed_ns: 0, kind: e.kind });
+            }
+            _ => match self.0.remove(&key) {
+                Some(a) => {
+                    (e.size, e.stack, e.kind, e.change) = (a.size, a.stack, a.kind, MemoryChange::Freed);
+                }
+                None => e.change = MemoryChange::UnknownFree,
+            },
+        }
+    }
+
+    fn live(&self) -> Vec<LiveAllocation> {
+        self.0.values().cloned().collect()
+    }
+}
+
+/// A free, as the memory record says it: the programs fill in what was freed.
+fn free(api: CudaApi, addr: u64) -> Event {
+    let kind = LiveKind { api: Some(api), ..Default::default() };
+    Event::Memory(MemoryEvent { pid: PID, tid: PID, timestamp_ns: 0, addr, size: 0, stack: 0, kind, change: MemoryChange::Freed })
 }
 
 /// A training step's worth of everything: CPU samples (whole, cut at a gap, truncated),
@@ -89,14 +134,18 @@ pub(crate) fn events() -> Vec<Event> {
     out.push(end(PID + 10, PID + 10, "worker", 0, 0, 0, 4_000_000));
 
     let alloc_site = [0x40_4040, 0x40_2020, 0x40_3030];
-    out.push(call(CudaApi::CudaMalloc, &alloc_site, 1 << 20, 0x7000_0000, 0, 2_000));
-    out.push(call(CudaApi::CudaMalloc, &alloc_site, 4 << 20, 0x7010_0000, 0, 2_000));
-    out.push(call(CudaApi::CuMemAlloc, &[0x40_5050, 0x40_3030], 2 << 20, 0x7100_0000, 0, 3_000));
+    // Segments: every record goes whole (the CUDA API profile counts them), with its memory
+    // record; the same site twice, one stack id.
+    let timed = |e: [Event; 2], duration_ns| e.map(|e| if let Event::Cuda(c) = e { Event::Cuda(CudaCall { duration_ns, ..c }) } else { e });
+    out.extend(timed(allocation(CudaApi::CudaMalloc, &alloc_site, 1 << 20, 0x7000_0000, 0xa1), 2_000));
+    out.extend(timed(allocation(CudaApi::CudaMalloc, &alloc_site, 4 << 20, 0x7010_0000, 0xa1), 2_000));
+    out.extend(timed(allocation(CudaApi::CuMemAlloc, &[0x40_5050, 0x40_3030], 2 << 20, 0x7100_0000, 0xa2), 3_000));
     out.push(call(CudaApi::CudaFree, &[0x40_6060, 0x40_3030], 0, 0x7000_0000, 0, 1_000));
+    out.push(free(CudaApi::CudaFree, 0x7000_0000));
     // PyTorch's allocator: two tensors, the second freed by its deleter (a pointer, no stack).
-    out.push(call(CudaApi::C10Malloc, &[0x40_4141, 0x40_2020, 0x40_3030], 3 << 20, 0x7010_0000, 0, 1_000));
-    out.push(call(CudaApi::C10Malloc, &[0x40_4242, 0x40_3030], 1 << 20, 0x7013_0000, 0, 1_000));
-    out.push(call(CudaApi::C10LocalRawDelete, &[], 0, 0x7013_0000, 0, 0));
+    out.extend(allocation(CudaApi::C10Malloc, &[0x40_4141, 0x40_2020, 0x40_3030], 3 << 20, 0x7010_0000, 0xa3));
+    out.extend(allocation(CudaApi::C10Malloc, &[0x40_4242, 0x40_3030], 1 << 20, 0x7013_0000, 0xa4));
+    out.push(free(CudaApi::C10LocalRawDelete, 0x7013_0000));
     out.push(Event::KernelName(KernelName { pid: PID, handle: 0xabc0, name: "gemm_kernel".into() }));
     for _ in 0..2 {
         out.push(call(CudaApi::CuLaunchKernel, &[0x40_7070, 0x40_3030], 0, 0xabc0, 0, 4_000));
@@ -165,9 +214,17 @@ fn recorded() -> Vec<(String, Profile)> {
     let files: &[gpuflame_symbolizer::MappedFile] = &[];
     let mut collector = Collector::new(&ProfileKind::ALL, 99, TrapCost::default(), 0);
     let no_labels = Default::default();
-    for event in events() {
+    let mut live = LiveModel::default();
+    for mut event in events() {
+        if let Event::Memory(m) = &mut event {
+            live.apply(m);
+        }
+        if matches!(&event, Event::Cuda(c) if c.is_out_of_memory()) {
+            collector.offer(&Input::LiveAtOom { pid: PID, live: &live.live() });
+        }
         collector.record(&event, ProcessView { files: Some(files), python: None });
     }
+    collector.offer(&Input::LiveAtWindowEnd(&live.live()));
     let start = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
     let duration = Duration::from_secs(5);
     let coverage = Coverage { attached: duration, elapsed: duration, exact: true, trap_cost: TrapCost { emulated: Duration::from_nanos(700), stepped: Duration::from_nanos(2_000), nested_return: false }, window: Duration::ZERO };

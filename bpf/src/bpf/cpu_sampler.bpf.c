@@ -50,6 +50,9 @@ enum shard_layout layout_shard_layout = SHARD_BLOCKS;
 enum stack_copy_layout layout_stack_copy_layout = STACK_COPY_MAX_BYTES;
 struct table_info layout_table_info = {};
 struct unwind_block layout_unwind_block = {};
+struct memory_event layout_memory_event = {};
+enum live_flags layout_live_flags = LIVE_SAMPLED_OUT;
+enum memory_event_flags layout_memory_event_flags = MEMORY_FREED;
 
 SEC("perf_event")
 int on_cpu_sample(struct bpf_perf_event_data *ctx)

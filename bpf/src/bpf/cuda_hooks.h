@@ -262,14 +262,21 @@ static __always_inline int cuda_return(struct pt_regs *ctx, __u32 api)
 	c->addr = 0;
 	c->handle = 0;
 	c->hook_ns = 0;
+	c->stack_id = 0;
 	switch (cuda_class_of(api)) {
 	case CUDA_CLASS_ALLOC:
 		c->size = call->args[1];
 		if (result == 0 && bpf_probe_read_user(&c->addr, sizeof(c->addr), (void *)call->args[0]))
 			c->addr = 0;
+		/* Out of memory outside PyTorch's allocator (which retries): what held it is read. */
+		if (result == 2 && !(call->flags & CUDA_CALL_IN_ALLOCATOR))
+			live_hold_for_oom(id >> 32);
 		break;
 	case CUDA_CLASS_FREE:
 		c->addr = call->args[0];
+		/* Out of the live set now; the record goes on for the CUDA API profile. */
+		if (result == 0 && c->addr && api != CU_MEM_RELEASE)
+			live_freed(id >> 32, tid, c->addr, api);
 		break;
 	case CUDA_CLASS_TENSOR_OOM: {
 		/* The allocator reports, then throws: the malloc it is in never returns, and is
@@ -278,6 +285,7 @@ static __always_inline int cuda_return(struct pt_regs *ctx, __u32 api)
 		struct cuda_call_key alloc = { .tid = tid, .cls = CUDA_CLASS_TENSOR_ALLOC };
 
 		bpf_map_delete_elem(&cuda_calls, &alloc);
+		live_hold_for_oom(id >> 32);
 		c->result = 2;
 		c->size = call->args[0];
 		c->addr = call->args[1];
@@ -293,7 +301,7 @@ static __always_inline int cuda_return(struct pt_regs *ctx, __u32 api)
 			c->addr = 0;
 		tensor_allocated(c->addr);
 		if (c->addr && !tensor_stack_drawn(c->size)) {
-			send_tensor_without_stack(e, bpf_ktime_get_ns() - now + call->enter_ns);
+			live_allocated(id >> 32, tid, c->addr, c->size, 0, C10_MALLOC, c->device, LIVE_SAMPLED_OUT, 0);
 			return forget_call(&key);
 		}
 		break;

@@ -9,6 +9,8 @@
 #define MAX_USER_FRAMES 512
 #define COMM_LEN 16
 
+#include "memory_events.h"
+
 /* Why the user stack ended. */
 enum unwind_status {
 	UNWIND_END_OF_STACK = 0, /* reached the outermost frame (undefined return address) */
@@ -53,6 +55,8 @@ enum event_kind {
 	EVENT_STACK_COPY = 10,  /* the user stack from the frame where a CPU sample's walk stopped for
 				 * want of a table: stack_copy; stack_copy.bytes of stack. Sent right
 				 * before its sample, which is marked STACK_COPIED (stack_copy.h) */
+	EVENT_MEMORY = 11,      /* an allocation or free of device memory: a struct memory_event of
+				 * its own, not an event_record (memory_events.h) */
 };
 
 /* Who and when: every record. */
@@ -114,6 +118,7 @@ struct cuda_call_payload {
 			    * ncclDataType_t; C10_OUT_OF_MEMORY: the bytes it says it reserved */
 	__u64 hook_ns;     /* time the hooks' programs took: the return's (unwinding included), the
 			    * entry's, and the entries of the calls nested in it */
+	__u64 stack_id;    /* a successful allocation: the id its live_allocation knows the stack by */
 };
 
 /* EVENT_CUDA_KERNEL: a kernel handle that cuModuleGetFunction or cuLibraryGetKernel returned. */

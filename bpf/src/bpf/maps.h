@@ -39,6 +39,13 @@ struct {
 	__uint(max_entries, 256 * 1024);
 } process_events SEC(".maps");
 
+/* Out-of-memory failures' records (event_record, as in `samples`): a ring of their own, so that
+ * the burst that fills `samples` while user space is behind cannot cost the report. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 * 1024);
+} oom_records SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, COUNTER_MAX);

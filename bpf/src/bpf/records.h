@@ -87,6 +87,18 @@ static __always_inline bool send_record(struct event_record *e, __u64 bytes, enu
 	return true;
 }
 
+/* The same for an out-of-memory's record, through its own ring (maps.h), waking the reader. */
+static __always_inline bool send_oom_record(struct event_record *e, __u64 bytes, enum counter lost)
+{
+	if (bytes > sizeof(*e))
+		bytes = sizeof(*e);
+	if (bpf_ringbuf_output(&oom_records, e, bytes, BPF_RB_FORCE_WAKEUP)) {
+		count(lost);
+		return false;
+	}
+	return true;
+}
+
 /* The kernel stack, right after the user frames (user_stack and kernel_stack are one array, so
  * no room is sent for a user stack shorter than the most); the record's bytes with both. */
 static __always_inline __u64 record_kernel_stack_after_user(void *ctx, struct event_record *e)

@@ -1,10 +1,10 @@
-/* PyTorch's caching allocator: which tensors' stacks are taken (byte sampling) and how the others
- * are sent; tensors' frees, from the entry hooks on its frees (cuda_hooks.h) and from its
+/* PyTorch's caching allocator: which tensors' stacks are taken (byte sampling); tensors' frees, from the entry hooks on its frees (cuda_hooks.h) and from its
  * pytorch:free probe (torch_probes.h), sent without a stack. */
 #ifndef GPUFLAME_TORCH_ALLOCATOR_H
 #define GPUFLAME_TORCH_ALLOCATOR_H
 
 #include "cuda_records.h"
+#include "live_allocations.h"
 
 /* The pointer of the last tensor free a thread sent from a deleter or raw_delete: the same free
  * seen again in NativeCachingAllocator::free, which they call where a build did not inline it
@@ -23,7 +23,7 @@ struct {
  * and a smaller one of s bytes with probability 1 - exp(-s / I), by a countdown per CPU over the
  * bytes of small tensors that restarts at an exponential draw of mean I whenever it runs out.
  * User space weighs a drawn tensor by the inverse of that probability; every tensor is still
- * sent, so totals (allocated, reserved, cached) stay exact. Unwinding is most of what a tensor
+ * in the live set (live_allocations.h), so totals (allocated, reserved, cached) stay exact. Unwinding is most of what a tensor
  * costs (3.1 us of 3.7 in on_torch_malloc): that is what is saved. The draws are -ln(u) * I at
  * 1024 evenly spaced u, written by user space at load, picked at random. */
 const volatile __u64 tensor_sample_bytes = 0;
@@ -72,17 +72,6 @@ static __always_inline bool tensor_stack_drawn(__u64 size)
 	return true;
 }
 
-/* A tensor's allocation, its header (whose stack cuda_header zeroed) and payload filled in,
- * sent without its stack: no unwinding, no wake-up. `hook_ns`: what the programs took. */
-static __always_inline void send_tensor_without_stack(struct event_record *e, __u64 hook_ns)
-{
-	struct cuda_call_payload *c = &e->payload.cuda_call;
-
-	c->flags |= CUDA_CALL_SAMPLED_OUT;
-	c->hook_ns = hook_ns;
-	send_record(e, EVENT_FIXED_BYTES, WAKE_WHEN_FILLING, COUNTER_CUDA_LOST);
-}
-
 /* An allocation handed `ptr` out again: its next free is a free. */
 static __always_inline void tensor_allocated(__u64 ptr)
 {
@@ -92,16 +81,13 @@ static __always_inline void tensor_allocated(__u64 ptr)
 		*mark = 0;
 }
 
-/* PyTorch's allocator: a tensor's free is a pointer and nothing else, sent at once: no stack,
- * no wake-up, one trap (thousands a second). From the entry hooks on its frees and the
- * pytorch:free probe (torch_probes.h). */
+/* PyTorch's allocator: a tensor's free is a pointer, out of the live set at once: no stack, no
+ * wake-up, one trap (thousands a second). From the entry hooks on its frees and the pytorch:free
+ * probe (torch_probes.h). */
 static __always_inline void send_tensor_free(__u64 id, __u32 api, __u64 ptr)
 {
-	__u32 slot = SCRATCH_CUDA;
-	struct event_record *e = bpf_map_lookup_elem(&sample_scratch, &slot);
 	/* Only the outer frees set a mark; the inner one reads it. */
 	__u64 *mark = bpf_task_storage_get(&tensor_free_marks, bpf_get_current_task_btf(), 0, api == C10_FREE ? 0 : BPF_LOCAL_STORAGE_GET_F_CREATE);
-	struct cuda_call_payload *c;
 
 	if (api == C10_FREE) {
 		if (mark && *mark == ptr) {
@@ -111,15 +97,8 @@ static __always_inline void send_tensor_free(__u64 id, __u32 api, __u64 ptr)
 	} else if (mark) {
 		*mark = ptr;
 	}
-	if (!e)
-		return;
-	cuda_header(e, EVENT_CUDA_CALL, id);
-	c = &e->payload.cuda_call;
-	__builtin_memset(c, 0, sizeof(*c));
-	c->api = api;
-	c->addr = ptr;
 	count(COUNTER_CUDA_CALLS);
-	send_record(e, EVENT_FIXED_BYTES, WAKE_WHEN_FILLING, COUNTER_CUDA_LOST);
+	live_freed(id >> 32, (__u32)id, ptr, api);
 }
 
 static __always_inline void tensor_freed(struct pt_regs *ctx, __u64 id, __u32 api)

@@ -23,7 +23,7 @@ int on_torch_malloc(struct pt_regs *ctx)
 	struct cuda_call_key key = { .tid = tid, .cls = CUDA_CLASS_TENSOR_ALLOC };
 	struct cuda_call_payload *c;
 	struct event_record *e;
-	long ptr = 0, device = 0, size = 0;
+	long ptr = 0, device = 0, size = 0, stream = 0;
 
 	if (!is_target(id >> 32))
 		return 0;
@@ -37,6 +37,16 @@ int on_torch_malloc(struct pt_regs *ctx)
 	if (usdt_args3(ctx, &ptr, &device, &size))
 		return 0;
 	tensor_allocated(ptr);
+	if (!ptr)
+		return 0;
+	/* The stream, the probe's fourth argument: kept with the tensor, not needed to count it. */
+	if (bpf_usdt_arg(ctx, 3, &stream))
+		stream = 0;
+	count(COUNTER_CUDA_CALLS);
+	if (!tensor_stack_drawn(size)) {
+		live_allocated(id >> 32, tid, ptr, size, 0, C10_MALLOC, (__u8)device, LIVE_SAMPLED_OUT, stream);
+		return 0;
+	}
 	e = bpf_map_lookup_elem(&sample_scratch, &slot);
 	if (!e)
 		return 0;
@@ -47,11 +57,7 @@ int on_torch_malloc(struct pt_regs *ctx)
 	c->device = (__u8)device;
 	c->size = size;
 	c->addr = ptr;
-	count(COUNTER_CUDA_CALLS);
-	if (!tensor_stack_drawn(size)) {
-		send_tensor_without_stack(e, bpf_ktime_get_ns() - t0);
-		return 0;
-	}
+	c->handle = stream;
 	send_call_with_stack(e, slot, tid, C10_MALLOC, t0, 0);
 	return 0;
 }

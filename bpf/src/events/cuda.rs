@@ -5,7 +5,7 @@
 use super::record::Record;
 use super::sample::{sample_of, Sample, StackRead};
 use crate::calibrate::HookTraps;
-use crate::cuda::CudaApi;
+use crate::cuda::{CudaApi, CudaClass};
 use crate::pod::read_pod;
 use crate::skel::types;
 
@@ -70,6 +70,23 @@ pub struct CudaCall {
     /// A tensor whose stack byte sampling passed over ([`crate::SamplerConfig::tensor_sample_bytes`]):
     /// counted, with no stack.
     pub stack_sampled_out: bool,
+    /// A successful allocation: the id of its stack, by which the live set and the memory
+    /// records know it ([`crate::LiveAllocation::stack`]).
+    pub stack_id: u64,
+}
+
+impl CudaCall {
+    /// An allocation that failed for lack of memory, and that nothing retries: PyTorch's
+    /// allocator's report, or a CUDA allocation made outside it that returned out-of-memory. The
+    /// programs hold the process's frees in the live set from then on (live_allocations.h),
+    /// until [`crate::BpfPrograms::live_at_oom`] reads it.
+    pub fn is_out_of_memory(&self) -> bool {
+        match self.api.class() {
+            CudaClass::TensorOom => true,
+            CudaClass::Alloc => self.result == 2 && !self.in_allocator,
+            _ => false,
+        }
+    }
 }
 
 /// A launch as CUPTI's callback saw it inside the injection library (EVENT_CUPTI_LAUNCH): the id
@@ -104,7 +121,7 @@ pub struct KernelName {
 
 /// EVENT_CUDA_CALL: cut after the caller's user stack, which has no kernel part.
 pub(super) fn decode_call(r: &Record) -> Option<CudaCall> {
-    let types::cuda_call_payload { api, result, device, flags, duration_ns, size, addr, handle, hook_ns } = r.payload();
+    let types::cuda_call_payload { api, result, device, flags, duration_ns, size, addr, handle, hook_ns, stack_id } = r.payload();
     Some(CudaCall {
         sample: sample_of(r, &r.slots(), StackRead::Frames(Vec::new())),
         api: CudaApi::from_raw(api)?,
@@ -122,6 +139,7 @@ pub(super) fn decode_call(r: &Record) -> Option<CudaCall> {
         },
         in_allocator: flags & IN_ALLOCATOR != 0,
         stack_sampled_out: flags & SAMPLED_OUT != 0,
+        stack_id,
     })
 }
 
@@ -194,11 +212,12 @@ mod tests {
             addr: 0x7000,
             handle: 9,
             hook_ns: 30,
+            stack_id: 77,
         };
         let data = record(h, stack, &payload, &[0x10, 0x20, 0x30]);
         let Some(c) = decoded(&data, decode_call) else { panic!("not a CUDA call") };
         assert_eq!((c.api, c.result, c.device, c.duration_ns), (CudaApi::CudaMalloc, 2, 1, 500));
-        assert_eq!((c.size, c.addr, c.handle, c.hook_ns, c.sample.pid), (4096, 0x7000, 9, 30, 42));
+        assert_eq!((c.size, c.addr, c.handle, c.hook_ns, c.sample.pid, c.stack_id), (4096, 0x7000, 9, 30, 42, 77));
         assert_eq!((c.in_allocator, c.traps), (true, HookTraps { stepped: true, nested: 2, nested_stepped: 1 }));
         assert_eq!(c.sample.user_stack, vec![UserFrame::Native(0x10), UserFrame::Native(0x20), UserFrame::Native(0x30)]);
         assert_eq!(c.sample.kernel_stack, StackRead::Frames(vec![]));

@@ -5,6 +5,7 @@
 
 mod cuda;
 mod hooked;
+mod memory;
 mod offcpu;
 mod process;
 pub(crate) mod record;
@@ -13,6 +14,7 @@ mod stack_copy;
 
 pub use cuda::{CudaCall, CuptiLaunch, CuptiStatus, GpuKernel, GpuKernelBatch, GpuKernelName, KernelName};
 pub use hooked::HookedStack;
+pub use memory::{LiveKind, MemoryChange, MemoryEvent};
 pub use offcpu::{OffCpuEnd, OffCpuStack, OffCpuState};
 pub use process::{ProcessEvent, ProcessEventKind};
 pub(crate) use process::decode_process_event;
@@ -37,11 +39,17 @@ pub enum Event {
     GpuKernels(GpuKernelBatch),
     GpuKernelName(GpuKernelName),
     HookedStack(HookedStack),
+    /// An allocation or free of the live set of device memory.
+    Memory(MemoryEvent),
 }
 
 /// Decodes a record of the `samples` ring, a stack copy kept until its sample comes. None: a copy,
 /// or a record too short for its kind or of a kind unknown (`Err` then).
 pub(crate) fn decode_ring_record(data: &[u8], copies: &mut CopiesAwaitingSamples) -> Result<Option<Event>, ()> {
+    // The compact records are no event_record: their kind, the first word, says so.
+    if record_kind(data) == Some(types::event_kind::EVENT_MEMORY.0) {
+        return memory::decode(data).map(|m| Some(Event::Memory(m))).ok_or(());
+    }
     let r = Record::new(data).ok_or(())?;
     if r.header.kind == types::event_kind::EVENT_STACK_COPY.0 {
         copies.copy(r.header.tid, r.header.timestamp_ns, stack_copy::decode(&r));
@@ -54,6 +62,11 @@ pub(crate) fn decode_ring_record(data: &[u8], copies: &mut CopiesAwaitingSamples
         }
     }
     Ok(Some(event))
+}
+
+/// The kind of a record of the `samples` ring: its first word, whatever its layout.
+fn record_kind(data: &[u8]) -> Option<u32> {
+    data.get(..4).and_then(|b| b.try_into().ok()).map(u32::from_ne_bytes)
 }
 
 /// Decodes a record of the `samples` ring. None: too short for its kind, or of a kind unknown.

@@ -90,12 +90,12 @@ pub(super) mod tests {
 
     #[test]
     fn the_record_layout_is_the_c_one() {
-        // A 40-byte header, 64 bytes of stack outcome, the largest payload (a CUDA call, 56),
+        // A 40-byte header, 64 bytes of stack outcome, the largest payload (a CUDA call, 64),
         // then 512 user and 127 kernel frames. A CPU sample goes whole: its size is ring space.
         assert_eq!((size_of::<types::event_header>(), STACK_AT), (40, 40));
         assert_eq!((size_of::<types::event_stack>(), PAYLOAD_AT), (64, 104));
-        assert_eq!((size_of::<types::event_payload>(), size_of::<types::cuda_call_payload>()), (56, 56));
-        assert_eq!((FIXED_BYTES, KERNEL_STACK_AT, RECORD_BYTES), (160, 160 + 512 * 8, 160 + 512 * 8 + 127 * 8));
+        assert_eq!((size_of::<types::event_payload>(), size_of::<types::cuda_call_payload>()), (64, 64));
+        assert_eq!((FIXED_BYTES, KERNEL_STACK_AT, RECORD_BYTES), (168, 168 + 512 * 8, 168 + 512 * 8 + 127 * 8));
         assert_eq!((SLOTS, USER_SLOTS), (512 + 127, 512));
         // Every payload fits the union, and starts where it does.
         for size in [

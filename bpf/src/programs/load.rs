@@ -172,6 +172,7 @@ fn configure(open: &mut OpenCpuSamplerSkel<'static>, config: &SamplerConfig) -> 
     rodata.tensor_sample_bytes = config.tensor_sample_bytes;
     rodata.copy_every_stack = u8::from(config.copy_every_stack);
     open.maps.samples.set_max_entries(ring).map_err(BpfError::load)?;
+    open.maps.live_allocations.set_max_entries(config.max_live_allocations.max(1)).map_err(BpfError::load)?;
     let cpus = libbpf_rs::num_possible_cpus().map_err(BpfError::load)?;
     open.maps.stack_copies.set_max_entries(u32::try_from(cpus).unwrap_or(u32::MAX)).map_err(BpfError::load)?;
     Ok(())

@@ -88,6 +88,10 @@ pub struct AgentArgs {
     /// inverse; every tensor is still counted. 0 takes every stack [default: 2097152, 2 MiB].
     #[arg(long, value_name = "BYTES", env = "GPUFLAME_TENSOR_SAMPLE_BYTES")]
     pub tensor_sample_bytes: Option<u64>,
+    /// The most tensors and segments kept live at once, in the kernel (~100 bytes each when
+    /// used); more are counted and left out of in-use [default: 1048576].
+    #[arg(long, value_name = "N", env = "GPUFLAME_MAX_LIVE_ALLOCATIONS")]
+    pub max_live_allocations: Option<u32>,
     /// Push one window and exit.
     #[arg(long)]
     pub once: bool,
@@ -151,6 +155,7 @@ struct FileConfig {
     hostname: Option<String>,
     profiles: Option<String>,
     tensor_sample_bytes: Option<u64>,
+    max_live_allocations: Option<u32>,
     kernel_threads: Option<bool>,
     thread_names: Option<ThreadNames>,
     device_label: Option<DeviceLabel>,
@@ -191,6 +196,7 @@ pub struct AgentConfig {
     pub profiles: Vec<crate::profile_kind::ProfileKind>,
     /// 0: every tensor's stack.
     pub tensor_sample_bytes: u64,
+    pub max_live_allocations: u32,
     /// The profiles were asked for (not the defaults): tensors are then followed by hooks too
     /// where an allocator has no USDT probes.
     pub profiles_asked: bool,
@@ -361,6 +367,10 @@ impl AgentConfig {
             tensor_sample_bytes: match args.tensor_sample_bytes.or(file.tensor_sample_bytes).unwrap_or(DEFAULT_TENSOR_SAMPLE_BYTES) {
                 b if b <= 1 << 40 => b,
                 b => return Err(err(format!("tensor_sample_bytes {b} is out of range (0 to 1 TiB)"))),
+            },
+            max_live_allocations: match args.max_live_allocations.or(file.max_live_allocations).unwrap_or(gpuflame_bpf::SamplerConfig::DEFAULT_LIVE_ALLOCATIONS) {
+                0 => return Err(err("max_live_allocations 0: the live set needs room for one allocation at least")),
+                n => n,
             },
             once: args.once,
             kernel_threads: !args.no_kernel_threads && file.kernel_threads.unwrap_or(true),

@@ -154,6 +154,7 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
         rank_labels: cfg.rank_labels.clone(),
         memory_timeline: false,
         tensor_sample_bytes: cfg.tensor_sample_bytes,
+        max_live_allocations: cfg.max_live_allocations,
         tensors_by_hooks: cfg.profiles_asked,
         service_names: Some(namer),
         check_unwinder: false,

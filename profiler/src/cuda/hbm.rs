@@ -71,6 +71,8 @@ pub struct HbmStats {
     pub overwritten: u64,
     /// Allocations whose stack byte sampling passed over (tensors under the agent's defaults).
     pub without_stack: u64,
+    /// Allocations the live set had no room for: missing from in-use.
+    pub untracked: u64,
 }
 
 #[derive(Default)]

@@ -2,19 +2,23 @@
 //! tensors: what is reserved, what tensors hold, the difference (cached), and which stacks hold
 //! it over time.
 //!
-//! Segments are `cuda::hbm`'s accounting of cudaMalloc and the driver's allocations. Tensors are
-//! the same accounting of the allocator's `malloc` and frees, in a ledger of their own. A segment
-//! the allocator asked for while a tensor waited is reserved memory: the tensors in it hold it,
-//! so the holders of a process are its tensors and the segments that something else (NCCL, a
-//! cuBLAS workspace, raw CUDA calls) allocated.
+//! What is in use is read from the live set the kernel keeps (`cuda::live`), tensors and
+//! segments (cudaMalloc and the like) alike; the memory records (allocations and frees, with
+//! their stack ids) make the allocation profiles and the timeline; physical memory (cuMemCreate)
+//! is `cuda::hbm`'s accounting of its records. A segment the allocator asked for while a tensor
+//! waited is reserved memory: the tensors in it hold it, so the holders of a process are its
+//! tensors and the segments that something else (NCCL, a cuBLAS workspace, raw CUDA calls)
+//! allocated.
 
 use std::collections::{BTreeMap, HashSet};
 use std::rc::Rc;
 
-use gpuflame_bpf::CudaApi;
+use gpuflame_bpf::{CudaApi, LiveAllocation, MemoryChange, MemoryEvent};
 
-use super::hbm::{Hbm, Site, SiteTotals};
+use super::hbm::{weighed, Hbm, HbmStats, Site, SiteTotals};
+use super::live::{self, is_tensor, LiveSites};
 use super::memory_points::MemoryTimeline;
+use crate::stacks::StackKey;
 
 /// One device's memory, over the processes asked about.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -60,8 +64,18 @@ impl std::fmt::Display for DeviceUse {
 
 #[derive(Default)]
 pub struct DeviceMemory {
-    pub segments: Hbm,
-    pub tensors: Hbm,
+    /// Physical memory (cuMemCreate), followed from the records: the live set keeps addresses.
+    pub physical: Hbm,
+    pub sites: LiveSites,
+    /// Counted from the memory records: segments (cudaMalloc and the like) and tensors.
+    pub segment_stats: HbmStats,
+    pub tensor_stats: HbmStats,
+    segment_allocs: SiteTotals,
+    tensor_allocs: SiteTotals,
+    /// The live set as read at the last window's end.
+    live: Vec<LiveAllocation>,
+    /// The live set of a process at its out-of-memory, as it was then.
+    oom_live: Option<(u32, Vec<LiveAllocation>)>,
     /// Processes whose caching allocator was seen handing out tensors.
     allocator_pids: HashSet<u32>,
     /// Kept only when a timeline is drawn (`record`): its sites grow with every stack that
@@ -71,41 +85,90 @@ pub struct DeviceMemory {
     /// Segment allocations that failed inside the allocator, which then frees its cache and
     /// tries again: an out-of-memory only if its own report follows.
     pub allocator_retries: u64,
-    /// What processes that exited during the window held when they exited; kept after the
-    /// window closes (its report reads it) until something happens in the next.
+    /// Physical memory of processes that exited during the window, as it was when they exited.
     exited: Vec<DeviceUse>,
     exited_stale: bool,
 }
 
 impl DeviceMemory {
-    pub fn segment_allocated(&mut self, t_ns: u64, pid: u32, api: CudaApi, addr: u64, size: u64, site: Rc<Site>) {
-        self.next_window();
-        if !site.via_allocator && api != CudaApi::CuMemCreate {
-            self.track(t_ns, &site, size as i64);
-        }
-        self.segments.allocated(pid, api, addr, size, site);
+    pub fn new(tensor_sample_bytes: u64) -> Self {
+        DeviceMemory { sites: LiveSites::new(tensor_sample_bytes), ..Default::default() }
     }
 
-    /// A segment freed, released, mapped or unmapped.
-    pub fn segment_changed(&mut self, t_ns: u64, pid: u32, api: CudaApi, addr: u64, size: u64, handle: u64) {
-        if let Some((site, size)) = self.segments.changed(pid, api, addr, size, handle).filter(|(s, _)| !s.via_allocator) {
-            self.track(t_ns, &site, -(size as i64));
+    /// The record of an allocation that carried its stack: what its stack id stands for.
+    pub fn learn_stack(&mut self, pid: u32, stack_id: u64, stack: StackKey) {
+        if stack_id != 0 {
+            self.sites.learn(pid, stack_id, stack);
         }
     }
 
-    /// `weight`: what the tensor stands for in its stack's bytes (byte sampling: 1/chance for a
-    /// drawn one, 0 for one passed over; 1 without sampling). Totals count its size.
-    #[allow(clippy::too_many_arguments)]
-    pub fn tensor_allocated(&mut self, t_ns: u64, pid: u32, api: CudaApi, addr: u64, size: u64, site: Rc<Site>, weight: f64) {
+    /// Physical memory created (cuMemCreate): user space's to follow, by its records.
+    pub fn physical_created(&mut self, pid: u32, api: CudaApi, handle: u64, size: u64, site: Rc<Site>) {
         self.next_window();
-        self.allocator_pids.insert(pid);
-        self.track(t_ns, &site, super::hbm::weighed(size, weight));
-        self.tensors.allocated_weighed(pid, api, addr, size, site, weight);
+        self.segment_stats.allocations += 1;
+        self.physical.allocated(pid, api, handle, size, site);
     }
 
-    pub fn tensor_freed(&mut self, t_ns: u64, pid: u32, addr: u64) {
-        if let Some((site, size, weight)) = self.tensors.freed_weighed(pid, addr) {
-            self.track(t_ns, &site, -super::hbm::weighed(size, weight));
+    /// Physical memory released, mapped or unmapped.
+    pub fn physical_changed(&mut self, pid: u32, api: CudaApi, addr: u64, size: u64, handle: u64) {
+        self.physical.changed(pid, api, addr, size, handle);
+    }
+
+    /// An allocation or free of the live set, as its record told it.
+    pub fn memory_event(&mut self, e: &MemoryEvent) {
+        self.next_window();
+        let tensor = e.kind.api.is_some_and(CudaApi::is_tensor);
+        let stats = if tensor { &mut self.tensor_stats } else { &mut self.segment_stats };
+        match e.change {
+            MemoryChange::Allocated { replaced, untracked } => {
+                stats.allocations += 1;
+                stats.overwritten += u64::from(replaced);
+                stats.untracked += u64::from(untracked);
+                if tensor {
+                    self.allocator_pids.insert(e.pid);
+                }
+                let weight = self.sites.weight(e.size, &e.kind);
+                let Some(site) = self.sites.site(e.pid, e.stack, &e.kind) else {
+                    stats.without_stack += 1;
+                    return;
+                };
+                let t = if tensor { &mut self.tensor_allocs } else { &mut self.segment_allocs }.entry(Rc::clone(&site)).or_default();
+                t.0 += weighed(e.size, weight);
+                t.1 += if weight == 1.0 { 1 } else { weight.round() as i64 };
+                if tensor || !site.via_allocator {
+                    self.track(e.timestamp_ns, &site, weighed(e.size, weight));
+                }
+            }
+            MemoryChange::Freed => {
+                stats.frees += 1;
+                let weight = self.sites.weight(e.size, &e.kind);
+                if let Some(site) = self.sites.site(e.pid, e.stack, &e.kind) {
+                    if tensor || !site.via_allocator {
+                        self.track(e.timestamp_ns, &site, -weighed(e.size, weight));
+                    }
+                }
+            }
+            MemoryChange::UnknownFree => stats.unknown_frees += 1,
+        }
+    }
+
+    /// The live set as read at a window's end: in-use is made of it. Frees held for an
+    /// out-of-memory are frees.
+    pub fn live_at_window_end(&mut self, mut live: Vec<LiveAllocation>) {
+        live.retain(|a| a.freed_ns == 0);
+        self.live = live;
+    }
+
+    /// The live set of `pid` at its out-of-memory, for the report that comes next.
+    pub fn live_at_oom(&mut self, pid: u32, live: Vec<LiveAllocation>) {
+        self.oom_live = Some((pid, live));
+    }
+
+    /// What the last read of the live set says of `pid`: its out-of-memory's, where it had one.
+    fn live_of(&self, pid: u32) -> &[LiveAllocation] {
+        match &self.oom_live {
+            Some((p, live)) if *p == pid => live,
+            _ => &self.live,
         }
     }
 
@@ -123,32 +186,43 @@ impl DeviceMemory {
     }
 
     pub fn allocator_seen(&self, pid: u32) -> bool {
-        self.allocator_pids.contains(&pid)
+        self.allocator_pids.contains(&pid) || self.live_of(pid).iter().any(|a| a.pid == pid && is_tensor(a))
     }
 
     pub fn process_exited(&mut self, t_ns: u64, pid: u32) {
         self.next_window();
-        let held = self.by_device(Some(pid));
+        let held = physical_by_device(&self.physical, Some(pid));
         self.exited = merge(std::mem::take(&mut self.exited), held);
         if self.timeline_on {
             // The state before the exit, then the memory gone at once: one step down.
             self.timeline.flush();
-            for (site, (bytes, _)) in self.holders(pid, None) {
+            for (site, bytes) in self.timeline.held_by(pid) {
                 self.timeline.change_without_point(t_ns, &site, -bytes);
             }
             self.timeline.flush();
         }
-        self.segments.process_exited(pid);
-        self.tensors.process_exited(pid);
+        self.physical.process_exited(pid);
+        if matches!(&self.oom_live, Some((p, _)) if *p == pid) {
+            self.oom_live = None;
+        }
+    }
+
+    /// The process's records are all in: its stacks go.
+    pub fn forget(&mut self, pid: u32) {
+        self.sites.forget(pid);
         self.allocator_pids.remove(&pid);
     }
 
     /// What holds the memory of process `pid` (on one device, or all): its tensors, and the
     /// segments allocated outside its allocator.
-    pub fn holders(&self, pid: u32, device: Option<u32>) -> SiteTotals {
-        let mut out = self.tensors.in_use_of(Some(pid));
-        out.extend(self.segments.in_use_of(Some(pid)).into_iter().filter(|(s, _)| !s.via_allocator));
-        out.retain(|s, _| device.is_none_or(|d| s.device == d));
+    pub fn holders(&mut self, pid: u32, device: Option<u32>) -> SiteTotals {
+        let live = match &self.oom_live {
+            Some((p, live)) if *p == pid => live.clone(),
+            _ => self.live.clone(),
+        };
+        let mut out = self.sites.in_use(&live, true, Some(pid), device);
+        out.extend(self.sites.in_use(&live, false, Some(pid), device).into_iter().filter(|(s, _)| !s.via_allocator));
+        out.extend(self.physical.in_use_of(Some(pid)).into_iter().filter(|(s, _)| device.is_none_or(|d| s.device == d)));
         out
     }
 
@@ -169,34 +243,54 @@ impl DeviceMemory {
         }
     }
 
+    /// What was allocated in the window and what is in use at its end, of segments then of
+    /// tensors: [segment allocs, segments in use, tensor allocs, tensors in use].
+    pub fn take_window(&mut self) -> [SiteTotals; 4] {
+        let (physical_allocs, physical_in_use) = self.physical.take_window();
+        let mut segment_allocs = std::mem::take(&mut self.segment_allocs);
+        segment_allocs.extend(physical_allocs);
+        let live = std::mem::take(&mut self.live);
+        let mut segments = self.sites.in_use(&live, false, None, None);
+        segments.extend(physical_in_use);
+        let tensors = self.sites.in_use(&live, true, None, None);
+        self.live = live;
+        [segment_allocs, segments, std::mem::take(&mut self.tensor_allocs), tensors]
+    }
+
     /// Reserved, allocated and cached per device, of one process or of all.
     pub fn by_device(&self, pid: Option<u32>) -> Vec<DeviceUse> {
-        let segments = self.segments.by_device(pid);
-        let tensors = self.tensors.by_device(pid);
+        let live = pid.map_or(&self.live[..], |p| self.live_of(p));
         let allocator = match pid {
             Some(p) => self.allocator_seen(p),
-            None => !self.allocator_pids.is_empty(),
+            None => !self.allocator_pids.is_empty() || live.iter().any(is_tensor),
         };
         let mut devices: BTreeMap<u32, DeviceUse> = BTreeMap::new();
-        for (&device, &(all, via)) in &segments {
+        for (device, (all, via, tensors)) in live::by_device(live, pid) {
             let d = devices.entry(device).or_insert(DeviceUse { device, ..Default::default() });
             if allocator {
                 d.reserved = via;
                 d.outside = all - via;
+                d.allocated = Some(tensors);
             } else {
                 d.reserved = all;
             }
         }
-        if allocator {
-            for d in devices.values_mut() {
-                d.allocated = Some(0);
-            }
-            for (&device, &(bytes, _)) in &tensors {
-                devices.entry(device).or_insert(DeviceUse { device, ..Default::default() }).allocated = Some(bytes);
+        for d in physical_by_device(&self.physical, pid) {
+            let e = devices.entry(d.device).or_insert(DeviceUse { device: d.device, ..Default::default() });
+            if allocator {
+                e.outside += d.reserved;
+                e.allocated.get_or_insert(0);
+            } else {
+                e.reserved += d.reserved;
             }
         }
         devices.into_values().collect()
     }
+}
+
+/// Physical memory live per device, as reserved bytes.
+fn physical_by_device(physical: &Hbm, pid: Option<u32>) -> Vec<DeviceUse> {
+    physical.by_device(pid).into_iter().map(|(device, (all, _))| DeviceUse { device, reserved: all, ..Default::default() }).collect()
 }
 
 /// Two sets of devices' figures, added up device by device.
@@ -217,40 +311,70 @@ fn merge(a: Vec<DeviceUse>, b: Vec<DeviceUse>) -> Vec<DeviceUse> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stacks::StackKey;
+    use gpuflame_bpf::LiveKind;
 
-    fn site(n: u32, via_allocator: bool) -> Rc<Site> {
-        let stack = StackKey { pid: 1, tid: n, comm: "t".into(), kernel: vec![], user: vec![], root: None, tail: vec![], leaf: None };
-        Rc::new(Site { stack, device: 0, via_allocator })
+    fn stack(n: u32) -> StackKey {
+        StackKey { pid: 1, tid: n, comm: "t".into(), kernel: vec![], user: vec![], root: None, tail: vec![], leaf: None }
     }
 
+    fn kind(api: CudaApi, in_allocator: bool) -> LiveKind {
+        LiveKind { api: Some(api), in_allocator, ..Default::default() }
+    }
+
+    fn event(t: u64, addr: u64, size: u64, stack: u64, kind: LiveKind, change: MemoryChange) -> MemoryEvent {
+        MemoryEvent { pid: 1, tid: 1, timestamp_ns: t, addr, size, stack, kind, change }
+    }
+
+    fn live(addr: u64, size: u64, stack: u64, kind: LiveKind) -> LiveAllocation {
+        LiveAllocation { pid: 1, tid: 1, addr, size, stack, t_ns: 1, stream: 0, freed_ns: 0, kind }
+    }
+
+    const NEW: MemoryChange = MemoryChange::Allocated { replaced: false, untracked: false };
+
     #[test]
-    fn reserved_allocated_and_cached_per_device() {
-        let mut m = DeviceMemory { timeline_on: true, ..Default::default() };
-        m.segment_allocated(1, 1, CudaApi::CudaMalloc, 0x1000, 20 << 20, site(1, true));
-        m.tensor_allocated(1, 1, CudaApi::C10Malloc, 0x1000, 4 << 20, site(2, false), 1.0);
-        m.tensor_allocated(2, 1, CudaApi::C10Malloc, 0x2000, 6 << 20, site(3, false), 1.0);
-        m.segment_allocated(3, 1, CudaApi::CudaMalloc, 0x9000, 1 << 20, site(4, false));
-        m.tensor_freed(4, 1, 0x2000);
-        m.tensor_freed(4, 1, 0x7777);
+    fn reserved_allocated_and_cached_per_device_from_the_live_set() {
+        let mut m = DeviceMemory { timeline_on: true, ..DeviceMemory::new(0) };
+        for (id, n) in [(11, 1), (12, 2), (13, 3), (14, 4)] {
+            m.learn_stack(1, id, stack(n));
+        }
+        let (segment, tensor, outside) = (kind(CudaApi::CudaMalloc, true), kind(CudaApi::C10Malloc, false), kind(CudaApi::CudaMalloc, false));
+        m.memory_event(&event(1, 0x1000, 20 << 20, 11, segment, NEW));
+        m.memory_event(&event(1, 0x1000, 4 << 20, 12, tensor, NEW));
+        m.memory_event(&event(2, 0x2000, 6 << 20, 13, tensor, NEW));
+        m.memory_event(&event(3, 0x9000, 1 << 20, 14, outside, NEW));
+        m.memory_event(&event(4, 0x2000, 6 << 20, 13, tensor, MemoryChange::Freed));
+        let unknown = LiveKind { api: Some(CudaApi::C10LocalRawDelete), ..Default::default() };
+        m.memory_event(&event(4, 0x7777, 0, 0, unknown, MemoryChange::UnknownFree));
+        assert_eq!((m.tensor_stats.allocations, m.tensor_stats.frees, m.tensor_stats.unknown_frees), (2, 1, 1));
+        m.live_at_window_end(vec![live(0x1000, 20 << 20, 11, segment), live(0x1000, 4 << 20, 12, tensor), live(0x9000, 1 << 20, 14, outside)]);
         let d = m.by_device(Some(1));
         assert_eq!(d, vec![DeviceUse { device: 0, reserved: 20 << 20, allocated: Some(4 << 20), outside: 1 << 20 }]);
         assert_eq!(d[0].cached(), Some(16 << 20));
-        assert_eq!(m.tensors.stats.unknown_frees, 1);
         // The holders: the live tensor and the segment from outside the allocator.
         let holders = m.holders(1, Some(0));
-        assert_eq!(holders.len(), 2);
-        assert_eq!(holders[&site(2, false)], (4 << 20, 1));
-        assert_eq!(holders[&site(4, false)], (1 << 20, 1));
+        assert_eq!(holders.values().copied().collect::<std::collections::BTreeSet<_>>(), [(1 << 20, 1), (4 << 20, 1)].into());
+        let [segment_allocs, segments, tensor_allocs, tensors] = m.take_window();
+        assert_eq!((segment_allocs.len(), segments.len(), tensor_allocs.len(), tensors.len()), (2, 2, 2, 1));
         m.timeline.finish(5);
         let (_, points) = m.timeline.devices().next().unwrap();
         assert_eq!(points.last().unwrap().total, 5 << 20);
     }
 
     #[test]
+    fn the_live_set_at_an_oom_is_what_the_report_reads() {
+        let mut m = DeviceMemory::new(0);
+        let tensor = kind(CudaApi::C10Malloc, false);
+        m.live_at_window_end(vec![live(0x1000, 100, 1, tensor)]);
+        m.live_at_oom(1, vec![live(0x1000, 100, 1, tensor), live(0x2000, 300, 1, tensor)]);
+        assert_eq!(m.holders(1, None).values().map(|t| t.0).sum::<i64>(), 400);
+        assert_eq!(m.by_device(Some(1))[0].allocated, Some(400));
+        assert_eq!(m.by_device(None)[0].allocated, Some(100));
+    }
+
+    #[test]
     fn without_an_allocator_segments_are_what_is_reserved() {
-        let mut m = DeviceMemory::default();
-        m.segment_allocated(1, 1, CudaApi::CudaMalloc, 0x1000, 100, site(1, false));
+        let mut m = DeviceMemory::new(0);
+        m.live_at_window_end(vec![live(0x1000, 100, 1, kind(CudaApi::CudaMalloc, false))]);
         assert_eq!(m.by_device(None), vec![DeviceUse { device: 0, reserved: 100, allocated: None, outside: 0 }]);
     }
 }

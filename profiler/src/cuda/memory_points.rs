@@ -93,6 +93,20 @@ impl MemoryTimeline {
         }
     }
 
+    /// What each site of process `pid` holds on the timeline now.
+    pub fn held_by(&self, pid: u32) -> Vec<(Rc<Site>, i64)> {
+        let mut out = Vec::new();
+        for line in self.devices.values() {
+            for (&id, &bytes) in &line.live {
+                let site = &self.sites[id as usize];
+                if site.stack.pid == pid {
+                    out.push((Rc::clone(site), bytes as i64));
+                }
+            }
+        }
+        out
+    }
+
     pub fn oom(&mut self, t_ns: u64, device: u32, requested: u64) {
         self.first_ns.get_or_insert(t_ns);
         self.last_ns = self.last_ns.max(t_ns);

@@ -10,6 +10,7 @@ pub mod hbm;
 mod coverage;
 pub mod hooks;
 pub mod injection;
+pub mod live;
 pub mod memory;
 pub mod nccl;
 pub mod ready;

@@ -72,6 +72,7 @@ pub fn run(opts: &DumpOptions) -> anyhow::Result<i32> {
         rank_labels: opts.rank_labels.clone(),
         memory_timeline: false,
         tensor_sample_bytes: 0,
+        max_live_allocations: 1,
         tensors_by_hooks: false,
         service_names: None,
         check_unwinder: false,

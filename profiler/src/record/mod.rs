@@ -53,6 +53,8 @@ pub struct RecordOptions {
     pub memory_timeline: Option<PathBuf>,
     /// Byte sampling of tensors' stacks: the interval, 0 for every stack.
     pub tensor_sample_bytes: u64,
+    /// The live set's bound (`SamplerConfig::max_live_allocations`).
+    pub max_live_allocations: u32,
     /// `--check-unwinder` (tests).
     pub check_unwinder: bool,
 }
@@ -178,6 +180,7 @@ fn record(opts: &RecordOptions, format: Format, outputs: &[(ProfileKind, Output)
         rank_labels: opts.rank_labels.clone(),
         memory_timeline: opts.memory_timeline_path().is_some(),
         tensor_sample_bytes: opts.tensor_sample_bytes,
+        max_live_allocations: opts.max_live_allocations,
         tensors_by_hooks: true,
         service_names: None,
         check_unwinder: opts.check_unwinder,

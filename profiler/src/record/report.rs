@@ -46,7 +46,8 @@ impl End {
         if let (Some(c), Some(coverage)) = (session.processes().cuda(), window.coverage) {
             report_cuda(&c.hooks.stats, &session.source_stats(), coverage, &counters.cuda);
         }
-        let memory = session.processes().cuda().map(|c| memory_lines(&c.hooks.stats, &session.source_stats())).unwrap_or_default();
+        let mut memory = session.processes().cuda().map(|c| memory_lines(&c.hooks.stats, &session.source_stats())).unwrap_or_default();
+        memory.extend(crate::cuda::live::loss_lines(&counters.cuda));
         Ok(End {
             memory,
             malformed: session.programs().malformed_records(),

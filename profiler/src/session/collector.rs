@@ -3,7 +3,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use gpuflame_bpf::{CudaClass, Event, OffCpuState, Sample, TrapCost};
+use gpuflame_bpf::{Event, OffCpuState, Sample, TrapCost};
 use super::processes::{Gone, ProcessView};
 use super::window::{Oom, WindowStats};
 use crate::cuda::Coverage;
@@ -51,8 +51,8 @@ impl Collector {
                 let stack = stacks.wait_stack(&record.sample, files, python);
                 sources.all().for_each(|s| s.add(&Input::OffCpu { record, stack: &stack }, stacks));
             }
-            // Thousands a second, and nothing but a pointer.
-            Event::Cuda(call) if call.api.class() == CudaClass::TensorFree => self.offer(&Input::TensorFreed(call)),
+            // Thousands a second, and no stack.
+            Event::Memory(m) => self.offer(&Input::Memory(m)),
             Event::Cuda(call) => {
                 // A tensor byte sampling passed over: counted in the totals, under no stack.
                 let stack = if call.stack_sampled_out {
@@ -77,6 +77,11 @@ impl Collector {
             Event::GpuKernelName(n) => self.offer(&Input::GpuKernelName(n)),
             Event::Process(_) => {}
         }
+    }
+
+    /// Whether device memory is profiled: the live set is read for it.
+    pub fn wants_memory(&self) -> bool {
+        self.sources.memory.is_some()
     }
 
     /// A record without a stack.

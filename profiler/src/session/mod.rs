@@ -5,6 +5,7 @@
 mod collector;
 mod kernel;
 mod late;
+mod live_set;
 mod order;
 mod processes;
 mod threads_now;
@@ -14,7 +15,7 @@ mod window;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use gpuflame_bpf::{BpfError, BpfPrograms, Event, OffCpuSampling, ThreadState, OptionalPrograms, TrapCost, ProcessEventKind, RingUse, SamplerConfig, Targets};
+use gpuflame_bpf::{BpfError, BpfPrograms, Event, LiveAllocation, OffCpuSampling, ThreadState, OptionalPrograms, TrapCost, ProcessEventKind, RingUse, SamplerConfig, Targets};
 
 pub use collector::Collector;
 pub use processes::{CudaState, Gone, ProcessView, Processes};
@@ -23,6 +24,7 @@ pub use waiting::WaitingStats;
 pub use window::{Flow, Oom, Window, WindowStats};
 use waiting::WaitingThreads;
 use late::LateStacks;
+use live_set::LiveSet;
 pub use late::{LateStats, UnwinderCheck};
 use order::{record_sample, reports_first_for_new_processes};
 use window::OpenWindow;
@@ -61,6 +63,8 @@ pub struct SessionConfig {
     pub memory_timeline: bool,
     /// Byte sampling of tensors' stacks: the interval, 0 for every stack (`SamplerConfig`).
     pub tensor_sample_bytes: u64,
+    /// The most allocations the live set of device memory holds.
+    pub max_live_allocations: u32,
     /// Follow tensors by hooks on the allocator's functions where it has no USDT probes.
     pub tensors_by_hooks: bool,
     /// Name each process's service, pod and container at its first record (the agent).
@@ -89,6 +93,8 @@ pub struct Session {
     off_cpu_period_ns: u64,
     /// While `gpuflame dump` waits for the running threads' stacks: each thread's last CPU sample.
     tap: Option<std::collections::HashMap<u32, gpuflame_bpf::Sample>>,
+    /// The live set of device memory: which processes' allocations leave it after the window.
+    live: LiveSet,
 }
 
 impl Session {
@@ -122,6 +128,7 @@ impl Session {
             ring,
             lazy_process_events: read_delay.is_some(),
             tensor_sample_bytes: config.tensor_sample_bytes,
+            max_live_allocations: config.max_live_allocations,
             copy_every_stack: config.check_unwinder,
             programs: OptionalPrograms { off_cpu: needs.switches, cuda: needs.cuda.is_some() || needs.cupti, threads: config.thread_reports },
         };
@@ -199,6 +206,7 @@ impl Session {
             waiting: WaitingThreads::default(),
             off_cpu_period_ns,
             tap: None,
+            live: LiveSet::default(),
         };
         // Threads that wait since before now are followed from here, their stacks read now,
         // before they may wake.
@@ -251,6 +259,7 @@ impl Session {
             match event {
                 Event::Process(ev) => {
                     let gone = self.processes.event(&mut self.sampler, ev, &mut refreshed);
+                    self.live.gone(&gone);
                     self.collector.processes_gone(&gone);
                 }
                 Event::CuptiStatus(status) => {
@@ -258,6 +267,15 @@ impl Session {
                     self.collector.offer(&Input::CuptiStatus(&status));
                 }
                 Event::Cuda(_) if self.processes.cuda().is_none() => {}
+                Event::Cuda(call) if call.is_out_of_memory() && self.collector.wants_memory() => {
+                    // What held the memory then, before the report that reads it.
+                    let pid = call.sample.pid;
+                    match self.sampler.live_at_oom(pid) {
+                        Ok(live) => self.collector.offer(&Input::LiveAtOom { pid, live: &live }),
+                        Err(e) => tracing::warn!("reading the live set at an out-of-memory of pid {pid}: {e}"),
+                    }
+                    self.collect(Event::Cuda(call));
+                }
                 Event::Sample(mut s) if s.stack_copy.is_some() => {
                     if let Some(check) = self.check.as_mut() {
                         check.check(&self.sampler, &s);
@@ -434,11 +452,13 @@ impl Session {
                 break false;
             }
         };
+        // The live set before the last records: every stack id it holds was sent before it.
+        let live = self.live.read(&mut self.sampler, self.collector.wants_memory());
         self.drain()?;
-        Ok(self.close_window(stopped))
+        Ok(self.close_window(stopped, live))
     }
 
-    fn close_window(&mut self, stopped: bool) -> Window {
+    fn close_window(&mut self, stopped: bool, live: Option<Vec<LiveAllocation>>) -> Window {
         // The last window: the held samples wait for their tables a while, then go on.
         if stopped && !self.late.is_empty() {
             self.processes.tracker_mut().wait_for_tables(&mut self.sampler, LAST_TABLES_WAIT);
@@ -453,10 +473,17 @@ impl Session {
         let open = std::mem::replace(&mut self.window, OpenWindow::now());
         let duration = open.start.elapsed();
         let coverage = self.processes.cuda_mut().map(|c| c.hooks.take_coverage());
+        if let Some(live) = &live {
+            self.collector.offer(&Input::LiveAtWindowEnd(live));
+        }
         let (profiles, stats) = self.collector.close(coverage, open.wall, duration, self.processes.labels());
         // Exits can be lost: a process is forgotten once it is gone, not when it has no record.
         let gone = self.processes.window_closed(&mut self.sampler);
+        self.live.gone(&gone);
         self.collector.processes_gone(&gone);
+        if let Some(live) = live {
+            self.live.forget_gone(&self.sampler, live);
+        }
         Window { start: open.wall, duration, profiles, stats, coverage, stopped }
     }
 

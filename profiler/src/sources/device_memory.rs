@@ -1,12 +1,13 @@
 //! Device memory per stack: segments as CUDA gave them (hbm-alloc, hbm-inuse) and tensors as
-//! PyTorch's caching allocator handed them out (tensor-alloc, tensor-inuse), from the ordered
-//! stream of allocations, frees and maps (the accounting is `cuda::memory`). Also where an
+//! PyTorch's caching allocator handed them out (tensor-alloc, tensor-inuse): in use from the live
+//! set the kernel keeps, read at each window's end; allocated from the memory records (the
+//! accounting is `cuda::memory`). Also where an
 //! out-of-memory failure is seen, with what held the memory when it happened, and the memory
 //! timeline.
 
 use std::rc::Rc;
 
-use gpuflame_bpf::{tensor_stack_chance, CudaCall, CudaClass};
+use gpuflame_bpf::{CudaApi, CudaCall, CudaClass};
 
 use super::oom::{site_values, OomReport};
 use super::source::{Closed, Input, Source, SourceStats, WindowInfo};
@@ -24,18 +25,19 @@ pub struct DeviceMemorySource {
     memory: DeviceMemory,
     wants: [bool; 4],
     ooms: Vec<OomReport>,
-    tensor_sample_bytes: u64,
+    /// Processes that exited in this window: their stacks go when it closes.
+    exited: Vec<u32>,
 }
 
 impl DeviceMemorySource {
     /// Which of hbm-alloc, hbm-inuse, tensor-alloc and tensor-inuse to make; the interval of
     /// tensors' byte sampling (0: every tensor has its stack).
     pub fn new(wants: [bool; 4], tensor_sample_bytes: u64) -> Self {
-        DeviceMemorySource { memory: DeviceMemory::default(), wants, ooms: Vec::new(), tensor_sample_bytes }
+        DeviceMemorySource { memory: DeviceMemory::new(tensor_sample_bytes), wants, ooms: Vec::new(), exited: Vec::new() }
     }
 
     fn call(&mut self, call: &CudaCall, stack: &StackKey) {
-        let (pid, t) = (call.sample.pid, call.sample.timestamp_ns);
+        let pid = call.sample.pid;
         let class = call.api.class();
         let ok = call.result == 0;
         let with_call = || {
@@ -43,12 +45,16 @@ impl DeviceMemorySource {
             s.tail.push(TailFrame::Call(call.api.frame_name().to_string()));
             s
         };
-        let site = || Rc::new(Site { stack: with_call(), device: call.device, via_allocator: call.in_allocator });
         let m = &mut self.memory;
         match class {
-            CudaClass::Alloc if ok && call.addr != 0 => m.segment_allocated(t, pid, call.api, call.addr, call.size, site()),
+            // Physical memory is followed by its records; the live set has the rest.
+            CudaClass::Alloc if ok && call.addr != 0 && call.api == CudaApi::CuMemCreate => {
+                let site = Rc::new(Site { stack: with_call(), device: call.device, via_allocator: call.in_allocator });
+                m.physical_created(pid, call.api, call.addr, call.size, site)
+            }
+            CudaClass::Alloc | CudaClass::TensorAlloc if call.addr != 0 && (ok || class == CudaClass::TensorAlloc) => m.learn_stack(pid, call.stack_id, with_call()),
             CudaClass::Alloc => {
-                m.segments.failed();
+                m.segment_stats.failed_allocations += 1;
                 if call.in_allocator {
                     // PyTorch frees its cache and tries again; its own report says if it failed.
                     m.allocator_retries += 1;
@@ -56,15 +62,12 @@ impl DeviceMemorySource {
                     self.out_of_memory(call, with_call(), None);
                 }
             }
-            CudaClass::Free | CudaClass::Map if ok => m.segment_changed(t, pid, call.api, call.addr, call.size, call.handle),
-            CudaClass::TensorAlloc if call.addr != 0 => {
-                // A drawn tensor stands for 1/chance of its kind; one passed over, for none.
-                let weight = if call.stack_sampled_out { 0.0 } else { 1.0 / tensor_stack_chance(call.size, self.tensor_sample_bytes) };
-                m.tensor_allocated(t, pid, call.api, call.addr, call.size, site(), weight)
+            CudaClass::Free | CudaClass::Map if ok && matches!(call.api, CudaApi::CuMemRelease | CudaApi::CuMemMap | CudaApi::CuMemUnmap) => {
+                m.physical_changed(pid, call.api, call.addr, call.size, call.handle)
             }
-            CudaClass::TensorAlloc => m.tensors.failed(),
+            CudaClass::TensorAlloc => m.tensor_stats.failed_allocations += 1,
             CudaClass::TensorOom => {
-                m.tensors.failed();
+                m.tensor_stats.failed_allocations += 1;
                 self.out_of_memory(call, with_call(), Some((call.addr, call.handle)));
             }
             _ => {}
@@ -101,11 +104,14 @@ impl Source for DeviceMemorySource {
     fn add(&mut self, input: &Input<'_>, _: &mut Stacks) {
         match input {
             Input::CudaCall { call, stack, .. } => self.call(call, stack),
-            Input::TensorFreed(call) => self.memory.tensor_freed(call.sample.timestamp_ns, call.sample.pid, call.addr),
+            Input::Memory(event) => self.memory.memory_event(event),
+            Input::LiveAtWindowEnd(live) => self.memory.live_at_window_end(live.to_vec()),
+            Input::LiveAtOom { pid, live } => self.memory.live_at_oom(*pid, live.to_vec()),
             Input::ProcessExited(pid) => {
                 // After its last record, which may have been read just now.
                 let t = crate::cuda::memory_points::boot_time_ns().max(self.memory.timeline.last_ns() + 1);
-                self.memory.process_exited(t, *pid)
+                self.memory.process_exited(t, *pid);
+                self.exited.push(*pid);
             }
             _ => {}
         }
@@ -114,9 +120,11 @@ impl Source for DeviceMemorySource {
     fn close(&mut self, _: &WindowInfo, _: &mut Stacks) -> Vec<Closed> {
         let comments = self.usage_comments();
         self.memory.window_closed();
-        let (segment_allocs, segments_in_use) = self.memory.segments.take_window();
-        let (tensor_allocs, tensors_in_use) = self.memory.tensors.take_window();
-        let values = [segment_allocs, segments_in_use, tensor_allocs, tensors_in_use];
+        let values = self.memory.take_window();
+        // Their allocations were counted in this window, the last they are in.
+        for pid in std::mem::take(&mut self.exited) {
+            self.memory.forget(pid);
+        }
         ProfileKind::MEMORY
             .into_iter()
             .zip(values)
@@ -127,8 +135,8 @@ impl Source for DeviceMemorySource {
     }
 
     fn stats(&self, into: &mut SourceStats) {
-        into.hbm = self.memory.segments.stats;
-        into.tensors = self.memory.tensors.stats;
+        into.hbm = self.memory.segment_stats;
+        into.tensors = self.memory.tensor_stats;
         into.allocator_retries = self.memory.allocator_retries;
         into.devices = self.memory.window_by_device();
     }

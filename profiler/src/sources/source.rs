@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use gpuflame_bpf::{CudaCall, CuptiLaunch, CuptiStatus, GpuKernelBatch, HookedStack, GpuKernelName, KernelName, OffCpuEnd, OffCpuStack, Sample, ThreadReport};
+use gpuflame_bpf::{CudaCall, LiveAllocation, MemoryEvent, CuptiLaunch, CuptiStatus, GpuKernelBatch, HookedStack, GpuKernelName, KernelName, OffCpuEnd, OffCpuStack, Sample, ThreadReport};
 use gpuflame_symbolizer::MappedFile;
 
 use crate::cuda::hbm::HbmStats;
@@ -24,8 +24,12 @@ pub enum Input<'a> {
     Waiting(&'a ThreadReport),
     /// A hooked CUDA call returned; `stack` is its caller's, without the call itself.
     CudaCall { call: &'a CudaCall, stack: &'a StackKey, files: Option<&'a [MappedFile]> },
-    /// A tensor's block went back to PyTorch's allocator: a pointer, no stack.
-    TensorFreed(&'a CudaCall),
+    /// An allocation or free of the live set of device memory (tensors and segments).
+    Memory(&'a MemoryEvent),
+    /// The live set as the kernel keeps it, read at the window's end, before it closes.
+    LiveAtWindowEnd(&'a [LiveAllocation]),
+    /// The live set of a process as it was at its out-of-memory, read before its record.
+    LiveAtOom { pid: u32, live: &'a [LiveAllocation] },
     /// A launch seen by CUPTI's callback: the correlation id its kernels' times will carry, and
     /// the launch's stack (the injection library's frames at its leaf).
     CuptiLaunch { launch: &'a CuptiLaunch, stack: &'a StackKey },

@@ -8,6 +8,13 @@
 //                    FAKE_CUDA_BUDGET, or C10_LIMIT: the allocator's own limit, in bytes)
 //   sampled          what byte sampling estimates: 200,000 tensors of 4 KiB allocated and freed
 //                    (churn_small), 8 of 4 MiB kept (keep_big), 5,000 of 4 KiB kept (keep_small)
+//   burst            a burst no profiler keeps up with, made while the test holds the profiler
+//                    stopped (BURST_MARK: a file made 1,000 tensors in; BURST_STOPPED: the file
+//                    the test makes once it stopped it): 200,000 tensors of 4 KiB, one in 20 kept;
+//                    20,000 segments of 64 KiB by cudaMalloc, one in 20 kept; 4 tensors of 4 MiB
+//                    from a new stack; then 4 MiB tensors until the allocator's limit (reserved +
+//                    64 MiB) refuses one, half of them freed after (as an exception would);
+//                    BURST_DONE: a file made then
 //   late             5 tensors of 1 MiB before the gate (a profiler attaching with -p), then
 //                    frees them and keeps 2 of 2 MiB
 // With GPUFLAME_TEST_GATE set, waits at the gate (../gate.h) first, or in `late` after its
@@ -17,6 +24,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <dlfcn.h>
+#include <fcntl.h>
 #include <unistd.h>
 #include <vector>
 
@@ -333,6 +342,94 @@ static void sampled()
 	printf("churned_bytes=%zu\nlive_keep_big_bytes=%zu\nlive_keep_small_bytes=%zu\n", (size_t)200000 * 4096, 8 * 4 * MiB, (size_t)5000 * 4096);
 }
 
+// --- burst ---------------------------------------------------------------------------------------
+
+static std::vector<void *> burst_kept, segments_kept, after_kept, filled;
+
+// Says the burst began, and waits (up to 10 s) for the test to have stopped the profiler.
+static void wait_for_stop()
+{
+	const char *mark = getenv("BURST_MARK"), *stopped = getenv("BURST_STOPPED");
+	if (!mark || !stopped)
+		return;
+	close(open(mark, O_CREAT | O_WRONLY, 0644));
+	for (int i = 0; i < 10000 && access(stopped, F_OK); i++)
+		usleep(1000);
+}
+
+NOINLINE void burst_tensors(int n)
+{
+	for (int i = 0; i < n; i++) {
+		if (i == 1000)
+			wait_for_stop();
+		void *t = tensor(4096);
+		if (i % 20 == 0)
+			burst_kept.push_back(t);
+		else
+			gf_tensor_free(t);
+	}
+}
+
+// cudaMalloc and cudaFree of the runtime libc10_cuda.so loaded, as a library of the program's
+// (NCCL, a cuBLAS workspace) calls them.
+NOINLINE void burst_segments(int n)
+{
+	typedef int (*malloc_fn)(void **, size_t);
+	typedef int (*free_fn)(void *);
+	malloc_fn cuda_malloc = (malloc_fn)dlsym(RTLD_DEFAULT, "cudaMalloc");
+	free_fn cuda_free = (free_fn)dlsym(RTLD_DEFAULT, "cudaFree");
+	if (!cuda_malloc || !cuda_free) {
+		fprintf(stderr, "tensor_app: no cudaMalloc in the process\n");
+		exit(1);
+	}
+	for (int i = 0; i < n; i++) {
+		void *p = NULL;
+		if (cuda_malloc(&p, 65536)) {
+			fprintf(stderr, "tensor_app: cudaMalloc failed\n");
+			exit(1);
+		}
+		if (i % 20 == 0)
+			segments_kept.push_back(p);
+		else
+			cuda_free(p);
+	}
+}
+
+NOINLINE void keep_after_burst()
+{
+	for (int i = 0; i < 4; i++)
+		after_kept.push_back(tensor(4 * MiB));
+}
+
+NOINLINE void fill_until_oom()
+{
+	unsigned long allocated = 0, reserved = 0;
+	gf_memory_stats(0, &allocated, &reserved);
+	gf_set_limit(reserved + 64 * MiB);
+	void *p;
+	while ((p = try_tensor(4 * MiB, "fill_until_oom")))
+		filled.push_back(p);
+	print_stats("_at_oom", 0);
+	printf("filled_bytes=%zu\n", filled.size() * 4 * MiB);
+	// As the exception's unwinding would: what the step held goes.
+	for (size_t i = 0; i < filled.size() / 2; i++)
+		gf_tensor_free(filled[i]);
+}
+
+static void burst()
+{
+	keep_big();
+	burst_tensors(200000);
+	burst_segments(20000);
+	keep_after_burst();
+	fill_until_oom();
+	const char *done = getenv("BURST_DONE");
+	if (done)
+		close(open(done, O_CREAT | O_WRONLY, 0644));
+	printf("live_keep_big_bytes=%zu\nlive_burst_tensors_bytes=%zu\nlive_keep_after_burst_bytes=%zu\n", 8 * 4 * MiB, burst_kept.size() * 4096, after_kept.size() * 4 * MiB);
+	printf("live_fill_until_oom_bytes=%zu\nsegments_kept_bytes=%zu\n", (filled.size() - filled.size() / 2) * 4 * MiB, segments_kept.size() * 65536);
+}
+
 int main(int argc, char **argv)
 {
 	const char *mode = argc > 1 ? argv[1] : "exact";
@@ -348,6 +445,8 @@ int main(int argc, char **argv)
 		oom();
 	} else if (!strcmp(mode, "sampled")) {
 		sampled();
+	} else if (!strcmp(mode, "burst")) {
+		burst();
 	} else {
 		fprintf(stderr, "usage: tensor_app exact | loop SECONDS RATE | oom\n");
 		return 2;

@@ -1,0 +1,191 @@
+/* The device memory live now, kept in the kernel as bcc's memleak keeps the heap: a map from
+ * (process, pointer) to what each tensor and each cudaMalloc-style segment is. An allocation
+ * inserts, a free deletes, and user space reads the map at a window's end and at an
+ * out-of-memory: the in-use totals hold however far behind user space falls, since no record of
+ * the ring is needed to keep them. The ring carries what the map does not: each distinct stack
+ * once (the first allocation made from it sends its whole record, the others only its id), and
+ * one compact record per allocation and free for the memory timeline and the allocation
+ * profiles, which a full ring may cost (counted). Physical memory (cuMemCreate) stays with user
+ * space: its lifetime follows mappings by address range, which a hash map cannot look up. */
+#ifndef GPUFLAME_LIVE_ALLOCATIONS_H
+#define GPUFLAME_LIVE_ALLOCATIONS_H
+
+#include "counters.h"
+#include "cuda_classes.h"
+#include "events.h"
+#include "maps.h"
+#include "records.h"
+
+/* User space sets the bound before the programs load (--max-live-allocations). */
+#define LIVE_ALLOCATIONS_MAX (1 << 20)
+
+/* Elements are allocated as they come (BPF_F_NO_PREALLOC): an agent that follows no PyTorch pays
+ * nothing for the bound. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, LIVE_ALLOCATIONS_MAX);
+	__type(key, struct live_key);
+	__type(value, struct live_allocation);
+} live_allocations SEC(".maps");
+
+/* Stack ids whose whole record went into the ring: user space has them, or will. An id evicted
+ * is sent again, which costs a record, never a stack. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64);
+	__type(value, __u8);
+} stacks_sent SEC(".maps");
+
+/* pid -> the time of its out-of-memory, while user space reads what held the memory then: the
+ * process's frees mark their allocations (freed_ns) instead of deleting them, so the read sees
+ * the set as it was at the failure however late it comes. User space ends the hold. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u32);
+	__type(value, __u64);
+} oom_holds SEC(".maps");
+
+/* Holds in place: one load spares every free the lookup while there are none. User space
+ * clears it with the last hold. */
+volatile __u32 oom_holds_pending = 0;
+
+/* The allocation being inserted: the uprobe programs' frames have no room for it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct live_allocation);
+} live_scratch SEC(".maps");
+
+/* The id of the record's stack: its process, how the walk ended, and its frames (Python frames
+ * included, as the walk spliced them). Never 0. */
+static __always_inline __u64 stack_id_of(struct event_record *e)
+{
+	__u32 frames = record_user_frames(e);
+	__u64 h = 0xcbf29ce484222325ULL;
+
+	h = (h ^ (((__u64)e->header.pid << 32) | e->stack.unwind_status)) * 0x100000001b3ULL;
+	h = (h ^ (((__u64)e->stack.flags << 32) | e->stack.forked_from)) * 0x100000001b3ULL;
+#pragma clang loop unroll(disable)
+	for (__u32 i = 0; i < MAX_USER_FRAMES; i++) {
+		if (i >= frames)
+			break;
+		h = (h ^ e->user_stack[i]) * 0x100000001b3ULL;
+	}
+	return h | 1;
+}
+
+/* One compact record of the memory timeline: an allocation, or a free with what it freed (`api`:
+ * the free's, said where the allocation is not known). */
+static __always_inline void send_memory_event(__u32 pid, __u32 tid, __u64 addr, struct live_allocation *a, __u32 api, __u8 flags)
+{
+	struct memory_event *m = bpf_ringbuf_reserve(&samples, sizeof(*m), 0);
+
+	if (!m) {
+		count(COUNTER_MEMORY_EVENTS_LOST);
+		return;
+	}
+	m->kind = EVENT_MEMORY;
+	m->pid = pid;
+	m->timestamp_ns = bpf_ktime_get_boot_ns();
+	m->addr = addr;
+	m->size = a ? a->size : 0;
+	m->stack = a ? a->stack : 0;
+	m->tid = tid;
+	m->api = a ? a->api : api;
+	m->device = a ? a->device : 0;
+	m->flags = flags | (a ? a->flags : 0);
+	bpf_ringbuf_submit(m, wake_when_filling());
+}
+
+/* An allocation of `size` bytes at `addr`, live from now: into the map, and on the timeline. */
+static __always_inline void live_allocated(__u32 pid, __u32 tid, __u64 addr, __u64 size, __u64 stack, __u32 api, __u32 device, __u8 flags, __u64 stream)
+{
+	struct live_key key = { .pid = pid, .tensor = api == C10_MALLOC, .addr = addr };
+	struct live_allocation *a = bpf_map_lookup_elem(&live_scratch, (__u32 *)&zero_key);
+	__u8 event = MEMORY_ALLOCATED;
+
+	if (!a)
+		return;
+	a->size = size;
+	a->stack = stack;
+	a->t_ns = bpf_ktime_get_boot_ns();
+	a->stream = stream;
+	a->freed_ns = 0;
+	a->tid = tid;
+	a->api = api;
+	a->device = device;
+	a->flags = flags;
+	if (bpf_map_update_elem(&live_allocations, &key, a, BPF_NOEXIST)) {
+		/* Its free was not seen (it came while nothing was attached), or the set is full. */
+		if (bpf_map_update_elem(&live_allocations, &key, a, BPF_EXIST)) {
+			count(COUNTER_LIVE_FULL);
+			event |= MEMORY_UNTRACKED;
+		} else {
+			count(COUNTER_LIVE_REPLACED);
+			event |= MEMORY_REPLACED;
+		}
+	}
+	send_memory_event(pid, tid, addr, a, api, event);
+}
+
+/* The allocation at `addr` freed by `api` (a tensor's free, or a segment's): out of the map
+ * (kept, marked, while an out-of-memory's holders are read), and on the timeline with what it
+ * was. */
+static __always_inline void live_freed(__u32 pid, __u32 tid, __u64 addr, __u32 api)
+{
+	struct live_key key = { .pid = pid, .tensor = cuda_class_of(api) == CUDA_CLASS_TENSOR_FREE, .addr = addr };
+	struct live_allocation *a = bpf_map_lookup_elem(&live_allocations, &key);
+	__u64 *hold;
+
+	if (!a || a->freed_ns) {
+		send_memory_event(pid, tid, addr, NULL, api, MEMORY_FREED | MEMORY_UNKNOWN);
+		return;
+	}
+	/* What it was goes out before the element may go back to the allocator. */
+	send_memory_event(pid, tid, addr, a, api, MEMORY_FREED);
+	hold = oom_holds_pending ? bpf_map_lookup_elem(&oom_holds, &pid) : NULL;
+	if (hold)
+		a->freed_ns = bpf_ktime_get_boot_ns();
+	else
+		bpf_map_delete_elem(&live_allocations, &key);
+}
+
+/* The process failed an allocation for lack of memory now: its frees are held until user space
+ * has read what held the memory. */
+static __always_inline void live_hold_for_oom(__u32 pid)
+{
+	__u64 now = bpf_ktime_get_boot_ns();
+
+	bpf_map_update_elem(&oom_holds, &pid, &now, BPF_ANY);
+	oom_holds_pending = 1;
+}
+
+/* A successful allocation whose record `e` has its caller's stack unwound: live, and its stack
+ * sent if it is new (`always`: the whole record goes anyway, for the CUDA API profile). A
+ * tensor's record carries its stream in `handle`. */
+static __always_inline void send_allocation(struct event_record *e, bool always, enum record_wake wake)
+{
+	struct cuda_call_payload *c = &e->payload.cuda_call;
+	__u64 id = stack_id_of(e);
+	__u8 *sent = bpf_map_lookup_elem(&stacks_sent, &id);
+	__u8 flags = c->flags & CUDA_CALL_IN_ALLOCATOR ? LIVE_IN_ALLOCATOR : 0, one = 1;
+
+	c->stack_id = id;
+	if (always || !sent) {
+		if (send_record(e, record_bytes_with_frames(e), wake, COUNTER_CUDA_LOST)) {
+			if (!sent)
+				bpf_map_update_elem(&stacks_sent, &id, &one, BPF_ANY);
+		} else if (!sent) {
+			count(COUNTER_MEMORY_STACKS_LOST);
+			flags |= LIVE_STACK_LOST;
+			id = 0;
+		}
+	}
+	live_allocated(e->header.pid, e->header.tid, c->addr, c->size, id, c->api, c->device, flags, c->api == C10_MALLOC ? c->handle : 0);
+}
+
+#endif

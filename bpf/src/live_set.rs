@@ -1,0 +1,133 @@
+//! The live set of device memory, as the programs keep it (live_allocations.h): read whole at a
+//! window's end, or one process's at an out-of-memory, while the hold the failure set keeps its
+//! frees from taking anything out.
+
+use libbpf_rs::{MapCore, MapFlags};
+
+use crate::error::BpfError;
+use crate::events::LiveKind;
+use crate::pod::{as_bytes, read_pod};
+use crate::programs::BpfPrograms;
+use crate::skel::types;
+
+/// One tensor or segment live now (or, during an out-of-memory's hold, freed since it began).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveAllocation {
+    pub pid: u32,
+    pub tid: u32,
+    pub addr: u64,
+    pub size: u64,
+    /// Its stack's id, as the allocation's record carried it (0: none; `kind` says why).
+    pub stack: u64,
+    /// When it was allocated (CLOCK_BOOTTIME).
+    pub t_ns: u64,
+    pub stream: u64,
+    /// Freed during an out-of-memory's hold, at this time; 0: live.
+    pub freed_ns: u64,
+    pub kind: LiveKind,
+}
+
+/// Entries read per system call.
+const BATCH: u32 = 4096;
+
+fn decode(key: &[u8], value: &[u8]) -> Option<LiveAllocation> {
+    let types::live_key { pid, tensor: _, addr } = read_pod(key)?;
+    let types::live_allocation { size, stack, t_ns, stream, freed_ns, tid, api, device, flags } = read_pod(value)?;
+    Some(LiveAllocation { pid, tid, addr, size, stack, t_ns, stream, freed_ns, kind: LiveKind::of(api, device, flags) })
+}
+
+impl BpfPrograms {
+    /// Every allocation in the live set now, of every process (those of processes that exited
+    /// too, until [`BpfPrograms::forget_live`]).
+    pub fn live_allocations(&self) -> Result<Vec<LiveAllocation>, BpfError> {
+        let map = &self.skel().maps.live_allocations;
+        let batch = map.lookup_batch(BATCH, MapFlags::ANY, MapFlags::ANY).map_err(|source| BpfError::Map { map: "live_allocations", source })?;
+        Ok(batch.filter_map(|(k, v)| decode(&k, &v)).collect())
+    }
+
+    /// Takes these allocations out of the live set (a process that exited; frees held for an
+    /// out-of-memory). An allocation made at the same address since is put back.
+    pub fn forget_live(&self, gone: &[LiveAllocation]) -> Result<(), BpfError> {
+        let map = &self.skel().maps.live_allocations;
+        for a in gone {
+            let key = types::live_key { pid: a.pid, tensor: u32::from(a.kind.api.is_some_and(crate::CudaApi::is_tensor)), addr: a.addr };
+            let Ok(Some(value)) = map.lookup_and_delete(as_bytes(&key)) else { continue };
+            // Between the read and now, the address was allocated again: that one stays.
+            if read_pod::<types::live_allocation>(&value).is_some_and(|v| v.t_ns != a.t_ns) {
+                let _ = map.update(as_bytes(&key), &value, MapFlags::NO_EXIST);
+            }
+        }
+        Ok(())
+    }
+
+    /// The allocations the live set holds for `pid` as they were at its out-of-memory (those made
+    /// after it left out, those freed since kept), then the hold ended and the frees it kept
+    /// taken out.
+    pub fn live_at_oom(&mut self, pid: u32) -> Result<Vec<LiveAllocation>, BpfError> {
+        let holds = &self.skel().maps.oom_holds;
+        let at = holds
+            .lookup(&pid.to_ne_bytes(), MapFlags::ANY)
+            .map_err(|source| BpfError::Map { map: "oom_holds", source })?
+            .and_then(|v| v.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_ne_bytes));
+        let mut all = self.live_allocations()?;
+        all.retain(|a| a.pid == pid);
+        let _ = holds.delete(&pid.to_ne_bytes());
+        if holds.keys().next().is_none() {
+            if let Some(bss) = self.skel_mut().maps.bss_data.as_deref_mut() {
+                bss.oom_holds_pending = 0;
+            }
+        }
+        let freed: Vec<LiveAllocation> = all.iter().filter(|a| a.freed_ns != 0).cloned().collect();
+        self.forget_live(&freed)?;
+        if let Some(at) = at {
+            all.retain(|a| a.t_ns <= at);
+        }
+        Ok(all)
+    }
+
+    /// Ends the holds of out-of-memory failures older than `older_than_ns` whose record never
+    /// came (the full ring lost it): their processes' frees take allocations out again.
+    pub fn end_stale_oom_holds(&mut self, older_than_ns: u64) -> Result<(), BpfError> {
+        let now = crate::boottime_ns();
+        let holds = &self.skel().maps.oom_holds;
+        let stale: Vec<u32> = holds
+            .keys()
+            .filter_map(|k| {
+                let at = holds.lookup(&k, MapFlags::ANY).ok()??;
+                let at = u64::from_ne_bytes(at.get(..8)?.try_into().ok()?);
+                let pid = u32::from_ne_bytes(k.get(..4)?.try_into().ok()?);
+                (now.saturating_sub(at) > older_than_ns).then_some(pid)
+            })
+            .collect();
+        for pid in stale {
+            self.live_at_oom(pid)?;
+        }
+        Ok(())
+    }
+
+    /// Kernel memory the live set takes now, as the kernel counts it (its map's memlock in
+    /// fdinfo), with the entries it holds.
+    pub fn live_set_memory(&self) -> Option<u64> {
+        use std::os::fd::{AsFd, AsRawFd};
+        let fd = self.skel().maps.live_allocations.as_fd().as_raw_fd();
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
+        info.lines().find_map(|l| l.strip_prefix("memlock:")).and_then(|v| v.trim().parse().ok())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_decodes_with_its_kind() {
+        let key = types::live_key { pid: 3, tensor: 0, addr: 0x7000 };
+        let flags = (types::live_flags::LIVE_IN_ALLOCATOR.0 | types::live_flags::LIVE_STACK_LOST.0) as u8;
+        let value = types::live_allocation { size: 20 << 20, stack: 0, t_ns: 5, stream: 9, freed_ns: 0, tid: 4, api: types::cuda_api::CUDA_MALLOC.0 as u16, device: 1, flags };
+        let a = decode(as_bytes(&key), as_bytes(&value)).unwrap();
+        assert_eq!((a.pid, a.addr, a.size, a.t_ns, a.stream, a.tid, a.kind.device), (3, 0x7000, 20 << 20, 5, 9, 4, 1));
+        assert!(a.kind.in_allocator && a.kind.stack_lost && !a.kind.sampled_out);
+        assert_eq!(a.kind.api, Some(crate::CudaApi::CudaMalloc));
+        assert!(decode(&as_bytes(&key)[..8], as_bytes(&value)).is_none());
+    }
+}
