@@ -142,3 +142,78 @@ fn the_agent_pushes_what_was_in_use_at_an_oom() {
     assert_eq!(bytes_under(p, "load_weights"), 64 << 20);
     assert_eq!(bytes_under(p, "[out of memory] 30.0 MiB requested"), 30 << 20, "the failing call, with what it asked for");
 }
+
+/// The agent starved: a CPU hog on every core beside it and the vLLM-shaped stand-in for 60 s.
+/// Every window's tensor_inuse is what the stand-in's allocator held at the window's end: the
+/// live set is read from the kernel, not rebuilt from records a starved reader may lose. The
+/// stand-in logs its quiet times (no tensor allocated or freed) with what it held; a window whose
+/// end falls in none (a batch running then) is said, not counted.
+#[test]
+fn a_starved_agent_pushes_the_in_use_the_program_has_at_every_windows_end() {
+    require_bpf();
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    common::cuda::build_stand_ins(dir.path());
+    let c10 = common::cuda::build_c10_with(dir.path(), true, &[]);
+    let python = "/usr/bin/python3.11";
+    assert!(std::path::Path::new(python).exists(), "Debian's python3.11 is needed (scripts/setup.sh installs python3)");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/cuda/vllm_tensors.py");
+    let quiet_log = dir.path().join("quiet.log");
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let _hogs: Vec<Workload> = (0..cpus).map(|_| Workload(Command::new("sh").args(["-c", "while :; do :; done"]).spawn().unwrap())).collect();
+    let receiver = Receiver::start(Box::new(|_| 200));
+    let url = receiver.url();
+    let agent = agent(&["--server", &url, "--window", "5", "--profiles", "tensor-inuse", "-v"]);
+    let gate = Gate::new(dir.path(), "gate");
+    let (var, path) = gate.env();
+    let app = Workload(
+        Command::new(python)
+            .arg(&script)
+            .args(["serve-for", "60"])
+            .env("C10_CUDA", &c10)
+            .env("QUIET_LOG", &quiet_log)
+            .env("GPUFLAME_SERVICE_NAME", "trainer")
+            .env(var, path)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let hooked = format!("CUDA found and hooked pid={}", app.0.id());
+    let started = Instant::now();
+    while !agent.lines.lock().unwrap().iter().any(|l| l.contains(&hooked) && l.contains("libc10_cuda.so")) {
+        assert!(started.elapsed() < HANG, "libc10_cuda.so was not hooked:\n{}", agent.lines.lock().unwrap().join("\n"));
+        sleep(Duration::from_millis(20));
+    }
+    std::fs::write(&gate.path, b"").unwrap();
+    let mut app = app;
+    let ran = wait_bounded(&mut app.0, Duration::from_secs(60) + HANG).expect("the stand-in ran past its 60 s");
+    assert!(ran.success(), "the stand-in failed");
+    // The window the stand-in's last quiet time ends in.
+    sleep(Duration::from_secs(6));
+    let log = agent.stop();
+    assert_clean(&receiver);
+    let quiet: Vec<(f64, f64, i64)> = std::fs::read_to_string(&quiet_log)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f[0].parse().unwrap(), f[1].parse().unwrap(), f[2].parse().unwrap())
+        })
+        .collect();
+    let (first, last) = (quiet[0].0, quiet[quiet.len() - 1].1);
+    let got = receiver.received();
+    let mut windows: Vec<(f64, i64)> = trainer_series(&got, "tensor_inuse").iter().map(|r| ((r.profile.time_nanos + r.profile.duration_nanos) as f64 / 1e9, r.profile.total())).collect();
+    windows.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let (mut checked, mut in_batch) = (Vec::new(), Vec::new());
+    for &(end, bytes) in windows.iter().filter(|w| w.0 > first && w.0 < last) {
+        // Read at most a moment before the window's end was taken.
+        match quiet.iter().find(|q| q.0 <= end - 0.05 && end + 0.005 <= q.1) {
+            Some(q) => checked.push((end, bytes, q.2)),
+            None => in_batch.push(end),
+        }
+    }
+    let wrong: Vec<_> = checked.iter().filter(|c| c.1 != c.2).collect();
+    eprintln!("{} windows checked, {} ended during a batch; agent CPU beside {cpus} hogs", checked.len(), in_batch.len());
+    assert!(wrong.is_empty(), "windows whose in-use is not what the program held: {wrong:?}\n{log}");
+    assert!(checked.len() >= 8, "{} of the ~12 windows ended in a quiet time: {checked:?} {in_batch:?}\n{log}", checked.len());
+}

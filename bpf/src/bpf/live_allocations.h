@@ -52,12 +52,19 @@ struct {
  * clears it with the last hold. */
 volatile __u32 oom_holds_pending = 0;
 
-/* The allocation being inserted: the uprobe programs' frames have no room for it. */
+/* The allocation being inserted, with its key: the uprobe programs' frames have no room for them
+ * (on_torch_malloc and the unwinder's calls under it take all of the 512 bytes older verifiers
+ * allow together). */
+struct live_entry {
+	struct live_key key;
+	struct live_allocation value;
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, struct live_allocation);
+	__type(value, struct live_entry);
 } live_scratch SEC(".maps");
 
 /* The id of the record's stack: its process, how the walk ended, and its frames (Python frames
@@ -104,12 +111,16 @@ static __always_inline void send_memory_event(__u32 pid, __u32 tid, __u64 addr, 
 /* An allocation of `size` bytes at `addr`, live from now: into the map, and on the timeline. */
 static __always_inline void live_allocated(__u32 pid, __u32 tid, __u64 addr, __u64 size, __u64 stack, __u32 api, __u32 device, __u8 flags, __u64 stream)
 {
-	struct live_key key = { .pid = pid, .tensor = api == C10_MALLOC, .addr = addr };
-	struct live_allocation *a = bpf_map_lookup_elem(&live_scratch, (__u32 *)&zero_key);
+	struct live_entry *s = bpf_map_lookup_elem(&live_scratch, (__u32 *)&zero_key);
+	struct live_allocation *a;
 	__u8 event = MEMORY_ALLOCATED;
 
-	if (!a)
+	if (!s)
 		return;
+	s->key.pid = pid;
+	s->key.tensor = api == C10_MALLOC;
+	s->key.addr = addr;
+	a = &s->value;
 	a->size = size;
 	a->stack = stack;
 	a->t_ns = bpf_ktime_get_boot_ns();
@@ -119,9 +130,9 @@ static __always_inline void live_allocated(__u32 pid, __u32 tid, __u64 addr, __u
 	a->api = api;
 	a->device = device;
 	a->flags = flags;
-	if (bpf_map_update_elem(&live_allocations, &key, a, BPF_NOEXIST)) {
+	if (bpf_map_update_elem(&live_allocations, &s->key, a, BPF_NOEXIST)) {
 		/* Its free was not seen (it came while nothing was attached), or the set is full. */
-		if (bpf_map_update_elem(&live_allocations, &key, a, BPF_EXIST)) {
+		if (bpf_map_update_elem(&live_allocations, &s->key, a, BPF_EXIST)) {
 			count(COUNTER_LIVE_FULL);
 			event |= MEMORY_UNTRACKED;
 		} else {

@@ -17,6 +17,8 @@
 /* Key 0 for per-CPU arrays, from read-only data: a key on the stack takes a slot of the frame,
  * which counts against the 512 bytes a chain of calls may take. */
 const volatile __u32 zero_key = 0;
+/* The same for the CUDA hooks' record (SCRATCH_CUDA, events.h). */
+const volatile __u32 scratch_cuda_key = SCRATCH_CUDA;
 
 const volatile __u64 samples_wakeup_bytes = SAMPLES_RINGBUF_BYTES / 4;
 #define SAMPLES_WAKEUP_BYTES samples_wakeup_bytes

@@ -18,12 +18,11 @@
 SEC("usdt")
 int on_torch_malloc(struct pt_regs *ctx)
 {
-	__u64 id = bpf_get_current_pid_tgid(), t0;
-	__u32 tid = (__u32)id, slot = SCRATCH_CUDA;
+	__u64 id = bpf_get_current_pid_tgid(), t0, ptr, size, device;
+	__u32 tid = (__u32)id;
 	struct cuda_call_key key = { .tid = tid, .cls = CUDA_CLASS_TENSOR_ALLOC };
 	struct cuda_call_payload *c;
 	struct event_record *e;
-	long ptr = 0, device = 0, size = 0, stream = 0;
 
 	if (!is_target(id >> 32))
 		return 0;
@@ -34,31 +33,39 @@ int on_torch_malloc(struct pt_regs *ctx)
 	 * delete takes the bucket's lock even when there is nothing to delete, as there rarely is. */
 	if (bpf_map_lookup_elem(&cuda_calls, &key))
 		bpf_map_delete_elem(&cuda_calls, &key);
-	if (usdt_args3(ctx, &ptr, &device, &size))
+	/* The arguments are read into the record being built, not into locals: the frame of this
+	 * program and the unwinder's calls under it must stay within 512 bytes on older verifiers
+	 * (6.1 counts them together). The stream, the fourth, is kept with the tensor. */
+	e = bpf_map_lookup_elem(&sample_scratch, (__u32 *)&scratch_cuda_key);
+	if (!e)
 		return 0;
+	c = &e->payload.cuda_call;
+	if (usdt_args3(ctx, (long *)&c->addr, (long *)&c->duration_ns, (long *)&c->size))
+		return 0;
+	ptr = c->addr;
+	size = c->size;
+	device = (__u8)c->duration_ns;
 	tensor_allocated(ptr);
 	if (!ptr)
 		return 0;
-	/* The stream, the probe's fourth argument: kept with the tensor, not needed to count it. */
-	if (bpf_usdt_arg(ctx, 3, &stream))
-		stream = 0;
+	if (bpf_usdt_arg(ctx, 3, (long *)&c->handle))
+		c->handle = 0;
 	count(COUNTER_CUDA_CALLS);
 	if (!tensor_stack_drawn(size)) {
-		live_allocated(id >> 32, tid, ptr, size, 0, C10_MALLOC, (__u8)device, LIVE_SAMPLED_OUT, stream);
+		live_allocated(id >> 32, tid, ptr, size, 0, C10_MALLOC, device, LIVE_SAMPLED_OUT, c->handle);
 		return 0;
 	}
-	e = bpf_map_lookup_elem(&sample_scratch, &slot);
-	if (!e)
-		return 0;
 	cuda_header(e, EVENT_CUDA_CALL, id);
-	c = &e->payload.cuda_call;
-	__builtin_memset(c, 0, sizeof(*c));
 	c->api = C10_MALLOC;
-	c->device = (__u8)device;
+	c->result = 0;
+	c->device = device;
+	c->flags = 0;
+	c->duration_ns = 0;
 	c->size = size;
 	c->addr = ptr;
-	c->handle = stream;
-	send_call_with_stack(e, slot, tid, C10_MALLOC, t0, 0);
+	c->hook_ns = 0;
+	c->stack_id = 0;
+	send_call_with_stack(e, SCRATCH_CUDA, tid, C10_MALLOC, t0, 0);
 	return 0;
 }
 

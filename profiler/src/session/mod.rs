@@ -452,7 +452,9 @@ impl Session {
                 break false;
             }
         };
-        // The live set before the last records: every stack id it holds was sent before it.
+        // The backlog first, so that the live set is read as close to the window's end as can be;
+        // then the records sent before the read, whose stacks its ids name.
+        self.drain()?;
         let live = self.live.read(&mut self.sampler, self.collector.wants_memory());
         self.drain()?;
         Ok(self.close_window(stopped, live))

@@ -6,7 +6,10 @@ a KV cache of 16 layers of 8 MiB (128 MiB), then decode steps that each keep 1 M
 and allocate and free 30 MiB of logits, until an allocation fails (run under FAKE_CUDA_BUDGET,
 e.g. 300 MiB: the KV cache is then the largest holder; STEP_MS between steps). "steps N": N training-like steps, each
 allocating activations in forward() and freeing them in backward(), with an optimizer state that
-grows by 256 KiB a step, 20 ms a step. Prints key=value lines, ends with allocated= and
+grows by 256 KiB a step, 20 ms a step. "serve-for SECONDS": the model and the KV cache, then a
+batch a second (200 activations of 2 MiB allocated and freed, a prefix cache of 2 MiB entries
+that keeps the newest 64), logging to QUIET_LOG each quiet time between batches with what the
+tensors held then. Prints key=value lines, ends with allocated= and
 reserved= (device 0), then sleeps LINGER_MS."""
 import ctypes
 import os
@@ -128,6 +131,41 @@ def train(n):
     return state
 
 
+def allocated_now():
+    allocated, reserved = ctypes.c_ulong(), ctypes.c_ulong()
+    c10.gf_memory_stats(0, ctypes.byref(allocated), ctypes.byref(reserved))
+    return allocated.value
+
+
+def run_batch(prefix_cache):
+    # The model's activations, allocated and freed as it runs; its requests' prefix cache,
+    # whose oldest entries go once it holds 64. 2 MiB each: the agent's byte sampling draws all.
+    activations = [empty(2 * MiB, 0) or failed(2 * MiB) for _ in range(200)]
+    for a in activations:
+        free(a)
+    for _ in range(4):
+        prefix_cache.append(empty(2 * MiB, 0) or failed(2 * MiB))
+    while len(prefix_cache) > 64:
+        free(prefix_cache.pop(0))
+
+
+def serve_for(seconds, log_path):
+    # A batch a second; between batches nothing is allocated or freed: each line of the log is
+    # such a quiet time (wall-clock seconds from, to) and the bytes its tensors held then.
+    prefix_cache = []
+    end = time.time() + seconds
+    with open(log_path, "w") as log:
+        quiet_from = time.time()
+        while time.time() < end:
+            held = allocated_now()
+            log.write(f"{quiet_from:.6f} {time.time():.6f} {held}\n")
+            log.flush()
+            run_batch(prefix_cache)
+            quiet_from = time.time()
+            time.sleep(1.0)
+    return prefix_cache
+
+
 def print_stats():
     allocated, reserved = ctypes.c_ulong(), ctypes.c_ulong()
     c10.gf_memory_stats(0, ctypes.byref(allocated), ctypes.byref(reserved))
@@ -141,7 +179,11 @@ def main():
 
     gate()
     init_device()
-    if len(sys.argv) > 1 and sys.argv[1] == "steps":
+    if len(sys.argv) > 1 and sys.argv[1] == "serve-for":
+        weights = load_model()
+        kv_cache = allocate_kv_cache()
+        kept = (weights, kv_cache, serve_for(float(sys.argv[2]), os.environ["QUIET_LOG"]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "steps":
         kept = train(int(sys.argv[2]) if len(sys.argv) > 2 else 50)
     else:
         weights = load_model()
