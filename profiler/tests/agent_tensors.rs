@@ -154,7 +154,8 @@ fn a_starved_agent_pushes_the_in_use_the_program_has_at_every_windows_end() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     common::cuda::build_stand_ins(dir.path());
-    let c10 = common::cuda::build_c10_with(dir.path(), true, &[]);
+    common::cuda::build_c10_with(dir.path(), true, &[]);
+    let c10 = dir.path().join("libc10_cuda.so");
     let python = "/usr/bin/python3.11";
     assert!(std::path::Path::new(python).exists(), "Debian's python3.11 is needed (scripts/setup.sh installs python3)");
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/cuda/vllm_tensors.py");

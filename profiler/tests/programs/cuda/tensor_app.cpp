@@ -15,6 +15,8 @@
 //                    from a new stack; then 4 MiB tensors until the allocator's limit (reserved +
 //                    64 MiB) refuses one, half of them freed after (as an exception would);
 //                    BURST_DONE: a file made then
+//   hold N           N tensors of 512 bytes kept (the live set's memory, benches/live_set_memory.sh);
+//                    prints held=N once they are
 //   late             5 tensors of 1 MiB before the gate (a profiler attaching with -p), then
 //                    frees them and keeps 2 of 2 MiB
 // With GPUFLAME_TEST_GATE set, waits at the gate (../gate.h) first, or in `late` after its
@@ -447,6 +449,12 @@ int main(int argc, char **argv)
 		sampled();
 	} else if (!strcmp(mode, "burst")) {
 		burst();
+	} else if (!strcmp(mode, "hold")) {
+		long n = argc > 2 ? atol(argv[2]) : 1000000;
+		for (long i = 0; i < n; i++)
+			burst_kept.push_back(tensor(512));
+		printf("held=%ld\n", n);
+		fflush(stdout);
 	} else {
 		fprintf(stderr, "usage: tensor_app exact | loop SECONDS RATE | oom\n");
 		return 2;
