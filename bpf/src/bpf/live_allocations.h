@@ -19,8 +19,9 @@
 /* User space sets the bound before the programs load (--max-live-allocations). */
 #define LIVE_ALLOCATIONS_MAX (1 << 20)
 
-/* Elements are allocated as they come (BPF_F_NO_PREALLOC): an agent that follows no PyTorch pays
- * nothing for the bound. */
+/* Elements are allocated as they come (BPF_F_NO_PREALLOC): what the bound costs up front is its
+ * buckets, 16 bytes each (16 MiB at the default), and user space makes the map one entry big
+ * where no memory profile is asked for. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC);

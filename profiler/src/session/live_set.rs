@@ -30,8 +30,12 @@ impl LiveSet {
         if let Err(e) = sampler.end_stale_oom_holds(STALE_HOLD_NS) {
             tracing::warn!("ending the holds of out-of-memory reports whose record was lost: {e}");
         }
+        let started = std::time::Instant::now();
         match sampler.live_allocations() {
-            Ok(live) => Some(live),
+            Ok(live) => {
+                tracing::info!(allocations = live.len(), ms = started.elapsed().as_secs_f64() * 1e3, "live set of device memory read");
+                Some(live)
+            }
             Err(e) => {
                 tracing::warn!("reading the live set of device memory: {e}");
                 None
