@@ -40,7 +40,7 @@ int on_torch_malloc(struct pt_regs *ctx)
 	if (!e)
 		return 0;
 	c = &e->payload.cuda_call;
-	if (usdt_args3(ctx, (long *)&c->addr, (long *)&c->duration_ns, (long *)&c->size))
+	if (usdt_args4(ctx, (long *)&c->addr, (long *)&c->duration_ns, (long *)&c->size, (long *)&c->handle))
 		return 0;
 	ptr = c->addr;
 	size = c->size;
@@ -48,8 +48,6 @@ int on_torch_malloc(struct pt_regs *ctx)
 	tensor_allocated(ptr);
 	if (!ptr)
 		return 0;
-	if (bpf_usdt_arg(ctx, 3, (long *)&c->handle))
-		c->handle = 0;
 	count(COUNTER_CUDA_CALLS);
 	if (!tensor_stack_drawn(size)) {
 		live_allocated(id >> 32, tid, ptr, size, 0, C10_MALLOC, device, LIVE_SAMPLED_OUT, c->handle);

@@ -37,10 +37,11 @@ static __always_inline int usdt_arg_from(struct pt_regs *ctx, const __u64 *regs,
 	return 0;
 }
 
-/* The probe's first three arguments; an error when it has fewer or one does not read. A call of
+/* The probe's first three arguments, and its fourth where it has one (else 0); an error when it
+ * has fewer than three or one does not read. A call of
  * its own: the registers' copy (168 bytes) would otherwise sit in the probe's frame under the
  * whole walk of its stack, past the 512 bytes a chain of calls may take before Linux 6.14. */
-static __noinline int usdt_args3(struct pt_regs *ctx, long *a0, long *a1, long *a2)
+static __noinline int usdt_args4(struct pt_regs *ctx, long *a0, long *a1, long *a2, long *a3)
 {
 	__u64 regs[USDT_REGS];
 	struct __bpf_usdt_spec *spec;
@@ -52,9 +53,13 @@ static __noinline int usdt_args3(struct pt_regs *ctx, long *a0, long *a1, long *
 	if (!spec || spec->arg_cnt < 3)
 		return -ENOENT;
 	__builtin_memcpy(regs, ctx, sizeof(regs));
-	if (usdt_arg_from(ctx, regs, &spec->args[0], 0, a0) || usdt_arg_from(ctx, regs, &spec->args[1], 1, a1))
+	if (usdt_arg_from(ctx, regs, &spec->args[0], 0, a0) || usdt_arg_from(ctx, regs, &spec->args[1], 1, a1) ||
+	    usdt_arg_from(ctx, regs, &spec->args[2], 2, a2))
 		return -EFAULT;
-	return usdt_arg_from(ctx, regs, &spec->args[2], 2, a2);
+	*a3 = 0;
+	if (spec->arg_cnt > 3 && usdt_arg_from(ctx, regs, &spec->args[3], 3, a3))
+		*a3 = 0;
+	return 0;
 }
 
 #endif
