@@ -32,6 +32,9 @@ pub struct SamplerConfig {
     /// Byte sampling of PyTorch tensors' stacks (torch_allocator.h): the interval in bytes, 0 for
     /// every tensor's stack. Every tensor is still sent; see [`tensor_stack_chance`].
     pub tensor_sample_bytes: u64,
+    /// Every allocation and free of device memory goes into the ring, for a memory timeline;
+    /// else only allocations with a stack (the allocation profiles), frees and the rest counted.
+    pub memory_timeline: bool,
     /// The most allocations (tensors and segments) the live set of device memory holds; more
     /// are counted and left out of in-use (live_allocations.h).
     pub max_live_allocations: u32,

@@ -139,6 +139,10 @@ counters! {
         memory_stacks_lost = COUNTER_MEMORY_STACKS_LOST, "Allocations whose new stack the full ring turned away: in use under [stacks lost: ring full].";
         live_full = COUNTER_LIVE_FULL, "Allocations not kept in the live set because it was full (--max-live-allocations): missing from in-use.";
         live_replaced = COUNTER_LIVE_REPLACED, "Allocations at an address that was live: the free before them was not seen.";
+        tensors_allocated = COUNTER_TENSORS_ALLOCATED, "Tensors PyTorch's allocator handed out (into the live set).";
+        tensors_sampled_out = COUNTER_TENSORS_SAMPLED_OUT, "Of them, those whose stack byte sampling passed over.";
+        tensors_freed = COUNTER_TENSORS_FREED, "Tensors freed (out of the live set).";
+        tensors_unknown_frees = COUNTER_TENSORS_UNKNOWN_FREES, "Frees of tensors the live set did not have: allocated before gpuflame attached.";
     }
     /// The off-CPU programs' counters.
     off_cpu: OffCpuCounters {

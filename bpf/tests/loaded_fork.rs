@@ -46,6 +46,7 @@ fn a_forked_child_unwinds_with_its_parents_copy_until_it_execs() {
         lazy_process_events: false,
         tensor_sample_bytes: 0,
         max_live_allocations: 1024,
+        memory_timeline: true,
         copy_every_stack: false,
         programs: OptionalPrograms::ALL,
     };

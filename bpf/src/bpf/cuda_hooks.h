@@ -217,7 +217,6 @@ static __always_inline int cuda_return(struct pt_regs *ctx, __u32 api)
 {
 	__u64 id = bpf_get_current_pid_tgid(), now = bpf_ktime_get_ns();
 	__u32 tid = (__u32)id;
-	__u32 slot = SCRATCH_CUDA;
 	struct cuda_call_key key = { .tid = tid, .cls = cuda_class_of(api) };
 	struct cuda_call *call;
 	struct cuda_call_payload *c;
@@ -242,7 +241,7 @@ static __always_inline int cuda_return(struct pt_regs *ctx, __u32 api)
 			bpf_map_update_elem(&cuda_devices, &tid, &device, BPF_ANY);
 		return forget_call(&key);
 	}
-	e = bpf_map_lookup_elem(&sample_scratch, &slot);
+	e = bpf_map_lookup_elem(&sample_scratch, (__u32 *)&scratch_cuda_key);
 	if (!e)
 		return forget_call(&key);
 	if (api == CU_MODULE_GET_FUNCTION || api == CU_LIBRARY_GET_KERNEL) {
@@ -328,7 +327,7 @@ static __always_inline int cuda_return(struct pt_regs *ctx, __u32 api)
 	default:
 		break;
 	}
-	send_call_with_stack(e, slot, tid, api, now, call->enter_ns);
+	send_call_with_stack(e, SCRATCH_CUDA, tid, api, now, call->enter_ns);
 	return forget_call(&key);
 }
 

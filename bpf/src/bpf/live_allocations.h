@@ -53,6 +53,11 @@ struct {
  * clears it with the last hold. */
 volatile __u32 oom_holds_pending = 0;
 
+/* 1: every allocation and free goes into the ring (a memory timeline is drawn). 0 (the agent):
+ * only allocations with a stack do, for the allocation profiles; a free is a delete and a
+ * count, and a tensor byte sampling passed over a count and an insert. */
+const volatile __u8 memory_timeline = 1;
+
 /* The allocation being inserted, with its key: the uprobe programs' frames have no room for them
  * (on_torch_malloc and the unwinder's calls under it take all of the 512 bytes older verifiers
  * allow together). */
@@ -69,8 +74,9 @@ struct {
 } live_scratch SEC(".maps");
 
 /* The id of the record's stack: its process, how the walk ended, and its frames (Python frames
- * included, as the walk spliced them). Never 0. */
-static __always_inline __u64 stack_id_of(struct event_record *e)
+ * included, as the walk spliced them). Never 0. A call of its own: its locals would otherwise
+ * sit in the hooks' frames under the unwinder's calls, past the 512 bytes 6.1 allows them. */
+static __noinline __u64 stack_id_of(struct event_record *e)
 {
 	__u32 frames = record_user_frames(e);
 	__u64 h = 0xcbf29ce484222325ULL;
@@ -146,6 +152,11 @@ static __always_inline void live_allocated(__u32 pid, __u32 tid, __u64 addr, __u
 	a->api = api;
 	a->device = device;
 	a->flags = flags;
+	if (api == C10_MALLOC) {
+		count(COUNTER_TENSORS_ALLOCATED);
+		if (flags & LIVE_SAMPLED_OUT)
+			count(COUNTER_TENSORS_SAMPLED_OUT);
+	}
 	if (bpf_map_update_elem(&live_allocations, &s->key, a, BPF_NOEXIST)) {
 		/* Its free was not seen (it came while nothing was attached), or the set is full. */
 		if (bpf_map_update_elem(&live_allocations, &s->key, a, BPF_EXIST)) {
@@ -156,7 +167,8 @@ static __always_inline void live_allocated(__u32 pid, __u32 tid, __u64 addr, __u
 			event |= MEMORY_REPLACED;
 		}
 	}
-	send_memory_event(pid, tid, addr, a, api, event);
+	if (memory_timeline || !(flags & LIVE_SAMPLED_OUT) || event != MEMORY_ALLOCATED)
+		send_memory_event(pid, tid, addr, a, api, event);
 }
 
 /* The allocation at `addr` freed by `api` (a tensor's free, or a segment's): out of the map
@@ -165,9 +177,19 @@ static __always_inline void live_allocated(__u32 pid, __u32 tid, __u64 addr, __u
 static __always_inline void live_freed(__u32 pid, __u32 tid, __u64 addr, __u32 api)
 {
 	struct live_key key = { .pid = pid, .tensor = cuda_class_of(api) == CUDA_CLASS_TENSOR_FREE, .addr = addr };
-	struct live_allocation *a = bpf_map_lookup_elem(&live_allocations, &key);
+	struct live_allocation *a;
 	__u64 *hold;
 
+	/* No timeline and no hold: what was freed is not needed, the delete says whether it was. */
+	if (!memory_timeline && !oom_holds_pending) {
+		bool known = !bpf_map_delete_elem(&live_allocations, &key);
+		if (key.tensor)
+			count(known ? COUNTER_TENSORS_FREED : COUNTER_TENSORS_UNKNOWN_FREES);
+		return;
+	}
+	a = bpf_map_lookup_elem(&live_allocations, &key);
+	if (key.tensor)
+		count(a && !a->freed_ns ? COUNTER_TENSORS_FREED : COUNTER_TENSORS_UNKNOWN_FREES);
 	if (!a || a->freed_ns) {
 		send_memory_event(pid, tid, addr, NULL, api, MEMORY_FREED | MEMORY_UNKNOWN);
 		return;

@@ -43,10 +43,12 @@ impl End {
         if let Some((runs, ns)) = off_cpu.then(|| session.programs().off_cpu_run_stats()).flatten().filter(|&(runs, _)| runs > 0) {
             tracing::info!(runs, avg_ns = ns / runs, "BPF context-switch program cost (kernel.bpf_stats_enabled=1)");
         }
+        let mut sources = session.source_stats();
+        counted_tensors(&mut sources.tensors, &counters.cuda);
         if let (Some(c), Some(coverage)) = (session.processes().cuda(), window.coverage) {
-            report_cuda(&c.hooks.stats, &session.source_stats(), coverage, &counters.cuda);
+            report_cuda(&c.hooks.stats, &sources, coverage, &counters.cuda);
         }
-        let mut memory = session.processes().cuda().map(|c| memory_lines(&c.hooks.stats, &session.source_stats())).unwrap_or_default();
+        let mut memory = session.processes().cuda().map(|c| memory_lines(&c.hooks.stats, &sources)).unwrap_or_default();
         memory.extend(crate::cuda::live::loss_lines(&counters.cuda));
         Ok(End {
             memory,
@@ -245,6 +247,15 @@ fn report_cuda(s: &HookStats, sources: &SourceStats, coverage: Coverage, counter
     }
 }
 
+
+/// Tensors as the programs counted them, into the live set and out: exact whatever the ring
+/// lost, and counted where no record of them is sent (no timeline).
+fn counted_tensors(t: &mut crate::cuda::hbm::HbmStats, c: &gpuflame_bpf::CudaCounters) {
+    t.allocations = c.tensors_allocated;
+    t.without_stack = c.tensors_sampled_out;
+    t.frees = c.tensors_freed;
+    t.unknown_frees = c.tensors_unknown_frees;
+}
 
 /// Device memory at the end: reserved against allocated per device, and whether tensors were
 /// followed (PyTorch's caching allocator) or only segments, and why.
