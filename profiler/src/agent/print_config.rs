@@ -17,6 +17,8 @@ impl AgentConfig {
         out += &format!("frequency = {}\n", self.frequency_hz);
         let names: Vec<&str> = self.profiles.iter().map(|k| k.name()).collect();
         out += &format!("profiles = {}\n", q(&names.join(",")));
+        out += &format!("tensor_sample_bytes = {}\n", self.tensor_sample_bytes);
+        out += &format!("max_live_allocations = {}\n", self.max_live_allocations);
         out += &format!("service_name_from = {}\n", q(match self.service_name_from {
             NameFrom::Comm => "comm",
             NameFrom::Cmdline => "cmdline",
