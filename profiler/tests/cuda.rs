@@ -214,12 +214,13 @@ fn sampled_launch_counts_are_scaled_and_labelled() {
     let estimate = profile.total();
     // Hooks cost this VM about as much as these launches, which makes the estimate coarse (see
     // BENCHMARKS.md); what must hold is that the windows' counts are scaled up to the right order
-    // (unscaled they are ~1/50 of the truth). Within 3x: with three or four 10 ms windows, a
-    // program preempted inside one by the parallel tests came out at 0.43x once in 11 runs.
+    // (unscaled they are ~1/50 of the truth). Within 4x: with three or four 10 ms windows, a
+    // program preempted inside one by the parallel tests came out at 0.43x once in 11 runs, and
+    // at 0.317x once in a clean clone's CI (2026-12-06); 4x is still 12x from unscaled.
     let observed = stderr.lines().find_map(|l| l.split("launches_seen=").nth(1)?.split_whitespace().next()?.parse::<i64>().ok()).unwrap_or(0);
     assert!(observed > 0 && observed < truth / 5, "the hooks saw {observed} of {truth} launches: they were not duty-cycled\n{stderr}");
     eprintln!("estimated {estimate} launches for {truth} ({:.2}x)", estimate as f64 / truth as f64);
-    assert!((truth / 3..=truth * 3).contains(&estimate), "estimated {estimate} launches for {truth}\n{stderr}");
+    assert!((truth / 4..=truth * 4).contains(&estimate), "estimated {estimate} launches for {truth}\n{stderr}");
     assert!(profile.comments.iter().any(|c| c.starts_with("sampled:")), "{:?}", profile.comments);
 }
 
