@@ -91,7 +91,7 @@ impl BpfPrograms {
     pub fn forget_live(&self, gone: &[LiveAllocation]) -> Result<(), BpfError> {
         let map = &self.skel().maps.live_allocations;
         for a in gone {
-            let key = types::live_key { pid: a.pid, tensor: u32::from(a.kind.api.is_some_and(crate::CudaApi::is_tensor)), addr: a.addr };
+            let key = types::live_key { pid: a.pid, tensor: u32::from(a.kind.api.is_some_and(crate::cuda::CudaApi::is_tensor)), addr: a.addr };
             let Ok(Some(value)) = map.lookup_and_delete(as_bytes(&key)) else { continue };
             // Between the read and now, the address was allocated again: that one stays.
             if read_pod::<types::live_allocation>(&value).is_some_and(|v| v.t_ns != a.t_ns) {
@@ -129,7 +129,7 @@ impl BpfPrograms {
     /// Ends the holds of out-of-memory failures older than `older_than_ns` whose record never
     /// came (the full ring lost it): their processes' frees take allocations out again.
     pub fn end_stale_oom_holds(&mut self, older_than_ns: u64) -> Result<(), BpfError> {
-        let now = crate::boottime_ns();
+        let now = crate::ring_lag::boottime_ns();
         let holds = &self.skel().maps.oom_holds;
         let stale: Vec<u32> = holds
             .keys()
@@ -193,7 +193,7 @@ mod tests {
         let a = decode(as_bytes(&key), as_bytes(&value)).unwrap();
         assert_eq!((a.pid, a.addr, a.size, a.t_ns, a.stream, a.tid, a.kind.device), (3, 0x7000, 20 << 20, 5, 9, 4, 1));
         assert!(a.kind.in_allocator && a.kind.stack_lost && !a.kind.sampled_out);
-        assert_eq!(a.kind.api, Some(crate::CudaApi::CudaMalloc));
+        assert_eq!(a.kind.api, Some(crate::cuda::CudaApi::CudaMalloc));
         assert!(decode(&as_bytes(&key)[..8], as_bytes(&value)).is_none());
     }
 }
