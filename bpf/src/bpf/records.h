@@ -59,7 +59,19 @@ static __always_inline bool record_still_ours(struct event_record *e, __u32 tid,
 }
 
 /* Sends the record's first `bytes` (its fixed part and what its kind adds, at most the whole
- * record). False, and `lost` counted, when the ring is full. */
+ * record) into `ring` with the ring's `flags`. False, and `lost` counted, when the ring is full. */
+static __always_inline bool send_record_to(void *ring, struct event_record *e, __u64 bytes, __u64 flags, enum counter lost)
+{
+	if (bytes > sizeof(*e))
+		bytes = sizeof(*e);
+	if (bpf_ringbuf_output(ring, e, bytes, flags)) {
+		count(lost);
+		return false;
+	}
+	return true;
+}
+
+/* The same into the `samples` ring, woken by the `wake` rule. */
 static __always_inline bool send_record(struct event_record *e, __u64 bytes, enum record_wake wake, enum counter lost)
 {
 	__u64 flags;
@@ -78,25 +90,13 @@ static __always_inline bool send_record(struct event_record *e, __u64 bytes, enu
 		flags = wake_when_filling();
 		break;
 	}
-	if (bytes > sizeof(*e))
-		bytes = sizeof(*e);
-	if (bpf_ringbuf_output(&samples, e, bytes, flags)) {
-		count(lost);
-		return false;
-	}
-	return true;
+	return send_record_to(&samples, e, bytes, flags, lost);
 }
 
 /* The same for an out-of-memory's record, through its own ring (maps.h), waking the reader. */
 static __always_inline bool send_oom_record(struct event_record *e, __u64 bytes, enum counter lost)
 {
-	if (bytes > sizeof(*e))
-		bytes = sizeof(*e);
-	if (bpf_ringbuf_output(&oom_records, e, bytes, BPF_RB_FORCE_WAKEUP)) {
-		count(lost);
-		return false;
-	}
-	return true;
+	return send_record_to(&oom_records, e, bytes, BPF_RB_FORCE_WAKEUP, lost);
 }
 
 /* The kernel stack, right after the user frames (user_stack and kernel_stack are one array, so

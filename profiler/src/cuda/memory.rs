@@ -216,12 +216,13 @@ impl DeviceMemory {
     /// What holds the memory of process `pid` (on one device, or all): its tensors, and the
     /// segments allocated outside its allocator.
     pub fn holders(&mut self, pid: u32, device: Option<u32>) -> SiteTotals {
-        let live = match &self.oom_live {
-            Some((p, live)) if *p == pid => live.clone(),
-            _ => self.live.clone(),
+        // The fields apart: the sites are named while the set is read.
+        let live: &[LiveAllocation] = match &self.oom_live {
+            Some((p, live)) if *p == pid => live,
+            _ => &self.live,
         };
-        let mut out = self.sites.in_use(&live, true, Some(pid), device);
-        out.extend(self.sites.in_use(&live, false, Some(pid), device).into_iter().filter(|(s, _)| !s.via_allocator));
+        let mut out = self.sites.in_use(live, true, Some(pid), device);
+        out.extend(self.sites.in_use(live, false, Some(pid), device).into_iter().filter(|(s, _)| !s.via_allocator));
         out.extend(self.physical.in_use_of(Some(pid)).into_iter().filter(|(s, _)| device.is_none_or(|d| s.device == d)));
         out
     }
@@ -249,11 +250,9 @@ impl DeviceMemory {
         let (physical_allocs, physical_in_use) = self.physical.take_window();
         let mut segment_allocs = std::mem::take(&mut self.segment_allocs);
         segment_allocs.extend(physical_allocs);
-        let live = std::mem::take(&mut self.live);
-        let mut segments = self.sites.in_use(&live, false, None, None);
+        let mut segments = self.sites.in_use(&self.live, false, None, None);
         segments.extend(physical_in_use);
-        let tensors = self.sites.in_use(&live, true, None, None);
-        self.live = live;
+        let tensors = self.sites.in_use(&self.live, true, None, None);
         [segment_allocs, segments, std::mem::take(&mut self.tensor_allocs), tensors]
     }
 

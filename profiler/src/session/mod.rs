@@ -128,8 +128,8 @@ impl Session {
             ring,
             lazy_process_events: read_delay.is_some(),
             tensor_sample_bytes: config.tensor_sample_bytes,
-            // Its buckets are allocated with the map (16 bytes an entry of the bound).
             memory_timeline: config.memory_timeline,
+            // Its buckets are allocated with the map (16 bytes an entry of the bound).
             max_live_allocations: if config.profiles.iter().any(|p| ProfileKind::MEMORY.contains(p)) { config.max_live_allocations } else { 1 },
             copy_every_stack: config.check_unwinder,
             programs: OptionalPrograms { off_cpu: needs.switches, cuda: needs.cuda.is_some() || needs.cupti, threads: config.thread_reports },
