@@ -35,6 +35,9 @@ pub struct SamplerConfig {
     /// Every allocation and free of device memory goes into the ring, for a memory timeline;
     /// else only allocations with a stack (the allocation profiles), frees and the rest counted.
     pub memory_timeline: bool,
+    /// Where no timeline is drawn: tensors' allocations with a stack go into the ring too, for
+    /// the tensor-alloc profile; else a tensor is only an insert into the live set and a count.
+    pub tensor_allocation_records: bool,
     /// The most allocations (tensors and segments) the live set of device memory holds; more
     /// are counted and left out of in-use (live_allocations.h).
     pub max_live_allocations: u32,

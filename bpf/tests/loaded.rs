@@ -98,6 +98,7 @@ fn every_record_kind_goes_through_the_loaded_programs_and_decodes() {
         tensor_sample_bytes: 0,
         max_live_allocations: 1024,
         memory_timeline: true,
+        tensor_allocation_records: true,
         copy_every_stack: false,
         programs: OptionalPrograms::ALL,
     };

@@ -47,6 +47,7 @@ fn a_forked_child_unwinds_with_its_parents_copy_until_it_execs() {
         tensor_sample_bytes: 0,
         max_live_allocations: 1024,
         memory_timeline: true,
+        tensor_allocation_records: true,
         copy_every_stack: false,
         programs: OptionalPrograms::ALL,
     };

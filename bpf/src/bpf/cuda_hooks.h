@@ -300,7 +300,7 @@ static __always_inline int cuda_return(struct pt_regs *ctx, __u32 api)
 			c->addr = 0;
 		tensor_allocated(c->addr);
 		if (c->addr && !tensor_stack_drawn(c->size)) {
-			live_allocated(id >> 32, tid, c->addr, c->size, 0, C10_MALLOC, c->device, LIVE_SAMPLED_OUT, 0);
+			live_allocated(id >> 32, tid, c->addr, c->size, 0, C10_MALLOC, c->device, LIVE_SAMPLED_OUT, 0, bpf_ktime_get_boot_ns());
 			return forget_call(&key);
 		}
 		break;

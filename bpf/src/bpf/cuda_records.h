@@ -45,15 +45,15 @@ static __always_inline void send_call_with_stack(struct event_record *e, __u32 s
 		count(COUNTER_CUDA_RACE);
 		return;
 	}
-	c->hook_ns = bpf_ktime_get_ns() - t0 + enter_ns;
 	/* Segment calls are rare, and user space must name their Python frames while the process
 	 * lives (and hear of an out-of-memory at once): they wake it. A tensor's stack is new only
 	 * once, and waits for the ring to fill like the rest. */
 	wake = cls <= CUDA_CLASS_MAP || cls == CUDA_CLASS_TENSOR_OOM ? WAKE_AT_ONCE : WAKE_WHEN_FILLING;
 	if (is_live_allocation(c, cls)) {
-		send_allocation(e, cls != CUDA_CLASS_TENSOR_ALLOC, wake);
+		send_allocation(e, cls != CUDA_CLASS_TENSOR_ALLOC, wake, t0, enter_ns);
 		return;
 	}
+	c->hook_ns = bpf_ktime_get_ns() - t0 + enter_ns;
 	if (cls == CUDA_CLASS_TENSOR_OOM || (cls == CUDA_CLASS_ALLOC && c->result == 2)) {
 		send_oom_record(e, record_bytes_with_frames(e), COUNTER_CUDA_LOST);
 		return;

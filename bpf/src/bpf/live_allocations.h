@@ -30,13 +30,17 @@ struct {
 	__type(value, struct live_allocation);
 } live_allocations SEC(".maps");
 
-/* Stack ids whose whole record went into the ring: user space has them, or will. An id evicted
- * is sent again, which costs a record, never a stack. */
+/* Stack ids whose whole record went into the ring (user space has them, or will), one slot per
+ * id's low bits: an array's look-up is a few instructions where an LRU hash's took locks, on
+ * every tensor. An id overwritten by another of its slot is sent again, which costs a record,
+ * never a stack; two CPUs marking one slot at once lose one mark the same way. */
+#define STACKS_SENT_SLOTS (1 << 16)
+
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 65536);
-	__type(key, __u64);
-	__type(value, __u8);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, STACKS_SENT_SLOTS);
+	__type(key, __u32);
+	__type(value, __u64);
 } stacks_sent SEC(".maps");
 
 /* pid -> the time of its out-of-memory, while user space reads what held the memory then: the
@@ -57,6 +61,10 @@ volatile __u32 oom_holds_pending = 0;
  * only allocations with a stack do, for the allocation profiles; a free is a delete and a
  * count, and a tensor byte sampling passed over a count and an insert. */
 const volatile __u8 memory_timeline = 1;
+
+/* 1: a tensor's allocation with a stack goes into the ring too where no timeline is drawn, for
+ * the tensor-alloc profile. 0 (in-use only): it is an insert and a count. */
+const volatile __u8 tensor_allocation_records = 1;
 
 /* The allocation being inserted, with its key: the uprobe programs' frames have no room for them
  * (on_torch_malloc and the unwinder's calls under it take all of the 512 bytes older verifiers
@@ -109,7 +117,7 @@ static __noinline __u64 stack_id_of(struct event_record *e)
 
 /* One compact record of the memory timeline: an allocation, or a free with what it freed (`api`:
  * the free's, said where the allocation is not known). */
-static __always_inline void send_memory_event(__u32 pid, __u32 tid, __u64 addr, struct live_allocation *a, __u32 api, __u8 flags)
+static __always_inline void send_memory_event(__u32 pid, __u32 tid, __u64 addr, struct live_allocation *a, __u32 api, __u8 flags, __u64 now)
 {
 	struct memory_event *m = bpf_ringbuf_reserve(&samples, sizeof(*m), 0);
 
@@ -119,7 +127,7 @@ static __always_inline void send_memory_event(__u32 pid, __u32 tid, __u64 addr, 
 	}
 	m->kind = EVENT_MEMORY;
 	m->pid = pid;
-	m->timestamp_ns = bpf_ktime_get_boot_ns();
+	m->timestamp_ns = now;
 	m->addr = addr;
 	m->size = a ? a->size : 0;
 	m->stack = a ? a->stack : 0;
@@ -130,8 +138,9 @@ static __always_inline void send_memory_event(__u32 pid, __u32 tid, __u64 addr, 
 	bpf_ringbuf_submit(m, wake_when_filling());
 }
 
-/* An allocation of `size` bytes at `addr`, live from now: into the map, and on the timeline. */
-static __always_inline void live_allocated(__u32 pid, __u32 tid, __u64 addr, __u64 size, __u64 stack, __u32 api, __u32 device, __u8 flags, __u64 stream)
+/* An allocation of `size` bytes at `addr`, live from `now` (the time of its record, where it has
+ * one): into the map, and on the timeline. */
+static __always_inline void live_allocated(__u32 pid, __u32 tid, __u64 addr, __u64 size, __u64 stack, __u32 api, __u32 device, __u8 flags, __u64 stream, __u64 now)
 {
 	struct live_entry *s = bpf_map_lookup_elem(&live_scratch, (__u32 *)&zero_key);
 	struct live_allocation *a;
@@ -145,7 +154,7 @@ static __always_inline void live_allocated(__u32 pid, __u32 tid, __u64 addr, __u
 	a = &s->value;
 	a->size = size;
 	a->stack = stack;
-	a->t_ns = bpf_ktime_get_boot_ns();
+	a->t_ns = now;
 	a->stream = stream;
 	a->freed_ns = 0;
 	a->tid = tid;
@@ -167,8 +176,9 @@ static __always_inline void live_allocated(__u32 pid, __u32 tid, __u64 addr, __u
 			event |= MEMORY_REPLACED;
 		}
 	}
-	if (memory_timeline || !(flags & LIVE_SAMPLED_OUT) || event != MEMORY_ALLOCATED)
-		send_memory_event(pid, tid, addr, a, api, event);
+	if (memory_timeline || event != MEMORY_ALLOCATED ||
+	    (!(flags & LIVE_SAMPLED_OUT) && (api != C10_MALLOC || tensor_allocation_records)))
+		send_memory_event(pid, tid, addr, a, api, event, a->t_ns);
 }
 
 /* The allocation at `addr` freed by `api` (a tensor's free, or a segment's): out of the map
@@ -178,7 +188,7 @@ static __always_inline void live_freed(__u32 pid, __u32 tid, __u64 addr, __u32 a
 {
 	struct live_key key = { .pid = pid, .tensor = cuda_class_of(api) == CUDA_CLASS_TENSOR_FREE, .addr = addr };
 	struct live_allocation *a;
-	__u64 *hold;
+	__u64 *hold, now;
 
 	/* No timeline and no hold: what was freed is not needed, the delete says whether it was. */
 	if (!memory_timeline && !oom_holds_pending) {
@@ -190,15 +200,16 @@ static __always_inline void live_freed(__u32 pid, __u32 tid, __u64 addr, __u32 a
 	a = bpf_map_lookup_elem(&live_allocations, &key);
 	if (key.tensor)
 		count(a && !a->freed_ns ? COUNTER_TENSORS_FREED : COUNTER_TENSORS_UNKNOWN_FREES);
+	now = bpf_ktime_get_boot_ns();
 	if (!a || a->freed_ns) {
-		send_memory_event(pid, tid, addr, NULL, api, MEMORY_FREED | MEMORY_UNKNOWN);
+		send_memory_event(pid, tid, addr, NULL, api, MEMORY_FREED | MEMORY_UNKNOWN, now);
 		return;
 	}
 	/* What it was goes out before the element may go back to the allocator. */
-	send_memory_event(pid, tid, addr, a, api, MEMORY_FREED);
+	send_memory_event(pid, tid, addr, a, api, MEMORY_FREED, now);
 	hold = oom_holds_pending ? bpf_map_lookup_elem(&oom_holds, &pid) : NULL;
 	if (hold)
-		a->freed_ns = bpf_ktime_get_boot_ns();
+		a->freed_ns = now;
 	else
 		bpf_map_delete_elem(&live_allocations, &key);
 }
@@ -215,26 +226,30 @@ static __always_inline void live_hold_for_oom(__u32 pid)
 
 /* A successful allocation whose record `e` has its caller's stack unwound: live, and its stack
  * sent if it is new (`always`: the whole record goes anyway, for the CUDA API profile). A
- * tensor's record carries its stream in `handle`. */
-static __always_inline void send_allocation(struct event_record *e, bool always, enum record_wake wake)
+ * tensor's record carries its stream in `handle`. The hooks' time (`t0`, `enter_ns`: as in
+ * send_call_with_stack) is read only for a record that goes. */
+static __always_inline void send_allocation(struct event_record *e, bool always, enum record_wake wake, __u64 t0, __u64 enter_ns)
 {
 	struct cuda_call_payload *c = &e->payload.cuda_call;
 	__u64 id = stack_id_of(e);
-	__u8 *sent = bpf_map_lookup_elem(&stacks_sent, &id);
-	__u8 flags = c->flags & CUDA_CALL_IN_ALLOCATOR ? LIVE_IN_ALLOCATOR : 0, one = 1;
+	__u32 slot = (__u32)id & (STACKS_SENT_SLOTS - 1);
+	__u64 *mark = bpf_map_lookup_elem(&stacks_sent, &slot);
+	bool sent = mark && *mark == id;
+	__u8 flags = c->flags & CUDA_CALL_IN_ALLOCATOR ? LIVE_IN_ALLOCATOR : 0;
 
 	c->stack_id = id;
 	if (always || !sent) {
+		c->hook_ns = bpf_ktime_get_ns() - t0 + enter_ns;
 		if (send_record(e, record_bytes_with_frames(e), wake, COUNTER_CUDA_LOST)) {
-			if (!sent)
-				bpf_map_update_elem(&stacks_sent, &id, &one, BPF_ANY);
+			if (mark)
+				*mark = id;
 		} else if (!sent) {
 			count(COUNTER_MEMORY_STACKS_LOST);
 			flags |= LIVE_STACK_LOST;
 			id = 0;
 		}
 	}
-	live_allocated(e->header.pid, e->header.tid, c->addr, c->size, id, c->api, c->device, flags, c->api == C10_MALLOC ? c->handle : 0);
+	live_allocated(e->header.pid, e->header.tid, c->addr, c->size, id, c->api, c->device, flags, c->api == C10_MALLOC ? c->handle : 0, e->header.timestamp_ns);
 }
 
 #endif

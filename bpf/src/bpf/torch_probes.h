@@ -50,7 +50,7 @@ int on_torch_malloc(struct pt_regs *ctx)
 		return 0;
 	count(COUNTER_CUDA_CALLS);
 	if (!tensor_stack_drawn(size)) {
-		live_allocated(id >> 32, tid, ptr, size, 0, C10_MALLOC, device, LIVE_SAMPLED_OUT, c->handle);
+		live_allocated(id >> 32, tid, ptr, size, 0, C10_MALLOC, device, LIVE_SAMPLED_OUT, c->handle, bpf_ktime_get_boot_ns());
 		return 0;
 	}
 	cuda_header(e, EVENT_CUDA_CALL, id);

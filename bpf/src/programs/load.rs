@@ -171,6 +171,7 @@ fn configure(open: &mut OpenCpuSamplerSkel<'static>, config: &SamplerConfig) -> 
     rodata.process_events_lazy = u8::from(config.lazy_process_events);
     rodata.tensor_sample_bytes = config.tensor_sample_bytes;
     rodata.memory_timeline = u8::from(config.memory_timeline);
+    rodata.tensor_allocation_records = u8::from(config.tensor_allocation_records);
     rodata.copy_every_stack = u8::from(config.copy_every_stack);
     open.maps.samples.set_max_entries(ring).map_err(BpfError::load)?;
     open.maps.live_allocations.set_max_entries(config.max_live_allocations.max(1)).map_err(BpfError::load)?;

@@ -102,6 +102,11 @@ impl DeviceMemory {
         }
     }
 
+    /// Process `pid` allocated a tensor through PyTorch's allocator.
+    pub fn allocator_used(&mut self, pid: u32) {
+        self.allocator_pids.insert(pid);
+    }
+
     /// Physical memory created (cuMemCreate): user space's to follow, by its records.
     pub fn physical_created(&mut self, pid: u32, api: CudaApi, handle: u64, size: u64, site: Rc<Site>) {
         self.next_window();

@@ -129,6 +129,7 @@ impl Session {
             lazy_process_events: read_delay.is_some(),
             tensor_sample_bytes: config.tensor_sample_bytes,
             memory_timeline: config.memory_timeline,
+            tensor_allocation_records: config.profiles.contains(&ProfileKind::TensorAlloc),
             // Its buckets are allocated with the map (16 bytes an entry of the bound).
             max_live_allocations: if config.profiles.iter().any(|p| ProfileKind::MEMORY.contains(p)) { config.max_live_allocations } else { 1 },
             copy_every_stack: config.check_unwinder,

@@ -52,7 +52,14 @@ impl DeviceMemorySource {
                 let site = Rc::new(Site { stack: with_call(), device: call.device, via_allocator: call.in_allocator });
                 m.physical_created(pid, call.api, call.addr, call.size, site)
             }
-            CudaClass::Alloc | CudaClass::TensorAlloc if call.addr != 0 && (ok || class == CudaClass::TensorAlloc) => m.learn_stack(pid, call.stack_id, with_call()),
+            CudaClass::Alloc | CudaClass::TensorAlloc if call.addr != 0 && (ok || class == CudaClass::TensorAlloc) => {
+                if class == CudaClass::TensorAlloc {
+                    // Each of its stacks' first tensor sends this record, with or without
+                    // records of tensors (tensor-alloc, a timeline).
+                    m.allocator_used(pid);
+                }
+                m.learn_stack(pid, call.stack_id, with_call())
+            }
             CudaClass::Alloc => {
                 m.segment_stats.failed_allocations += 1;
                 if call.in_allocator {
