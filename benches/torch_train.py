@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A CPU training loop on PyTorch with a known Python call chain, for benches/torch_stacks.sh.
 
-    python torch_train.py [--seconds S] [--hidden N] [--batch B] [--threads T]
+    python torch_train.py [--seconds S] [--hidden N] [--batch B] [--threads T] [--model mlp|conv]
 
 The chain of every step is main() → train_epoch() → train_step(), which runs a small MLP's
 forward, backward and optimizer step; the Linear layers are large enough that the BLAS sgemm
@@ -33,6 +33,19 @@ class Stop(Exception):
 
 def _stop(signum, frame):
     raise Stop()
+
+
+def make_conv_model(hidden):
+    # Convolutions go to oneDNN, whose kernels are JIT code (xbyak) in anonymous memory.
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 32, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(32, 64, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(8),
+        torch.nn.Flatten(),
+        torch.nn.Linear(64 * 8 * 8, 1024),
+    )
 
 
 def make_model(hidden):
@@ -74,18 +87,19 @@ def main():
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    ap.add_argument("--model", choices=["mlp", "conv"], default="mlp", help="mlp: sgemm (MKL); conv: convolutions (oneDNN)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     torch.manual_seed(0)
-    model = make_model(args.hidden)
+    model = make_conv_model(args.hidden) if args.model == "conv" else make_model(args.hidden)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     loss_fn = torch.nn.MSELoss()
-    x = torch.randn(args.batch, 1024)
+    x = torch.randn(args.batch, 3, 64, 64) if args.model == "conv" else torch.randn(args.batch, 1024)
     y = torch.randn(args.batch, 1024)
-    print(f"torch={torch.__version__} threads={torch.get_num_threads()} hidden={args.hidden} batch={args.batch}", flush=True)
+    print(f"torch={torch.__version__} threads={torch.get_num_threads()} model={args.model} hidden={args.hidden} batch={args.batch}", flush=True)
     start = time.time()
     deadline = start + args.seconds if args.seconds > 0 else 0.0
     state = {"steps": 0, "next_report": start + 1.0}
