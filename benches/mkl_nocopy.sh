@@ -8,7 +8,9 @@
 # rows from prologues) and without (after). For each recording: the share of samples whose stack
 # is whole to its thread's root, those cut at `[native: no unwind info]`, and the MKL kernels at
 # the leaf with their samples. MODEL=conv runs the loop's convolutions instead (oneDNN's JIT
-# kernels, anonymous executable memory: `[native: unknown code]`).
+# kernels, anonymous executable memory: `[native: unknown code]`). TRAIN_ARGS go to the loop
+# (default `--threads 1`: with two threads this AVX2 host's MKL splits the loop's sgemms into
+# shapes it gives its packing kernels, with one the `nocopy` ones, as the issue's Intel host did).
 #
 #   sudo benches/mkl_nocopy.sh [SECONDS] [ROUNDS]        (default 12 2)
 #
@@ -35,7 +37,7 @@ wl=
 trap '[ -n "$wl" ] && kill -TERM "$wl" 2>/dev/null; rm -rf "$tmp"' EXIT
 cc -O2 -shared -fPIC -o "$tmp/libmkl_intel_cpu.so" "$root/benches/mkl_intel_cpu.c"
 
-LD_PRELOAD="$tmp/libmkl_intel_cpu.so" "$py" "$root/benches/torch_train.py" --model "${MODEL:-mlp}" >"$tmp/train.out" 2>&1 &
+LD_PRELOAD="$tmp/libmkl_intel_cpu.so" "$py" "$root/benches/torch_train.py" --model "${MODEL:-mlp}" ${TRAIN_ARGS---threads 1} >"$tmp/train.out" 2>&1 &
 wl=$!
 for _ in $(seq 1 600); do
   grep -q '^warm ' "$tmp/train.out" && break
@@ -66,6 +68,7 @@ def leaf_kernel(frames):
         if f.startswith("mkl_"):
             return f
     return None
+cut = collections.Counter()
 print("| round | way | samples | whole to the thread's root | cut at `[native: no unwind info]` | at `[native: unknown code]` | MKL kernels at the leaf (samples) |")
 print("|---|---|---|---|---|---|---|")
 for r in range(1, rounds + 1):
@@ -83,6 +86,11 @@ for r in range(1, rounds + 1):
             k = leaf_kernel(frames)
             if k and "kernel" in k:
                 kernels[k] += n
+            if not (user and user[0] in ROOTS):
+                cut[(way, ";".join(frames[1:4]) + " ... " + ";".join(frames[-2:]))] += n
         top = ", ".join(f"`{k}` {n}" for k, n in kernels.most_common(4))
         print(f"| {r} | {way} | {total} | {100 * whole / max(total, 1):.1f}% | {no_info} | {unknown} | {top} |")
+print("\nstacks not whole, all rounds (root side ... leaf side):")
+for (way, stack), n in cut.most_common(12):
+    print(f"  {way}: {n} {stack[:300]}")
 EOF

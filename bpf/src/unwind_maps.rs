@@ -123,13 +123,19 @@ pub(crate) fn map_err(map: &'static str) -> impl Fn(libbpf_rs::Error) -> BpfErro
     move |source| BpfError::Map { map, source }
 }
 
-fn rule_value(rule: UnwindRule) -> types::unwind_rule {
+/// CFA_DEREF_RSP's two numbers in its one field (events.h): the slot low, the addend high.
+fn deref_rsp_offset(slot: u16, addend: i16) -> i32 {
+    (i32::from(addend) << 16) | i32::from(slot)
+}
+
+pub(crate) fn rule_value(rule: UnwindRule) -> types::unwind_rule {
     let (cfa_kind, cfa_offset, mut rbp_offset) = match rule.cfa {
         CfaRule::NoInfo => (types::cfa_kind::CFA_NO_INFO, 0, 0),
         CfaRule::RspOffset(o) => (types::cfa_kind::CFA_RSP_OFFSET, o, 0),
         CfaRule::RbpOffset(o) => (types::cfa_kind::CFA_RBP_OFFSET, o, 0),
         CfaRule::Plt { threshold } => (types::cfa_kind::CFA_PLT, 0, i16::from(threshold)),
         CfaRule::DerefRbp(o) => (types::cfa_kind::CFA_DEREF_RBP, o, 0),
+        CfaRule::DerefRsp { slot, addend } => (types::cfa_kind::CFA_DEREF_RSP, deref_rsp_offset(slot, addend), 0),
         CfaRule::EndOfStack => (types::cfa_kind::CFA_END_OF_STACK, 0, 0),
         CfaRule::Unsupported => (types::cfa_kind::CFA_UNSUPPORTED, 0, 0),
     };

@@ -123,6 +123,7 @@ fn rule_of_value(v: types::unwind_rule) -> UnwindRule {
         k if k == c::CFA_RBP_OFFSET.0 => CfaRule::RbpOffset(v.cfa_offset),
         k if k == c::CFA_PLT.0 => CfaRule::Plt { threshold: v.rbp_offset as u8 },
         k if k == c::CFA_DEREF_RBP.0 => CfaRule::DerefRbp(v.cfa_offset),
+        k if k == c::CFA_DEREF_RSP.0 => CfaRule::DerefRsp { slot: v.cfa_offset as u16, addend: (v.cfa_offset >> 16) as i16 },
         k if k == c::CFA_END_OF_STACK.0 => CfaRule::EndOfStack,
         _ => CfaRule::Unsupported,
     };
@@ -133,4 +134,28 @@ fn rule_of_value(v: types::unwind_rule) -> UnwindRule {
         _ => RbpRule::Unsupported,
     };
     UnwindRule { cfa, rbp }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::unwind_maps::rule_value;
+
+    /// What user space writes for each kind of rule reads back as the same rule: the BPF walk and
+    /// the checking walk (`--check-unwinder`) follow one rule.
+    #[test]
+    fn rules_read_back_as_written() {
+        let saved = RbpRule::CfaOffset(-0x40);
+        for rule in [
+            UnwindRule { cfa: CfaRule::RspOffset(0x48), rbp: saved },
+            UnwindRule { cfa: CfaRule::RbpOffset(16), rbp: RbpRule::CfaOffset(-16) },
+            UnwindRule { cfa: CfaRule::DerefRbp(-8), rbp: RbpRule::AtRbp(0) },
+            UnwindRule { cfa: CfaRule::DerefRsp { slot: 0x98, addend: 0x48 }, rbp: saved },
+            UnwindRule { cfa: CfaRule::DerefRsp { slot: 0xfff8, addend: -8 }, rbp: RbpRule::Unchanged },
+            UnwindRule { cfa: CfaRule::Plt { threshold: 11 }, rbp: RbpRule::Unchanged },
+            UnwindRule { cfa: CfaRule::EndOfStack, rbp: RbpRule::Unchanged },
+        ] {
+            assert_eq!(rule_of_value(rule_value(rule)), rule);
+        }
+    }
 }

@@ -151,6 +151,7 @@ impl State<'_, '_> {
                 self.bp_after_scan(false, 0);
                 self.word(self.bp.wrapping_add_signed(i64::from(o)))?
             }
+            CfaRule::DerefRsp { slot, addend } => self.word(self.sp.wrapping_add(u64::from(slot)))?.wrapping_add_signed(i64::from(addend)),
             CfaRule::EndOfStack => return Err(WalkEnd::EndOfStack),
             CfaRule::NoInfo => unreachable!("stepped without CFI above"),
             CfaRule::Unsupported => return Err(WalkEnd::BadCfa),

@@ -13,6 +13,7 @@ mod elf;
 mod entry;
 mod error;
 mod probe;
+mod body;
 mod prologue;
 mod rule;
 mod rule_table;

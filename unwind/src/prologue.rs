@@ -7,15 +7,18 @@
 //! sub $0x40,%rsp; mov %rbx,(%rsp); mov %rbp,0x8(%rsp); ...; mov %rsp,%rbp; ...; and $-4096,%rsp
 //! ```
 //!
-//! after which the CFA is rbp+0x48 to the epilogue. The forms known:
+//! after which the CFA is rbp+0x48, until the kernel keeps rbp in its new frame (`mov
+//! %rbp,0x98(%rsp)`) and uses it as any register: from there the CFA is *(rsp+0x98)+0x48, which
+//! holds through a body that does not move rsp (`body.rs` checks the whole function). The forms
+//! known:
 //! - `sub $N,%rsp` with register saves, then `mov %rsp,%rbp`: CFA rsp+N+8, then rbp+N+8;
 //! - `push %rbp; mov %rsp,%rbp` (with or without `and $-K,%rsp`): CFA rbp+16;
 //! - pushes of callee-saved registers, then `sub $N,%rsp`: CFA rsp+8+8×pushes+N.
 //!
 //! Anything else that moves rsp or writes rbp before the form is complete, and a function that
 //! does neither, gives no rows: its code keeps today's way (frame pointers, the stack scan). The
-//! rows hold from the instruction that makes each true to the function's end: an epilogue is not
-//! modelled, and samples in one are rare.
+//! rows hold from the instruction that makes each true to the function's end; only a body
+//! checked by `body.rs` has its epilogue modelled.
 
 use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic, OpAccess, OpKind, Register};
 
@@ -35,9 +38,27 @@ enum Frame {
     Rbp(i32),
 }
 
+/// What a prologue says.
+pub(crate) struct Prologue {
+    pub rows: Vec<UnwindRow>,
+    /// The rbp frame's base stored in the realigned frame, after which rbp is free: the rows from
+    /// there are the body's to give (`body.rs`), else these rows hold to the end.
+    pub base_saved: Option<BaseSaved>,
+}
+
+/// `mov %rbp,slot(%rsp)` once the stack was realigned below an rbp frame of CFA rbp+addend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BaseSaved {
+    /// The address after the store.
+    pub after: u64,
+    pub slot: u16,
+    pub addend: i16,
+    pub rbp: RbpRule,
+}
+
 /// The rows of the function whose code starts at `start` with bytes `code` (its first bytes, up to
 /// [`PROLOGUE_BYTES`]), or None when its prologue is of no known form.
-pub(crate) fn rows_from_prologue(code: &[u8], start: u64) -> Option<Vec<UnwindRow>> {
+pub(crate) fn rows_from_prologue(code: &[u8], start: u64) -> Option<Prologue> {
     let mut decoder = Decoder::with_ip(64, code, start, DecoderOptions::NONE);
     let mut info = InstructionInfoFactory::new();
     let mut insn = Instruction::default();
@@ -47,13 +68,34 @@ pub(crate) fn rows_from_prologue(code: &[u8], start: u64) -> Option<Vec<UnwindRo
     let mut moved = false;
     // Whether the walk stopped at a write of rsp or rbp that no form has.
     let mut unknown_write = false;
+    // rsp moved below an rbp frame (`sub %rax,%rsp; and $-4096,%rsp`).
+    let mut realigned = false;
+    let mut base_saved = None;
     for _ in 0..MAX_INSTRUCTIONS {
         if !decoder.can_decode() {
             break;
         }
         decoder.decode_out(&mut insn);
         if insn.is_invalid() {
+            // Past an rbp frame the bytes read may end inside an instruction: the frame stands.
+            if matches!(frame, Frame::Rbp(_)) {
+                break;
+            }
             return None;
+        }
+        if let Frame::Rbp(addend) = frame {
+            // The frame is known; what follows may only say that rbp is about to go free.
+            if realigned && stores_rbp_at_rsp(&insn) {
+                if let (Ok(slot), Ok(addend)) = (u16::try_from(insn.memory_displacement64()), i16::try_from(addend)) {
+                    base_saved = Some(BaseSaved { after: insn.next_ip(), slot, addend, rbp });
+                }
+                break;
+            }
+            if insn.flow_control() != FlowControl::Next || writes(&mut info, &insn, Register::RBP) {
+                break;
+            }
+            realigned |= writes(&mut info, &insn, Register::RSP);
+            continue;
         }
         let Frame::Rsp(cfa) = frame else { break };
         let before = (frame, rbp);
@@ -71,13 +113,7 @@ pub(crate) fn rows_from_prologue(code: &[u8], start: u64) -> Option<Vec<UnwindRo
             }
             // rbp saved in the frame: where the caller's rbp is. (Other registers' saves change
             // nothing the unwinder follows.)
-            Mnemonic::Mov
-                if insn.op0_kind() == OpKind::Memory
-                    && insn.memory_base() == Register::RSP
-                    && insn.memory_index() == Register::None
-                    && insn.op1_kind() == OpKind::Register
-                    && insn.op1_register() == Register::RBP =>
-            {
+            Mnemonic::Mov if stores_rbp_at_rsp(&insn) => {
                 let at = i32::try_from(insn.memory_displacement64() as i64).ok()?;
                 rbp = RbpRule::CfaOffset(at.checked_sub(cfa)?);
             }
@@ -104,10 +140,20 @@ pub(crate) fn rows_from_prologue(code: &[u8], start: u64) -> Option<Vec<UnwindRo
     // Without an rbp frame, only a prologue that moved rsp and then went on to the body without
     // a write of rsp or rbp that no form has is known (else the function keeps today's way).
     match frame {
-        Frame::Rbp(_) => Some(rows),
-        Frame::Rsp(cfa) if moved && cfa > 8 && !unknown_write => Some(rows),
+        Frame::Rbp(_) => Some(Prologue { rows, base_saved }),
+        Frame::Rsp(cfa) if moved && cfa > 8 && !unknown_write => Some(Prologue { rows, base_saved: None }),
         Frame::Rsp(_) => None,
     }
+}
+
+/// `mov %rbp,disp(%rsp)`.
+fn stores_rbp_at_rsp(insn: &Instruction) -> bool {
+    insn.mnemonic() == Mnemonic::Mov
+        && insn.op0_kind() == OpKind::Memory
+        && insn.memory_base() == Register::RSP
+        && insn.memory_index() == Register::None
+        && insn.op1_kind() == OpKind::Register
+        && insn.op1_register() == Register::RBP
 }
 
 fn rule(frame: Frame, rbp: RbpRule) -> UnwindRule {
@@ -118,14 +164,19 @@ fn rule(frame: Frame, rbp: RbpRule) -> UnwindRule {
     UnwindRule { cfa, rbp }
 }
 
-fn is_immediate(kind: OpKind) -> bool {
+pub(crate) fn is_immediate(kind: OpKind) -> bool {
     matches!(kind, OpKind::Immediate8 | OpKind::Immediate8to64 | OpKind::Immediate32 | OpKind::Immediate32to64 | OpKind::Immediate16 | OpKind::Immediate8to32)
 }
 
 /// Whether the instruction writes rsp or rbp (any width).
 fn writes_frame_register(info: &mut InstructionInfoFactory, insn: &Instruction) -> bool {
+    writes(info, insn, Register::RSP) || writes(info, insn, Register::RBP)
+}
+
+/// Whether the instruction writes `register` (a full register; any width of it).
+pub(crate) fn writes(info: &mut InstructionInfoFactory, insn: &Instruction, register: Register) -> bool {
     info.info(insn).used_registers().iter().any(|r| {
-        matches!(r.register().full_register(), Register::RSP | Register::RBP)
+        r.register().full_register() == register
             && matches!(r.access(), OpAccess::Write | OpAccess::ReadWrite | OpAccess::CondWrite | OpAccess::ReadCondWrite)
     })
 }
@@ -135,7 +186,7 @@ mod tests {
     use super::*;
 
     fn rules(code: &[u8]) -> Option<Vec<(u64, UnwindRule)>> {
-        rows_from_prologue(code, 0x1000).map(|r| r.into_iter().map(|r| (r.pc - 0x1000, r.rule)).collect())
+        rows_from_prologue(code, 0x1000).map(|p| p.rows.into_iter().map(|r| (r.pc - 0x1000, r.rule)).collect())
     }
 
     fn r(cfa: CfaRule, rbp: RbpRule) -> UnwindRule {

@@ -13,6 +13,11 @@ pub enum CfaRule {
     Plt { threshold: u8 },
     /// CFA = *(rbp + offset): functions that realign their stack (`DW_OP_breg6 off; DW_OP_deref`).
     DerefRbp(i32),
+    /// CFA = *(rsp + slot) + addend: a function without CFI that realigned its stack and keeps
+    /// its frame's base in its new frame, then uses rbp as any register (MKL's sgemm kernels:
+    /// `mov %rsp,%rbp; …; and $-4096,%rsp; mov %rbp,0x98(%rsp)`). Made from code (prologue.rs),
+    /// never from CFI.
+    DerefRsp { slot: u16, addend: i16 },
     /// The return address is undefined: the outermost frame (`_start`, a thread's entry).
     EndOfStack,
     /// Anything else; the unwinder stops here and counts it.

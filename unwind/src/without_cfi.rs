@@ -4,6 +4,7 @@
 
 use gpuflame_elfread::{consts, ElfError, ElfFile, ReadAt};
 
+use crate::body::{rows_through_body, MAX_BODY_BYTES};
 use crate::prologue::{rows_from_prologue, PROLOGUE_BYTES};
 use crate::table::UnwindRow;
 
@@ -51,9 +52,10 @@ pub(crate) fn synthesized_functions<R: ReadAt>(elf: &ElfFile<R>, covered: &[(u64
         let n = covered.partition_point(|&(s, _)| s < end);
         n > 0 && max_end[n - 1] > start
     };
-    let code = |start: u64, end: u64| -> Option<(u64, u64)> {
+    // Where [start, end) is in the file, at most `max` bytes of it.
+    let code = |start: u64, end: u64, max: usize| -> Option<(u64, u64)> {
         let seg = elf.load_segments().find(|s| s.flags & consts::PF_X != 0 && s.vaddr <= start && end <= s.vaddr + s.file_size)?;
-        Some((start - seg.vaddr + seg.offset, (end - start).min(PROLOGUE_BYTES as u64)))
+        Some((start - seg.vaddr + seg.offset, (end - start).min(max as u64)))
     };
     let mut out = Vec::new();
     let mut last_end = 0;
@@ -62,12 +64,21 @@ pub(crate) fn synthesized_functions<R: ReadAt>(elf: &ElfFile<R>, covered: &[(u64
         if start < last_end {
             continue;
         }
-        let Some((offset, len)) = code(start, end) else { continue };
+        let Some((offset, len)) = code(start, end, PROLOGUE_BYTES) else { continue };
         let bytes = elf.read(offset, len, "a function's prologue", PROLOGUE_BYTES as u64)?;
-        if let Some(rows) = rows_from_prologue(&bytes, start) {
-            last_end = end;
-            out.push(SynthesizedFunction { start, end, rows });
+        let Some(prologue) = rows_from_prologue(&bytes, start) else { continue };
+        let mut rows = prologue.rows;
+        // rbp goes free in the body: its rows, where the whole body reads as known.
+        if let Some(base) = prologue.base_saved {
+            if let Some((offset, len)) = code(base.after, end, MAX_BODY_BYTES) {
+                let body = elf.read(offset, len, "a function's body", MAX_BODY_BYTES as u64)?;
+                if let Some(more) = rows_through_body(&body, &base) {
+                    rows.extend(more);
+                }
+            }
         }
+        last_end = end;
+        out.push(SynthesizedFunction { start, end, rows });
     }
     Ok(out)
 }

@@ -380,6 +380,8 @@ enum cfa_kind {
 	CFA_DEREF_RBP = 4, /* *(rbp + cfa_offset) */
 	CFA_END_OF_STACK = 5,
 	CFA_UNSUPPORTED = 6,
+	CFA_DEREF_RSP = 7, /* *(rsp + (cfa_offset & 0xffff)) + (cfa_offset >> 16): a frame's base kept
+			    * in its realigned frame (rows from a prologue, no CFI) */
 };
 
 enum rbp_kind {

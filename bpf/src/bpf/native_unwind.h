@@ -156,6 +156,11 @@ __noinline long unwind_one(struct native_unwind_state *st)
 		if (stack_word(st, &cfa, st->bp + rule->cfa_offset))
 			return stop(st, UNWIND_READ_FAULT);
 		break;
+	case CFA_DEREF_RSP:
+		if (stack_word(st, &cfa, st->sp + (rule->cfa_offset & 0xffff)))
+			return stop(st, UNWIND_READ_FAULT);
+		cfa += rule->cfa_offset >> 16;
+		break;
 	case CFA_END_OF_STACK:
 		return stop(st, UNWIND_END_OF_STACK);
 	case CFA_NO_INFO:

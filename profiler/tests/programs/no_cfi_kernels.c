@@ -3,7 +3,9 @@
  *   argv[1] = mkl:     MKL's sgemm prologue (libtorch_cpu.so, mkl_blas_avx512_sgemm_kernel_nocopy_*):
  *                      sub $0x40,%rsp, register saves, mov %rsp,%rbp, then a page-aligned frame of
  *                      k * 192 + 256 bytes rounded up to pages (8 to 64 KiB here), which no stack
- *                      scan crosses; rbp is not a frame pointer's.
+ *                      scan crosses; then the frame's base kept in the new frame (mov
+ *                      %rbp,0x78(%rsp)) and rbp taken for the body, as the real kernels do, and
+ *                      rsp taken back from there (mov 0x78(%rsp),%rax; mov %rax,%rsp).
  *   argv[1] = realign: push %rbp; mov %rsp,%rbp; and $-64,%rsp; sub $0x2000,%rsp.
  * Each touches its frame and calls back `work` (C, with CFI) from its body, so that samples land
  * in the kernel itself and in a function with CFI that it called. The kernels are file-level
@@ -38,19 +40,20 @@ __asm__(
 	"	sub %rax, %rsp\n"
 	"	and $-4096, %rsp\n"
 	"	mov %rbp, 0x78(%rsp)\n"
-	"	mov %rsi, %rbx\n"
+	"	mov %rsi, %rbp\n"
 	"	mov %rax, %r12\n"
 	"	mov $16, %r13\n"
 	"1:	xor %rcx, %rcx\n"
-	"2:	mov %rcx, (%rsp,%rcx,1)\n"
+	"2:	mov %rcx, (%rsp,%rcx,1)\n" /* every 64 bytes: never the base's slot */
 	"	add $64, %rcx\n"
 	"	cmp %r12, %rcx\n"
 	"	jb 2b\n"
 	"	mov %r13, %rdi\n"
-	"	call *%rbx\n"
+	"	call *%rbp\n"
 	"	dec %r13\n"
 	"	jnz 1b\n"
-	"	mov %rbp, %rsp\n"
+	"	mov 0x78(%rsp), %rax\n"
+	"	mov %rax, %rsp\n"
 	"	mov (%rsp), %rbx\n"
 	"	mov 0x8(%rsp), %rbp\n"
 	"	mov 0x10(%rsp), %r12\n"
