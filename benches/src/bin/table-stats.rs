@@ -1,5 +1,6 @@
 //! Size and build time of unwind tables: `cargo run --release -p gpuflame-benches --bin
-//! table-stats [LIB…]` (default: glibc and the largest library found).
+//! table-stats [LIB…]` (default: glibc and the largest library found). TABLE_AT=0xADDR,… also
+//! prints the rule the table has at each address of the file (as `objdump -d` numbers them).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -28,6 +29,14 @@ fn main() {
                 }
             };
             let stats = table.stats;
+            if result.is_none() {
+                for at in std::env::var("TABLE_AT").unwrap_or_default().split(',').filter(|a| !a.is_empty()) {
+                    match u64::from_str_radix(at.trim_start_matches("0x"), 16) {
+                        Ok(pc) => println!("{}: {at}: {:?}", path.display(), table.lookup(pc)),
+                        Err(e) => eprintln!("TABLE_AT: {at}: {e}"),
+                    }
+                }
+            }
             let mut rules = RuleTable::default();
             let compact = CompactTable::from_table(table, &mut rules).expect("compacting");
             best = best.min(start.elapsed().as_secs_f64());
