@@ -12,12 +12,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 secs=${1:-60}
 churn=${2:-2}
-if [ -n "${GPUFLAME_BIN:-}" ]; then
-  exe=$GPUFLAME_BIN
-else
-  cargo build --release --quiet --manifest-path "$root/Cargo.toml" -p gpuflame
-  exe="$root/target/release/gpuflame"
-fi
+exe=$("$root/benches/gpuflame-bin.sh")
 tmp=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$tmp"' EXIT
 port=$((20000 + RANDOM % 20000))

@@ -15,12 +15,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 counts=("${@:-100000 1000000}")
 read -ra counts <<<"${counts[*]}"
-if [ -n "${GPUFLAME_BIN:-}" ]; then
-  exe=$GPUFLAME_BIN
-else
-  cargo build --release --quiet --manifest-path "$root/Cargo.toml" -p gpuflame
-  exe="$root/target/release/gpuflame"
-fi
+exe=$("$root/benches/gpuflame-bin.sh")
 command -v bpftool >/dev/null || { echo "bpftool is needed (apt install bpftool)" >&2; exit 1; }
 src="$root/profiler/tests/programs/cuda"
 tmp=$(mktemp -d)

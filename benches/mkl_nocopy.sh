@@ -26,12 +26,7 @@ die() { echo "mkl_nocopy: $*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "run as root (gpuflame needs it)"
 "$py" -c 'import torch' 2>/dev/null || die "no torch in $venv: benches/torch_stacks.sh installs it, or set GPUFLAME_TORCH_VENV"
 grep -qw avx2 /proc/cpuinfo || die "this CPU has no AVX2: MKL's Intel kernels would not run"
-if [ -n "${GPUFLAME_BIN:-}" ]; then
-  exe=$GPUFLAME_BIN
-else
-  cargo build --release --quiet --manifest-path "$root/Cargo.toml" -p gpuflame
-  exe="$root/target/release/gpuflame"
-fi
+exe=$("$root/benches/gpuflame-bin.sh")
 tmp=$(mktemp -d)
 wl=
 trap '[ -n "$wl" ] && kill -TERM "$wl" 2>/dev/null; rm -rf "$tmp"' EXIT

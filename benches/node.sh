@@ -16,12 +16,7 @@ k=${1:-4}
 w=${2:-2}
 secs=${3:-15}
 venv=${GPUFLAME_TORCH_VENV:-/opt/torch-venv}
-if [ -n "${GPUFLAME_BIN:-}" ]; then
-  exe=$GPUFLAME_BIN
-else
-  cargo build --release --quiet --manifest-path "$root/Cargo.toml" -p gpuflame
-  exe="$root/target/release/gpuflame"
-fi
+exe=$("$root/benches/gpuflame-bin.sh")
 "$venv/bin/python" -c 'import torch' || { echo "no torch in $venv (python3 -m venv $venv && $venv/bin/pip install torch)"; exit 1; }
 tmp=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$tmp"' EXIT

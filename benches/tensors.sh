@@ -26,12 +26,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 secs=${1:-5}
 rate=${2:-10000}
 rounds=${3:-3}
-if [ -n "${GPUFLAME_BIN:-}" ]; then
-  exe=$GPUFLAME_BIN
-else
-  cargo build --release --quiet --manifest-path "$root/Cargo.toml" -p gpuflame
-  exe="$root/target/release/gpuflame"
-fi
+exe=$("$root/benches/gpuflame-bin.sh")
 src="$root/profiler/tests/programs/cuda"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -13,12 +13,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv=${1:-/opt/torch-venv}
-if [ -n "${GPUFLAME_BIN:-}" ]; then
-  exe=$GPUFLAME_BIN
-else
-  cargo build --release --quiet --manifest-path "$root/Cargo.toml" -p gpuflame
-  exe="$root/target/release/gpuflame"
-fi
+exe=$("$root/benches/gpuflame-bin.sh")
 py="$venv/bin/python"
 site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 lib="$site/torch/lib/libc10_cuda.so"
