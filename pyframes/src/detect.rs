@@ -20,6 +20,13 @@ pub enum PyError {
     FreeThreaded(u8, u8),
     #[error("{0} has no _PyRuntime symbol")]
     NoRuntime(String),
+    /// The loader has mapped the file's code but not yet its data (ld.so maps a library's
+    /// segments one by one): `_PyRuntime`'s address still shows other bytes. Asked again later,
+    /// the answer comes.
+    #[error("{0} is still being mapped: _PyRuntime's address does not show the file's data yet")]
+    StillMapping(String),
+    #[error("cannot read _Py_DebugOffsets at {addr:#x} in {path}")]
+    HeaderUnreadable { path: String, addr: u64 },
     #[error(transparent)]
     DebugOffsets(#[from] DebugOffsetsError),
 }
@@ -41,10 +48,12 @@ pub struct Interpreter {
 
 const MAX_EVAL_RANGES: usize = 16;
 
-/// One file mapping of the process, as /proc/PID/maps lists it.
+/// One file mapping of the process, as /proc/PID/maps lists it: all of them, not only code, since
+/// whether `_PyRuntime`'s data is mapped yet is read from them.
 #[derive(Debug, Clone)]
 pub struct Mapping<'a> {
     pub start: u64,
+    pub end: u64,
     pub offset: u64,
     pub path: &'a str,
 }
@@ -135,7 +144,10 @@ pub fn find_interpreter_with(
     };
     let runtime_addr = runtime.wrapping_add(bias);
     let offsets = if version >= (3, 13) {
-        let header = read_memory(runtime_addr, DEBUG_OFFSETS_LEN).ok_or(PyError::Unsupported(version.0, version.1))?;
+        if !data_mapped(maps, first.path, &segments, runtime, runtime_addr) {
+            return Err(PyError::StillMapping(path.to_string()));
+        }
+        let header = read_memory(runtime_addr, DEBUG_OFFSETS_LEN).ok_or_else(|| PyError::HeaderUnreadable { path: path.to_string(), addr: runtime_addr })?;
         match PyOffsets::from_debug_offsets(&header) {
             Ok(o) => o,
             Err(DebugOffsetsError::FreeThreaded) => return Err(PyError::FreeThreaded(version.0, version.1)),
@@ -146,6 +158,18 @@ pub fn find_interpreter_with(
         *PyOffsets::for_version(version.0, version.1).ok_or(PyError::Unsupported(version.0, version.1))?
     };
     Ok(Some(Interpreter { path: PathBuf::from(path), version, offsets, runtime_addr, eval_ranges, none_addr: none.map_or(0, |n| n.wrapping_add(bias)) }))
+}
+
+/// Whether the process maps, at `addr`, the file bytes the ELF segments put at `vaddr`: not so
+/// while ld.so has mapped the file's whole span from offset 0 and not yet its data segment over
+/// it, nor when another mapping (or none) is there.
+fn data_mapped(maps: &[Mapping<'_>], path: &str, segments: &[(u64, u64, u64)], vaddr: u64, addr: u64) -> bool {
+    let Some(&(seg_offset, seg_vaddr, _)) = segments.iter().find(|(_, v, size)| (*v..v.saturating_add(*size)).contains(&vaddr)) else {
+        // Not in the file (zero-filled): nothing to compare.
+        return true;
+    };
+    let want = vaddr - seg_vaddr + seg_offset;
+    maps.iter().any(|m| m.path == path && (m.start..m.end).contains(&addr) && m.offset.wrapping_add(addr - m.start) == want)
 }
 
 #[cfg(test)]
@@ -166,7 +190,7 @@ mod tests {
     /// The path text names the file; the opener decides which file is read.
     #[test]
     fn the_opened_file_is_read_not_the_path() {
-        let maps = [Mapping { start: 0x7f00_0000_0000, offset: 0, path: "/nowhere/libpython3.11.so.1.0" }];
+        let maps = [Mapping { start: 0x7f00_0000_0000, end: 0x7f00_0001_0000, offset: 0, path: "/nowhere/libpython3.11.so.1.0" }];
         assert!(matches!(find_interpreter(&maps, |_, _| None), Err(PyError::Read { .. })));
         let interp = find_interpreter_with(&maps, |_| open_regular(Path::new(LIBPYTHON)), |_, _| None).unwrap().unwrap();
         assert_eq!(interp.version, (3, 11));
@@ -179,7 +203,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("pyframes-cut-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let copy = dir.join("libpython3.11.so.1.0");
-        let maps = [Mapping { start: 0x7f00_0000_0000, offset: 0, path: "/x/libpython3.11.so.1.0" }];
+        let maps = [Mapping { start: 0x7f00_0000_0000, end: 0x7f00_0001_0000, offset: 0, path: "/x/libpython3.11.so.1.0" }];
         for cut in [0, 63, 64, 4096, data.len() / 2, data.len() - 1] {
             std::fs::write(&copy, &data[..cut]).unwrap();
             let found = find_interpreter_with(&maps, |_| open_regular(&copy), |_, _| None);
@@ -194,9 +218,57 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// pyenv's libpython3.13, whose header is read from memory.
+    fn libpython_3_13() -> PathBuf {
+        std::fs::read_dir("/root/.pyenv/versions")
+            .ok()
+            .and_then(|d| d.flatten().map(|e| e.path()).find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("3.13."))))
+            .map(|p| p.join("lib/libpython3.13.so.1.0"))
+            .expect("pyenv's Python 3.13 (shared) is needed for this test")
+    }
+
+    /// ld.so maps a library's whole span from offset 0, then each segment over it: in between,
+    /// `_PyRuntime`'s address holds other bytes of the file, which are no header to refuse
+    /// Python for.
+    #[test]
+    fn a_libpython_whose_data_is_not_mapped_yet_is_asked_again_not_refused() {
+        let path = libpython_3_13();
+        let data = std::fs::read(&path).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let elf = ElfFile::parse(&file).unwrap();
+        let segments: Vec<(u64, u64, u64, u64)> = elf.load_segments().map(|s| (s.offset, s.vaddr, s.file_size, s.mem_size)).collect();
+        let name = path.to_str().unwrap();
+        let base = 0x7f00_0000_0000u64;
+        let span = segments.iter().map(|s| s.1 + s.3).max().unwrap().next_multiple_of(4096);
+        // The memory a whole mapping shows: the file at the mapping's offset, as the kernel does.
+        let read_as = |maps: Vec<(u64, u64, u64)>| {
+            let data = &data;
+            move |addr: u64, len: usize| {
+                let (start, _, offset) = maps.iter().find(|(s, e, _)| (*s..*e).contains(&addr))?;
+                let at = usize::try_from(offset + (addr - start)).ok()?;
+                data.get(at..at + len).map(<[u8]>::to_vec)
+            }
+        };
+        let open = |_: &Mapping<'_>| open_regular(&path);
+
+        let reserved = vec![(base, base + span, 0)];
+        let maps: Vec<Mapping<'_>> = reserved.iter().map(|&(start, end, offset)| Mapping { start, end, offset, path: name }).collect();
+        let found = find_interpreter_with(&maps, open, read_as(reserved.clone()));
+        assert!(matches!(found, Err(PyError::StillMapping(_))), "{found:?}");
+
+        // Every segment in place: the header is read and the layouts come from it.
+        let page = |v: u64| v & !0xfff;
+        let placed: Vec<(u64, u64, u64)> = segments.iter().map(|&(off, vaddr, _, mem)| (base + page(vaddr), base + (vaddr + mem).next_multiple_of(4096), page(off))).collect();
+        let maps: Vec<Mapping<'_>> = placed.iter().map(|&(start, end, offset)| Mapping { start, end, offset, path: name }).collect();
+        let interp = find_interpreter_with(&maps, open, read_as(placed.clone())).unwrap().unwrap();
+        assert_eq!(interp.version, (3, 13));
+        let unreadable = find_interpreter_with(&maps, open, |_, _| None);
+        assert!(matches!(unreadable, Err(PyError::HeaderUnreadable { .. })), "{unreadable:?}");
+    }
+
     #[test]
     fn a_process_without_python_has_no_interpreter() {
-        let maps = [Mapping { start: 0x1000, offset: 0, path: "/usr/lib/x86_64-linux-gnu/libc.so.6" }];
+        let maps = [Mapping { start: 0x1000, end: 0x2000, offset: 0, path: "/usr/lib/x86_64-linux-gnu/libc.so.6" }];
         assert!(find_interpreter(&maps, |_, _| None).unwrap().is_none());
     }
 }

@@ -69,16 +69,16 @@ fn check(python: &Path) -> Result<String, String> {
     let ident: u64 = line.trim().parse().map_err(|_| format!("bad ident {line:?}"))?;
     let pid = child.0.id();
     let maps_text = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    let entries: Vec<(u64, u64, String)> = maps_text
+    let entries: Vec<(u64, u64, u64, String)> = maps_text
         .lines()
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
             let path = f.get(5)?.to_string();
-            let start = u64::from_str_radix(f[0].split('-').next()?, 16).ok()?;
-            Some((start, u64::from_str_radix(f[2], 16).ok()?, path))
+            let (start, end) = f[0].split_once('-')?;
+            Some((u64::from_str_radix(start, 16).ok()?, u64::from_str_radix(end, 16).ok()?, u64::from_str_radix(f[2], 16).ok()?, path))
         })
         .collect();
-    let maps: Vec<Mapping<'_>> = entries.iter().map(|(s, o, p)| Mapping { start: *s, offset: *o, path: p }).collect();
+    let maps: Vec<Mapping<'_>> = entries.iter().map(|(s, e, o, p)| Mapping { start: *s, end: *e, offset: *o, path: p }).collect();
     let interp = find_interpreter(&maps, |a, n| read_mem(pid, a, n)).map_err(|e| e.to_string())?.ok_or("no interpreter found")?;
     let o = interp.offsets;
     if interp.eval_ranges.is_empty() {

@@ -99,6 +99,9 @@ pub struct ProcessTracker {
     entries: HashMap<u32, Vec<MapsEntry>>,
     entry_keys: HashMap<u32, Vec<Option<ExecutableKey>>>,
     python_warned: HashSet<u32>,
+    /// Pythons caught while ld.so mapped their libpython, to be looked for again (`python.rs`):
+    /// when, and the tries so far.
+    python_retry: HashMap<u32, (Instant, u32)>,
     /// Pythons newer than the tables, named once each.
     python_newer_named: HashSet<(u8, u8)>,
     /// Processes whose mappings were read since their tables were last all in ([`Self::take_ready`]).
@@ -141,6 +144,7 @@ impl ProcessTracker {
             entries: HashMap::new(),
             entry_keys: HashMap::new(),
             python_warned: HashSet::new(),
+            python_retry: HashMap::new(),
             python_newer_named: HashSet::new(),
             unready: HashSet::new(),
             exited: Vec::new(),
@@ -158,6 +162,7 @@ impl ProcessTracker {
                 // A new program: whatever interpreter ran before is gone.
                 self.pythons.remove(&event.pid);
                 self.python_warned.remove(&event.pid);
+                self.python_retry.remove(&event.pid);
                 match self.read_delay {
                     Some(_) => self.defer(sampler, event.pid),
                     None => self.refresh(sampler, event.pid),
@@ -186,7 +191,8 @@ impl ProcessTracker {
                 return;
             }
         };
-        let entries: Vec<MapsEntry> = parse_maps(&text).into_iter().filter(|e| e.executable).collect();
+        let all = parse_maps(&text);
+        let entries: Vec<MapsEntry> = all.iter().filter(|e| e.executable).cloned().collect();
         let mut keys = Vec::new();
         let mut entry_keys = Vec::with_capacity(entries.len());
         let mut files = Vec::new();
@@ -231,7 +237,7 @@ impl ProcessTracker {
         self.files.insert(pid, files);
         // Its own mappings from now on, not its parent's copy.
         self.forked.remove(&pid);
-        self.find_python(sampler, pid, &entries);
+        self.find_python(sampler, pid, &all);
         self.entries.insert(pid, entries);
         self.entry_keys.insert(pid, entry_keys);
         self.unready.insert(pid);
@@ -289,6 +295,8 @@ impl ProcessTracker {
         }
         self.unready.remove(&pid);
         self.forked.remove(&pid);
+        self.python_retry.remove(&pid);
+        self.python_warned.remove(&pid);
         self.entries.remove(&pid);
         self.entry_keys.remove(&pid);
         let now = Instant::now();

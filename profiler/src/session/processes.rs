@@ -205,7 +205,8 @@ impl Processes {
         let tables = if self.tracker.building() || waiting { TABLE_POLL } else { Duration::MAX };
         let python = if self.tracker.has_python() { PYTHON_POLL } else { Duration::MAX };
         let lazy = self.tracker.next_lazy_pass(now).unwrap_or(Duration::MAX);
-        toggle.min(tables).min(python).min(lazy)
+        let retry = self.tracker.next_python_retry(now).unwrap_or(Duration::MAX);
+        toggle.min(tables).min(python).min(lazy).min(retry)
     }
 
     /// After a batch of records: programs due to be read are read (after the batch's exits: one
@@ -218,6 +219,7 @@ impl Processes {
             self.hook_cuda(sampler, pid, Instant::now());
         }
         self.tracker.poll_tables(sampler);
+        self.tracker.retry_pythons(sampler);
         self.report_ready();
         if let Some(c) = self.cuda.as_mut() {
             c.hooks.tick(sampler);
