@@ -104,6 +104,10 @@ impl SamplerConfig {
     /// The live set's bound: a vLLM server holds tens of thousands of tensors; a million is
     /// ~100 MiB of kernel memory when full (BENCHMARKS.md), nothing while unused.
     pub const DEFAULT_LIVE_ALLOCATIONS: u32 = 1 << 20;
+    /// Freed allocations the live set keeps for the next allocation at their address, on top of
+    /// its bound (live_allocations.h): a caching allocator's working set of addresses. ~8 MiB of
+    /// kernel memory when all are kept.
+    pub const FREED_KEPT: u32 = 1 << 16;
 
     /// A ring for CPU samples alone, at `frequency_hz` on `cpus` CPUs: room for 4 s of them
     /// (a window's close may keep the reader away that long), between 1 and 16 MiB. The reader

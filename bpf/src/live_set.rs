@@ -86,24 +86,40 @@ impl BpfPrograms {
         Ok(out)
     }
 
-    /// Takes these allocations out of the live set (a process that exited; frees held for an
-    /// out-of-memory). An allocation made at the same address since is put back.
-    pub fn forget_live(&self, gone: &[LiveAllocation]) -> Result<(), BpfError> {
+    /// Takes these allocations of processes that exited out of the live set, those freed and
+    /// kept with them. An allocation made at the same address since is put back.
+    pub fn forget_live(&mut self, gone: &[LiveAllocation]) -> Result<(), BpfError> {
         let map = &self.skel().maps.live_allocations;
+        let mut kept = 0i64;
         for a in gone {
             let key = types::live_key { pid: a.pid, tensor: u32::from(a.kind.api.is_some_and(crate::cuda::CudaApi::is_tensor)), addr: a.addr };
             let Ok(Some(value)) = map.lookup_and_delete(as_bytes(&key)) else { continue };
+            let Some(v) = read_pod::<types::live_allocation>(&value) else { continue };
             // Between the read and now, the address was allocated again: that one stays.
-            if read_pod::<types::live_allocation>(&value).is_some_and(|v| v.t_ns != a.t_ns) {
+            if v.t_ns != a.t_ns {
                 let _ = map.update(as_bytes(&key), &value, MapFlags::NO_EXIST);
+            } else if v.freed_ns != 0 {
+                kept += 1;
+            }
+        }
+        if kept > 0 {
+            if let Some(bss) = self.skel_mut().maps.bss_data.as_deref_mut() {
+                // SAFETY: the field is an aligned i64 of the map's mmap, which the programs change
+                // with atomic adds only; so does this.
+                let count = unsafe { std::sync::atomic::AtomicI64::from_ptr(std::ptr::addr_of_mut!(bss.live_freed_kept)) };
+                count.fetch_sub(kept, std::sync::atomic::Ordering::Relaxed);
             }
         }
         Ok(())
     }
 
+    /// Freed allocations the live set keeps now for the next at their address.
+    pub fn live_freed_kept(&self) -> i64 {
+        self.skel().maps.bss_data.as_deref().map_or(0, |bss| bss.live_freed_kept)
+    }
+
     /// The allocations the live set holds for `pid` as they were at its out-of-memory (those made
-    /// after it left out, those freed since kept), then the hold ended and the frees it kept
-    /// taken out.
+    /// after it left out, those freed since kept), then the hold ended.
     pub fn live_at_oom(&mut self, pid: u32) -> Result<Vec<LiveAllocation>, BpfError> {
         let holds = &self.skel().maps.oom_holds;
         let at = holds
@@ -118,8 +134,12 @@ impl BpfPrograms {
                 bss.oom_holds_pending = 0;
             }
         }
-        let freed: Vec<LiveAllocation> = all.iter().filter(|a| a.freed_ns != 0).cloned().collect();
-        self.forget_live(&freed)?;
+        // The frees the hold kept stay in the map, freed (at their time, which every read takes
+        // for freed), for the next allocation at their address: taking them out here would race
+        // with one writing into them.
+        // Held at the failure: allocated before it and not freed before it (those freed and
+        // kept for their address before the hold began are freed).
+        all.retain(|a| a.freed_ns == 0 || at.is_some_and(|at| a.freed_ns >= at));
         if let Some(at) = at {
             all.retain(|a| a.t_ns <= at);
         }

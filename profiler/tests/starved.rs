@@ -97,3 +97,38 @@ fn in_use_stays_exact_when_gpuflame_is_stopped_mid_burst() {
     assert!(report[0].contains(&line), "{line}\n{}\n{ctx}", report.join("\n"));
     assert!(report[0].contains(&format!("of {}", gpuflame::cuda::human_bytes(4 * MIB))), "{}", report.join("\n"));
 }
+
+/// A free keeps its element, marked, for the next allocation at its address, up to a bound
+/// (gpuflame_bpf::SamplerConfig::FREED_KEPT, 65,536); past it, frees delete. 95,000 segments
+/// freed at addresses never handed out again take the set past the bound: in-use stays exact.
+#[test]
+fn frees_past_the_bound_of_those_kept_delete_and_in_use_stays_exact() {
+    require_bpf();
+    let dir = tempfile::tempdir().unwrap();
+    common::cuda::build_stand_ins(dir.path());
+    let app = common::cuda::build_c10_with(dir.path(), true, &[]).display().to_string();
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    let (result, out) = (path("result.txt"), path("k.folded"));
+    let script = format!("exec \"$@\" > {result}");
+    let args = ["record", "--profiles", "tensor-inuse,hbm-inuse", "-o", &out, "--", "env", "BURST_SEGMENTS=100000", "sh", "-c", &script, "sh", &app, "burst"];
+    let (status, stderr) = Recording::start_with_env(&args, &[]).finish();
+    assert!(status.success(), "{stderr}");
+    let kv = common::cuda::key_values(&std::fs::read_to_string(&result).unwrap_or_default());
+    let tensors = read_folded(Path::new(&path("k.tensor-inuse.folded")));
+    let segments = read_folded(Path::new(&path("k.hbm-inuse.folded")));
+    let ctx = format!("{}\n---\n{}\n---\n{stderr}", describe(&tensors), describe(&segments));
+    // The bound was reached: the last read of the set found it full of freed elements.
+    let kept: u64 = stderr
+        .lines()
+        .filter(|l| l.contains("live set of device memory read"))
+        .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("freed_kept=")).and_then(|v| v.parse().ok()))
+        .max()
+        .unwrap_or_else(|| panic!("no read of the live set said what it kept: {ctx}"));
+    assert!(kept >= 65_536, "only {kept} freed allocations kept: the bound was never reached\n{ctx}");
+    assert!(kept < 65_536 + 64, "{kept} freed allocations kept, past the bound\n{ctx}");
+    // Every segment freed past the bound is gone; the 5,000 kept and the allocator's reserve
+    // are in use, to the byte, as are the tensors.
+    assert_eq!(num(&kv, "segments_kept_bytes"), 5_000 * 65_536, "{ctx}");
+    assert_eq!(total(&segments), num(&kv, "reserved") + num(&kv, "segments_kept_bytes"), "{ctx}");
+    assert_eq!(total(&tensors), num(&kv, "allocated"), "{ctx}");
+}

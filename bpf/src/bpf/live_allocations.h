@@ -6,7 +6,15 @@
  * once (the first allocation made from it sends its whole record, the others only its id), and
  * one compact record per allocation and free for the memory timeline and the allocation
  * profiles, which a full ring may cost (counted). Physical memory (cuMemCreate) stays with user
- * space: its lifetime follows mappings by address range, which a hash map cannot look up. */
+ * space: its lifetime follows mappings by address range, which a hash map cannot look up.
+ *
+ * A free marks its element freed (LIVE_FREED_KEPT) rather than deleting it, while fewer than
+ * live_freed_kept_max are so kept: a caching allocator hands the same addresses out again and
+ * again, and the next allocation at the address then writes the element in place, a look-up,
+ * where an insert allocated an element and a delete gave it back (0.2 and 0.07 us a tensor).
+ * Only the program of a free or an allocation at the address, which the allocator orders, and
+ * user space for a process gone or a hold ended, take elements out: never one that an
+ * allocation may be writing. */
 #ifndef GPUFLAME_LIVE_ALLOCATIONS_H
 #define GPUFLAME_LIVE_ALLOCATIONS_H
 
@@ -56,6 +64,11 @@ struct {
 /* Holds in place: one load spares every free the lookup while there are none. User space
  * clears it with the last hold. */
 volatile __u32 oom_holds_pending = 0;
+
+/* Elements freed and kept now (a free adds one, the allocation that takes it back or user space
+ * taking it out subtracts); past the bound, a free deletes. Its room is in the map's size. */
+volatile __s64 live_freed_kept = 0;
+const volatile __u32 live_freed_kept_max = 0;
 
 /* 1: every allocation and free goes into the ring (a memory timeline is drawn). 0 (the agent):
  * only allocations with a stack do, for the allocation profiles; a free is a delete and a
@@ -138,12 +151,37 @@ static __always_inline void send_memory_event(__u32 pid, __u32 tid, __u64 addr, 
 	bpf_ringbuf_submit(m, wake_when_filling());
 }
 
+/* The element at the address of allocation `a` becomes `a`'s: it was freed and kept, or is live
+ * because its free was not seen (true, counted). A call of its own: the copy's registers in
+ * on_cuda_return's frame took the 512 bytes 6.1 allows with the unwinder's calls past it. */
+static __noinline bool live_take(struct live_allocation *kept, struct live_allocation *a)
+{
+	bool replaced = !kept->freed_ns;
+
+	if (replaced)
+		count(COUNTER_LIVE_REPLACED);
+	else
+		__sync_fetch_and_add(&live_freed_kept, -1);
+	kept->size = a->size;
+	kept->stack = a->stack;
+	kept->t_ns = a->t_ns;
+	kept->stream = a->stream;
+	kept->tid = a->tid;
+	kept->api = a->api;
+	kept->device = a->device;
+	kept->flags = a->flags;
+	/* Live last: a read of the map sees the old allocation freed or the new one whole. */
+	asm volatile("" ::: "memory");
+	kept->freed_ns = 0;
+	return replaced;
+}
+
 /* An allocation of `size` bytes at `addr`, live from `now` (the time of its record, where it has
  * one): into the map, and on the timeline. */
 static __always_inline void live_allocated(__u32 pid, __u32 tid, __u64 addr, __u64 size, __u64 stack, __u32 api, __u32 device, __u8 flags, __u64 stream, __u64 now)
 {
 	struct live_entry *s = bpf_map_lookup_elem(&live_scratch, (__u32 *)&zero_key);
-	struct live_allocation *a;
+	struct live_allocation *a, *kept;
 	__u8 event = MEMORY_ALLOCATED;
 
 	if (!s)
@@ -166,7 +204,11 @@ static __always_inline void live_allocated(__u32 pid, __u32 tid, __u64 addr, __u
 		if (flags & LIVE_SAMPLED_OUT)
 			count(COUNTER_TENSORS_SAMPLED_OUT);
 	}
-	if (bpf_map_update_elem(&live_allocations, &s->key, a, BPF_NOEXIST)) {
+	kept = bpf_map_lookup_elem(&live_allocations, &s->key);
+	if (kept) {
+		if (live_take(kept, a))
+			event |= MEMORY_REPLACED;
+	} else if (bpf_map_update_elem(&live_allocations, &s->key, a, BPF_NOEXIST)) {
 		/* Its free was not seen (it came while nothing was attached), or the set is full. */
 		if (bpf_map_update_elem(&live_allocations, &s->key, a, BPF_EXIST)) {
 			count(COUNTER_LIVE_FULL);
@@ -181,37 +223,44 @@ static __always_inline void live_allocated(__u32 pid, __u32 tid, __u64 addr, __u
 		send_memory_event(pid, tid, addr, a, api, event, a->t_ns);
 }
 
-/* The allocation at `addr` freed by `api` (a tensor's free, or a segment's): out of the map
- * (kept, marked, while an out-of-memory's holders are read), and on the timeline with what it
- * was. */
-static __always_inline void live_freed(__u32 pid, __u32 tid, __u64 addr, __u32 api)
+/* A freed allocation's element: kept, marked at `freed_ns`, while there is room for it (always
+ * during an out-of-memory's hold, whose read needs it), else deleted. */
+static __always_inline void live_mark_freed(struct live_key *key, struct live_allocation *a, __u64 freed_ns, bool held)
+{
+	if (held || live_freed_kept < live_freed_kept_max) {
+		__sync_fetch_and_add(&live_freed_kept, 1);
+		a->freed_ns = freed_ns;
+	} else {
+		bpf_map_delete_elem(&live_allocations, key);
+	}
+}
+
+/* The allocation at `addr` freed by `api` (a tensor's free, or a segment's): marked freed in the
+ * map (or out of it), and on the timeline with what it was. A call of its own, as live_take. */
+static __noinline void live_freed(__u32 pid, __u32 tid, __u64 addr, __u32 api)
 {
 	struct live_key key = { .pid = pid, .tensor = cuda_class_of(api) == CUDA_CLASS_TENSOR_FREE, .addr = addr };
-	struct live_allocation *a;
+	struct live_allocation *a = bpf_map_lookup_elem(&live_allocations, &key);
+	bool known = a && !a->freed_ns;
 	__u64 *hold, now;
 
-	/* No timeline and no hold: what was freed is not needed, the delete says whether it was. */
+	if (key.tensor)
+		count(known ? COUNTER_TENSORS_FREED : COUNTER_TENSORS_UNKNOWN_FREES);
+	/* No timeline and no hold: what was freed is not needed. */
 	if (!memory_timeline && !oom_holds_pending) {
-		bool known = !bpf_map_delete_elem(&live_allocations, &key);
-		if (key.tensor)
-			count(known ? COUNTER_TENSORS_FREED : COUNTER_TENSORS_UNKNOWN_FREES);
+		if (known)
+			live_mark_freed(&key, a, LIVE_FREED_KEPT, false);
 		return;
 	}
-	a = bpf_map_lookup_elem(&live_allocations, &key);
-	if (key.tensor)
-		count(a && !a->freed_ns ? COUNTER_TENSORS_FREED : COUNTER_TENSORS_UNKNOWN_FREES);
 	now = bpf_ktime_get_boot_ns();
-	if (!a || a->freed_ns) {
+	if (!known) {
 		send_memory_event(pid, tid, addr, NULL, api, MEMORY_FREED | MEMORY_UNKNOWN, now);
 		return;
 	}
 	/* What it was goes out before the element may go back to the allocator. */
 	send_memory_event(pid, tid, addr, a, api, MEMORY_FREED, now);
 	hold = oom_holds_pending ? bpf_map_lookup_elem(&oom_holds, &pid) : NULL;
-	if (hold)
-		a->freed_ns = now;
-	else
-		bpf_map_delete_elem(&live_allocations, &key);
+	live_mark_freed(&key, a, hold ? now : LIVE_FREED_KEPT, hold != NULL);
 }
 
 /* The process failed an allocation for lack of memory now: its frees are held until user space

@@ -16,12 +16,16 @@ struct live_allocation {
 	__u64 stack;    /* the id of its stack (stack_id_of); 0: none (live_flags say why) */
 	__u64 t_ns;     /* when it was allocated (CLOCK_BOOTTIME) */
 	__u64 stream;   /* the CUDA stream it was allocated for, where the allocator says; else 0 */
-	__u64 freed_ns; /* freed while an out-of-memory's holders were being read: kept till then */
+	__u64 freed_ns; /* 0: live. Freed and kept: at this time while an out-of-memory's holders
+			 * are read, or LIVE_FREED_KEPT for the next allocation at its address */
 	__u32 tid;
 	__u16 api;      /* enum cuda_api of its allocation */
 	__u8 device;
 	__u8 flags;     /* enum live_flags */
 };
+
+/* freed_ns of an allocation freed and kept for the next one at its address: before any time. */
+#define LIVE_FREED_KEPT 1
 
 enum live_flags {
 	LIVE_SAMPLED_OUT = 1,  /* a tensor whose stack byte sampling passed over */

@@ -174,7 +174,10 @@ fn configure(open: &mut OpenCpuSamplerSkel<'static>, config: &SamplerConfig) -> 
     rodata.tensor_allocation_records = u8::from(config.tensor_allocation_records);
     rodata.copy_every_stack = u8::from(config.copy_every_stack);
     open.maps.samples.set_max_entries(ring).map_err(BpfError::load)?;
-    open.maps.live_allocations.set_max_entries(config.max_live_allocations.max(1)).map_err(BpfError::load)?;
+    // One entry where no memory profile is asked for; else the bound, and room for the kept.
+    let kept = if config.max_live_allocations > 1 { SamplerConfig::FREED_KEPT } else { 0 };
+    rodata.live_freed_kept_max = kept;
+    open.maps.live_allocations.set_max_entries(config.max_live_allocations.max(1).saturating_add(kept)).map_err(BpfError::load)?;
     let cpus = libbpf_rs::num_possible_cpus().map_err(BpfError::load)?;
     open.maps.stack_copies.set_max_entries(u32::try_from(cpus).unwrap_or(u32::MAX)).map_err(BpfError::load)?;
     Ok(())

@@ -33,7 +33,8 @@ impl LiveSet {
         let started = std::time::Instant::now();
         match sampler.live_allocations() {
             Ok(live) => {
-                tracing::info!(allocations = live.len(), ms = started.elapsed().as_secs_f64() * 1e3, "live set of device memory read");
+                let freed = live.iter().filter(|a| a.freed_ns != 0).count();
+                tracing::info!(allocations = live.len() - freed, freed_kept = freed, kept_count = sampler.live_freed_kept(), ms = started.elapsed().as_secs_f64() * 1e3, "live set of device memory read");
                 Some(live)
             }
             Err(e) => {
@@ -44,7 +45,7 @@ impl LiveSet {
     }
 
     /// The window that counted `live` closed: the allocations of processes gone go.
-    pub(super) fn forget_gone(&mut self, sampler: &BpfPrograms, live: Vec<LiveAllocation>) {
+    pub(super) fn forget_gone(&mut self, sampler: &mut BpfPrograms, live: Vec<LiveAllocation>) {
         let gone: Vec<LiveAllocation> = live.into_iter().filter(|a| self.gone.contains(&a.pid)).collect();
         self.gone.clear();
         if let Err(e) = sampler.forget_live(&gone) {

@@ -57,7 +57,7 @@ impl Session {
         self.live.gone(&gone);
         self.collector.processes_gone(&gone);
         if let Some(live) = live {
-            self.live.forget_gone(&self.sampler, live);
+            self.live.forget_gone(&mut self.sampler, live);
         }
         Window { start: open.wall, duration, profiles, stats, coverage, stopped }
     }

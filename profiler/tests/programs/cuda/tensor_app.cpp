@@ -422,7 +422,8 @@ static void burst()
 {
 	keep_big();
 	burst_tensors(200000);
-	burst_segments(20000);
+	const char *segments = getenv("BURST_SEGMENTS");
+	burst_segments(segments ? atoi(segments) : 20000);
 	keep_after_burst();
 	fill_until_oom();
 	const char *done = getenv("BURST_DONE");
