@@ -22,8 +22,8 @@ const MAX_THREAD_STATES: usize = 8192;
 /// Python frames a walk emits at most, as a BPF sample holds (two slots each).
 const MAX_FRAMES: usize = 255;
 const NO_OFFSET: u16 = u16::MAX;
-/// A user-space address: what a code object's address must be (PY_ADDR_MASK).
-const ADDR_MASK: u64 = (1 << 47) - 1;
+/// A user-space address: what a code object's address must be (PY_ADDR_MASK, below the name's tag).
+const ADDR_MASK: u64 = (1 << types::frame_tag::FRAME_TAG_NAME_SHIFT.0) - 1;
 
 struct Memory<'f>(&'f File);
 

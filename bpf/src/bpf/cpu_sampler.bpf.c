@@ -36,6 +36,7 @@ enum rbp_kind layout_rbp_kind = RBP_UNCHANGED;
 struct py_process layout_py_process = {};
 struct thread_report layout_thread_report = {};
 enum py_frame_kind layout_py_frame_kind = PY_FRAME_OBJECT;
+enum frame_tag layout_frame_tag = FRAME_TAG_GAP;
 enum event_kind layout_event_kind = EVENT_CPU_SAMPLE;
 enum cuda_api layout_cuda_api = CUDA_API_NONE;
 enum cuda_class layout_cuda_class = CUDA_CLASS_ALLOC;

@@ -3,21 +3,30 @@
 #ifndef GPUFLAME_PYTHON_LAYOUTS_H
 #define GPUFLAME_PYTHON_LAYOUTS_H
 
-/* A Python frame takes two slots of user_stack: the code object's address with this bit set (no
+/* How a slot of user_stack says what it holds, as an enum so that user space reads the values
+ * from this object's BTF (events/sample.rs, through the skeleton's types) and never copies them.
+ *
+ * A Python frame takes two slots: the code object's address with bit FRAME_TAG_PYTHON_BIT set (no
  * user-space address has it), then (co_firstlineno << 32) | lasti (in the version's unit: bytes
- * up to 3.9, code units from 3.10). */
-#define PY_FRAME_TAG (1ULL << 63)
-/* Bits 47-62 of the first slot: a 16-bit tag of the code object's name (its length xor its hash)
- * as the walker read it, so that user space can tell whether the object it reads later is still
- * the same. */
-#define PY_NAME_TAG_SHIFT 47
+ * up to 3.9, code units from 3.10). Bits FRAME_TAG_NAME_SHIFT to 62 of the first slot: a 16-bit
+ * tag of the code object's name (its length xor its hash) as the walker read it, so that user
+ * space can tell whether the object it reads later is still the same. With the Python bit and
+ * no address, FRAME_TAG_GAP is a one-slot marker between the native frames recovered and Python
+ * frames emitted after the native walk stopped early; FRAME_TAG_PY_CALL, after the gap of a
+ * STACK_COPIED sample, ends one eval-loop call's Python frames, and the slot after it holds the
+ * address of the shim frame that ended them (3.12+), or 0. */
+enum frame_tag {
+	FRAME_TAG_GAP = 1,
+	FRAME_TAG_PY_CALL = 2,
+	FRAME_TAG_NAME_SHIFT = 47,
+	FRAME_TAG_PYTHON_BIT = 63,
+};
+
+#define PY_FRAME_TAG (1ULL << FRAME_TAG_PYTHON_BIT)
+#define PY_NAME_TAG_SHIFT FRAME_TAG_NAME_SHIFT
 #define PY_ADDR_MASK ((1ULL << PY_NAME_TAG_SHIFT) - 1)
-/* A one-slot marker (the tag bit with address 1, never a code object) between the native frames
- * recovered and Python frames emitted after the native walk stopped early: a gap. */
-#define USER_GAP_MARK (PY_FRAME_TAG | 1)
-/* After the gap of a STACK_COPIED sample: the end of one eval-loop call's Python frames, then
- * the address of the shim frame that ended them (3.12+), or 0 (one slot more). */
-#define PY_CALL_MARK (PY_FRAME_TAG | 2)
+#define USER_GAP_MARK (PY_FRAME_TAG | FRAME_TAG_GAP)
+#define PY_CALL_MARK (PY_FRAME_TAG | FRAME_TAG_PY_CALL)
 
 enum py_frame_kind {
 	PY_FRAME_OBJECT = 0,   /* 3.8-3.10: one PyFrameObject per evaluation-loop call */

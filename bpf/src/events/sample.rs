@@ -99,11 +99,12 @@ pub enum UserFrame {
     CallEnd { shim: u64 },
 }
 
-const PY_FRAME_TAG: u64 = 1 << 63;
-const PY_NAME_TAG_SHIFT: u32 = 47;
+// The slots' tags, from the BPF object's own enum (python_layouts.h), as the walker writes them.
+const PY_FRAME_TAG: u64 = 1 << types::frame_tag::FRAME_TAG_PYTHON_BIT.0;
+const PY_NAME_TAG_SHIFT: u32 = types::frame_tag::FRAME_TAG_NAME_SHIFT.0;
 const PY_ADDR_MASK: u64 = (1 << PY_NAME_TAG_SHIFT) - 1;
-const USER_GAP_MARK: u64 = PY_FRAME_TAG | 1;
-const PY_CALL_MARK: u64 = PY_FRAME_TAG | 2;
+const USER_GAP_MARK: u64 = PY_FRAME_TAG | types::frame_tag::FRAME_TAG_GAP.0 as u64;
+const PY_CALL_MARK: u64 = PY_FRAME_TAG | types::frame_tag::FRAME_TAG_PY_CALL.0 as u64;
 
 /// The tag the walker gives a code object whose name string has `length ^ hash` (as
 /// PyASCIIObject holds them; PY_NAME_TAG_SHIFT in events.h): user space checks it against the
