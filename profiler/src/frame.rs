@@ -6,6 +6,24 @@
 
 use std::hash::{Hash, Hasher};
 
+/// One frame of a stack as it is shown (its name in folded text), with what it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedFrame {
+    pub name: String,
+    pub kind: FrameKind,
+}
+
+impl NamedFrame {
+    pub fn new(name: impl Into<String>, kind: FrameKind) -> Self {
+        NamedFrame { name: name.into(), kind }
+    }
+
+    /// `a → b → c`, outermost first.
+    pub fn joined(frames: &[NamedFrame]) -> String {
+        frames.iter().map(|f| f.name.as_str()).collect::<Vec<_>>().join(" → ")
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub enum FrameKind {
     Python,

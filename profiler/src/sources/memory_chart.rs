@@ -6,6 +6,7 @@ use crate::output::memory_svg::{Band, ChartOom, ChartPoint, DeviceChart};
 use crate::stacks::Stacks;
 
 use super::oom::holder_label;
+use crate::frame::NamedFrame;
 
 /// Bands drawn per device, besides the one of all other sites.
 pub const BANDS: usize = 8;
@@ -33,8 +34,8 @@ pub fn chart(timeline: &mut MemoryTimeline, end_ns: u64, stacks: &mut Stacks) ->
         let bands = ranked
             .iter()
             .map(|&(site, peak)| {
-                let stack = stacks.describe(&timeline.site(site).stack);
-                Band { label: holder_label(&stack), stack, peak }
+                let frames = stacks.frames(&timeline.site(site).stack);
+                Band { label: holder_label(&frames), stack: NamedFrame::joined(&frames), peak }
             })
             .collect();
         let points = points

@@ -11,6 +11,7 @@ use gpuflame_bpf::CudaApi;
 use crate::cuda::hbm::SiteTotals;
 use crate::cuda::human_bytes;
 use crate::cuda::memory::DeviceUse;
+use crate::frame::{FrameKind, NamedFrame};
 use crate::profile::Profile;
 use crate::profile_kind::ProfileKind;
 use crate::stacks::{StackKey, StackValues, Stacks, TailFrame};
@@ -85,11 +86,10 @@ impl OomReport {
         held.truncate(TOP_HOLDERS);
         held.into_iter()
             .map(|(stack, bytes)| {
-                let whole = stacks.describe(stack);
+                let frames = stacks.frames(stack);
                 // From the program's own code on: the interpreter's start-up says nothing here.
-                let from_python = whole.find(".py:").and_then(|i| whole[..i].rfind(" → ").map(|j| j + " → ".len()));
-                let shown = from_python.map_or(whole.as_str(), |i| &whole[i..]).to_string();
-                (bytes, holder_label(&whole), shown)
+                let from_python = frames.iter().position(|f| f.kind == FrameKind::Python).unwrap_or(0);
+                (bytes, holder_label(&frames), NamedFrame::joined(&frames[from_python..]))
             })
             .collect()
     }
@@ -98,20 +98,19 @@ impl OomReport {
 /// Frames of PyTorch and the C++ library: a tensor's holder is the code that called into them.
 const LIBRARY_PREFIXES: [&str; 5] = ["c10::", "at::", "torch::", "caffe2::", "std::"];
 
-/// The line a person looks for in a stack described as `a → b → c` (its last frame the hooked
-/// call): its innermost Python frame and the one that called it; without Python, the innermost
-/// native frame outside PyTorch and the C++ library, and its caller.
-pub fn holder_label(described: &str) -> String {
-    let frames: Vec<&str> = described.split(" → ").collect();
-    let python: Vec<&str> = frames.iter().copied().filter(|f| f.contains(".py:")).collect();
+/// The line a person looks for in a stack (its last frame the hooked call): its innermost Python
+/// frame and the one that called it; without Python, the innermost native frame outside PyTorch
+/// and the C++ library, and its caller.
+pub fn holder_label(frames: &[NamedFrame]) -> String {
+    let python: Vec<&str> = frames.iter().filter(|f| f.kind == FrameKind::Python).map(|f| f.name.as_str()).collect();
     let own: Vec<&str> = match python.as_slice() {
-        [] => frames[..frames.len().saturating_sub(1)].iter().copied().filter(|f| !LIBRARY_PREFIXES.iter().any(|p| f.starts_with(p))).collect(),
+        [] => frames[..frames.len().saturating_sub(1)].iter().map(|f| f.name.as_str()).filter(|f| !LIBRARY_PREFIXES.iter().any(|p| f.starts_with(p))).collect(),
         _ => python,
     };
     match own.as_slice() {
         [.., caller, inner] => format!("{inner} ← {caller}"),
         [inner] => inner.to_string(),
-        [] => frames.last().map_or_else(String::new, |f| f.to_string()),
+        [] => frames.last().map_or_else(String::new, |f| f.name.clone()),
     }
 }
 
@@ -123,18 +122,37 @@ pub(super) fn site_values(totals: &SiteTotals) -> StackValues {
 #[cfg(test)]
 mod tests {
     use super::holder_label;
+    use crate::frame::{FrameKind, NamedFrame};
+
+    /// `a → b → c`, the frames named `(file.py:N)` or `(file.py)` Python, the others native.
+    fn frames(described: &str) -> Vec<NamedFrame> {
+        described.split(" → ").map(|f| NamedFrame::new(f, if f.contains(".py") { FrameKind::Python } else { FrameKind::Native })).collect()
+    }
 
     #[test]
     fn a_holder_is_named_by_its_python_line_first() {
         assert_eq!(
-            holder_label("main (serve.py:90) → allocate_kv_cache (serve.py:40) → at::empty → CUDACachingAllocator::malloc"),
+            holder_label(&frames("main (serve.py:90) → allocate_kv_cache (serve.py:40) → at::empty → CUDACachingAllocator::malloc")),
             "allocate_kv_cache (serve.py:40) ← main (serve.py:90)"
         );
-        assert_eq!(holder_label("main → load → cudaMalloc"), "load ← main");
+        assert_eq!(holder_label(&frames("main → load → cudaMalloc")), "load ← main");
         assert_eq!(
-            holder_label("main → oom → allocate_kv_cache() → at::empty(unsigned long, int) → c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::allocate(unsigned long) → CUDACachingAllocator::malloc"),
+            holder_label(&frames("main → oom → allocate_kv_cache() → at::empty(unsigned long, int) → c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::allocate(unsigned long) → CUDACachingAllocator::malloc")),
             "allocate_kv_cache() ← oom"
         );
-        assert_eq!(holder_label("cudaMalloc"), "cudaMalloc");
+        assert_eq!(holder_label(&frames("cudaMalloc")), "cudaMalloc");
+    }
+
+    /// Python frames are known by their kind, not by a file name in their text: a line-less
+    /// frame is one, and a native function whose name reads like a file and line is not.
+    #[test]
+    fn python_frames_are_known_by_kind_not_text() {
+        let stack = vec![
+            NamedFrame::new("<module> (serve.py)", FrameKind::Python),
+            NamedFrame::new("load_weights (model.py)", FrameKind::Python),
+            NamedFrame::new("parse(a.py:1)", FrameKind::Native),
+            NamedFrame::new("cudaMalloc", FrameKind::CudaApi),
+        ];
+        assert_eq!(holder_label(&stack), "load_weights (model.py) ← <module> (serve.py)");
     }
 }

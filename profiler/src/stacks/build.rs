@@ -8,7 +8,10 @@ use gpuflame_symbolizer::{demangle, Symbol, UserAddr};
 
 use crate::workload::rank::ProcessLabels;
 use super::{StackKey, StackValues, Stacks, TailFrame, UserKey};
-use crate::frame::FrameKind;
+use crate::frame::{FrameKind, NamedFrame};
+use crate::output::fold::fold;
+use crate::output::frame_names::FrameNames;
+use crate::output::Detail;
 use crate::profile::{Labels, Line, Location, Mapping, Profile, ProfileBuilder, KERNEL_MAPPING, PYTHON_MAPPING};
 
 impl Stacks {
@@ -115,11 +118,21 @@ impl Stacks {
 
     /// One stack as a line for logs: `main → load → cudaMalloc`.
     pub fn describe(&mut self, stack: &StackKey) -> String {
+        NamedFrame::joined(&self.frames(stack))
+    }
+
+    /// The frames of `stack` as folded text names them (line numbers included), outermost
+    /// first, each with its kind: what a report picks its lines from, without reading text.
+    pub fn frames(&mut self, stack: &StackKey) -> Vec<NamedFrame> {
         let mut profile = Profile::of(vec![crate::profile::ValueType::new("stack", "count")]);
         self.build(&mut profile, vec![(stack.clone(), None, vec![1])], UNIX_EPOCH, Duration::ZERO, &ProcessLabels::new());
-        let line = crate::output::folded::lines(&profile, crate::output::Detail::Lines).into_iter().next().unwrap_or_default();
-        let frames = line.rsplit_once(' ').map_or(line.as_str(), |(f, _)| f);
-        frames.split(';').skip(1).collect::<Vec<_>>().join(" → ")
+        let mut names = FrameNames::default();
+        let folded = fold(&profile, Detail::Lines, &mut names);
+        if folded.is_empty() {
+            return Vec::new();
+        }
+        // The first name is the process's.
+        folded.names(0).iter().skip(1).map(|id| NamedFrame::new(names.get(id), folded.kind(id).unwrap_or_default())).collect()
     }
 
     fn user_location(&self, b: &mut ProfileBuilder, profile: &mut Profile, addr: UserAddr, sym: &Symbol) -> Location {
