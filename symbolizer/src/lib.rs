@@ -27,6 +27,7 @@ pub use demangle::demangle;
 pub use files::{FileError, ModuleFile};
 pub use frames::{Symbol, SymbolLine};
 pub use modules::{Module, ModuleId};
+pub use procmaps::ProcessMapping;
 pub use python::{NameTag, PyFrame, PythonSymbolizer};
 
 use std::collections::HashMap;

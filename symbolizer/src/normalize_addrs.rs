@@ -10,19 +10,20 @@ use blazesym::Pid;
 use gpuflame_elfread::FileId;
 
 use crate::debuginfo::Extras;
-use crate::{frames, procmaps, MappedFile, ModuleFile, Symbolizer, UserAddr, VDSO};
+use crate::{frames, MappedFile, ModuleFile, ProcessMapping, Symbolizer, UserAddr, VDSO};
 
 impl Symbolizer {
-    /// Normalizes addresses of process `pid`. Must run while the process is alive; addresses that
-    /// cannot be placed (the process is gone, anonymous memory) come back as
-    /// [`UserAddr::Unmapped`], never as an error.
-    pub fn normalize(&mut self, pid: u32, addrs: &[u64]) -> Vec<UserAddr> {
+    /// Normalizes addresses of process `pid` with its mappings as `read_maps` gives them now (None:
+    /// they cannot be read). Must run while the process is alive; addresses that cannot be placed
+    /// (the process is gone, anonymous memory) come back as [`UserAddr::Unmapped`], never as an
+    /// error. The maps are read only when an address is new.
+    pub fn normalize(&mut self, pid: u32, addrs: &[u64], read_maps: impl FnOnce() -> Option<Vec<ProcessMapping>>) -> Vec<UserAddr> {
         let known = self.normalized.entry(pid).or_default();
         let mut missing: Vec<u64> = addrs.iter().copied().filter(|a| !known.contains_key(a)).collect();
         if !missing.is_empty() {
             missing.sort_unstable();
             missing.dedup();
-            match self.place(pid, &missing) {
+            match read_maps().map(|maps| self.place(pid, &missing, maps)) {
                 Some(placed) => {
                     let known = self.normalized.entry(pid).or_default();
                     known.extend(missing.iter().copied().zip(placed));
@@ -43,11 +44,8 @@ impl Symbolizer {
     }
 
     /// Places sorted addresses with the process's maps read now, opening the mapped files through
-    /// /proc/PID/map_files; the vDSO's code is named right away. None when the maps cannot be
-    /// read.
-    fn place(&mut self, pid: u32, sorted: &[u64]) -> Option<Vec<UserAddr>> {
-        let text = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok().filter(|t| !t.is_empty())?;
-        let mut maps = procmaps::parse(&text);
+    /// /proc/PID/map_files; the vDSO's code is named right away.
+    fn place(&mut self, pid: u32, sorted: &[u64], mut maps: Vec<ProcessMapping>) -> Vec<UserAddr> {
         maps.sort_by_key(|m| m.start);
         let mut opened: HashMap<u64, Option<Arc<ModuleFile>>> = HashMap::new();
         let mut out = Vec::with_capacity(sorted.len());
@@ -96,12 +94,12 @@ impl Symbolizer {
                 Err(e) => tracing::debug!(pid, error = %e, "cannot place vDSO addresses"),
             }
         }
-        Some(out)
+        out
     }
 
     /// Normalizes with mappings recorded earlier (sorted by start), so that a process that has
     /// exited since is still placed; addresses outside them go through [`Symbolizer::normalize`].
-    pub fn normalize_in(&mut self, pid: u32, addrs: &[u64], mappings: &[MappedFile]) -> Vec<UserAddr> {
+    pub fn normalize_in(&mut self, pid: u32, addrs: &[u64], mappings: &[MappedFile], read_maps: impl FnOnce() -> Option<Vec<ProcessMapping>>) -> Vec<UserAddr> {
         let mut out: Vec<Option<UserAddr>> = Vec::with_capacity(addrs.len());
         let mut rest = Vec::new();
         for &addr in addrs {
@@ -120,7 +118,7 @@ impl Symbolizer {
                 }
             }
         }
-        let mut fallback = if rest.is_empty() { Vec::new() } else { self.normalize(pid, &rest) }.into_iter();
+        let mut fallback = if rest.is_empty() { Vec::new() } else { self.normalize(pid, &rest, read_maps) }.into_iter();
         out.into_iter().map(|a| a.or_else(|| fallback.next()).unwrap_or(UserAddr::Unmapped { addr: 0 })).collect()
     }
 

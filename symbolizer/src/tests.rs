@@ -27,8 +27,8 @@ fn names_come_from_the_open_file_not_the_path() {
     // The path names another program (as a host file at a container's path would).
     let mapped = |path: &str, file: Option<Arc<ModuleFile>>| MappedFile { start: 0x10000, end: 0x10000 + (1 << 30), offset: 0, path: path.into(), build_id: None, file };
     let mut s = Symbolizer::new();
-    let with_file = s.normalize_in(1, &[0x10000 + offset], &[mapped("/bin/true", Some(file))]);
-    let without = s.normalize_in(1, &[0x10000 + offset], &[mapped(exe.to_str().unwrap(), None)]);
+    let with_file = s.normalize_in(1, &[0x10000 + offset], &[mapped("/bin/true", Some(file))], || None);
+    let without = s.normalize_in(1, &[0x10000 + offset], &[mapped(exe.to_str().unwrap(), None)], || None);
     let names = s.symbolize_user(&[with_file[0], without[0]]);
     assert_eq!(names[0].lines.first().map(|l| l.function.as_str()), Some("gpuflame_symbolizer_test_marker"));
     // Lines come from the DWARF of the private copy.
@@ -53,7 +53,7 @@ fn the_private_copy_names_addresses_as_the_original_does() {
         let mut s = Symbolizer::new();
         let file = ModuleFile::open(&path).unwrap();
         let mapped = [MappedFile { start: 0, end: u64::MAX, offset: 0, path: path.clone(), build_id: None, file: Some(file) }];
-        let placed = s.normalize_in(1, &offsets, &mapped);
+        let placed = s.normalize_in(1, &offsets, &mapped, || None);
         let copied = s.symbolize_user(&placed);
         let named = direct.iter().filter(|d| !d.is_unknown()).count();
         assert!(named > 200, "{}: only {named} of 300 named directly", path.display());
@@ -99,7 +99,7 @@ fn the_symbol_index_names_addresses_as_blazesym_does() {
         let mut s = Symbolizer::new();
         let file = ModuleFile::open(&path).unwrap();
         let mapped = [MappedFile { start: 0, end: u64::MAX, offset: 0, path: path.clone(), build_id: None, file: Some(file.clone()) }];
-        let placed = s.normalize_in(1, &offsets, &mapped);
+        let placed = s.normalize_in(1, &offsets, &mapped, || None);
         let indexed = s.symbolize_user(&placed);
         assert!(s.index_of(&file).is_some(), "{name} is named from the index");
         let named = direct.iter().filter(|d| !d.is_unknown()).count();
@@ -110,20 +110,6 @@ fn the_symbol_index_names_addresses_as_blazesym_does() {
         assert!(differ.is_empty(), "{name}: {differ:#?}");
         assert!(indexed.iter().any(|d| d.lines.first().is_some_and(|l| l.function == "torch::nn::layer7(int)")), "{name}: C++ names demangled");
     }
-}
-
-#[test]
-fn own_process_is_placed_through_map_files() {
-    let exe = std::env::current_exe().unwrap();
-    let addr = gpuflame_symbolizer_test_marker as *const () as usize as u64;
-    let mut s = Symbolizer::new();
-    let placed = s.normalize(std::process::id(), &[addr, 8]);
-    assert!(matches!(placed[1], UserAddr::Unmapped { .. }));
-    let UserAddr::InModule { module, file_offset } = placed[0] else { panic!("{:?}", placed[0]) };
-    assert_eq!(file_offset, offset_of(&exe, "gpuflame_symbolizer_test_marker"));
-    assert_eq!(s.module(module).path, exe);
-    let names = s.symbolize_user(&placed[..1]);
-    assert_eq!(names[0].lines.first().map(|l| l.function.as_str()), Some("gpuflame_symbolizer_test_marker"));
 }
 
 /// A file whose debug link names a FIFO (absolute path): symbolizing it must neither open the
@@ -159,7 +145,7 @@ fn a_debug_link_to_a_fifo_is_not_followed() {
         let file = ModuleFile::open(&evil2).unwrap();
         let mapped = [MappedFile { start: 0, end: u64::MAX, offset: 0, path: evil2.clone(), build_id: None, file: Some(file) }];
         let offsets: Vec<u64> = (0..100).map(|i| text.offset + text.file_size * i / 100).collect();
-        let placed = s.normalize_in(1, &offsets, &mapped);
+        let placed = s.normalize_in(1, &offsets, &mapped, || None);
         let _ = tx.send(s.symbolize_user(&placed));
     });
     let names = rx.recv_timeout(std::time::Duration::from_secs(30)).expect("symbolization hung on the FIFO the debug link names");
@@ -181,13 +167,13 @@ fn truncating_the_original_cannot_reach_the_copy() {
     let file = ModuleFile::open(&victim).unwrap();
     let mapped = [MappedFile { start: 0, end: u64::MAX, offset: 0, path: victim.clone(), build_id: None, file: Some(file) }];
     let mut s = Symbolizer::new();
-    let first = s.normalize_in(1, &[a, b], &mapped);
+    let first = s.normalize_in(1, &[a, b], &mapped, || None);
     assert!(!s.symbolize_user(&first[..1])[0].is_unknown());
     std::fs::OpenOptions::new().write(true).open(&victim).unwrap().set_len(0).unwrap();
     assert_eq!(s.symbolize_user(&first[1..])[0].lines.first().map(|l| l.function.as_str()), Some("main"));
 
     let mut fresh = Symbolizer::new();
-    let placed = fresh.normalize_in(1, &[a], &mapped);
+    let placed = fresh.normalize_in(1, &[a], &mapped, || None);
     assert!(fresh.symbolize_user(&placed)[0].is_unknown());
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -7,11 +7,10 @@
 //! process, so it is bounded: only into a process that is a target (BPF hears no one else), only
 //! 4 bytes, and only inside a writable mapping of gpuflame's own injection library.
 
-use std::fs;
 use std::io;
 use std::time::{Duration, Instant};
 
-use crate::process::parse_maps;
+use crate::process::read_maps;
 
 /// The environment variable that asks the injection library to wait, and for how long (ms).
 pub const WAIT_VAR: &str = "GPUFLAME_CUPTI_WAIT_MS";
@@ -68,8 +67,8 @@ impl WaitingProcesses {
 
 /// Writes 1 to `word` in `pid`, if the word lies in a writable mapping of the injection library.
 fn set_ready(pid: u32, word: u64) -> io::Result<()> {
-    let maps = fs::read_to_string(format!("/proc/{pid}/maps"))?;
-    let ours = parse_maps(&maps).into_iter().any(|e| {
+    let maps = read_maps(pid).ok_or_else(|| io::Error::other(format!("cannot read the mappings of pid {pid}")))?;
+    let ours = maps.into_iter().any(|e| {
         let name = e.path.rsplit('/').next().unwrap_or("");
         e.writable && name.starts_with("libgpuflame_cupti") && e.start <= word && word.saturating_add(4) <= e.end
     });

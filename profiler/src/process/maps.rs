@@ -1,4 +1,4 @@
-//! /proc/PID/maps, the executable entries of it.
+//! /proc/PID/maps: the one place gpuflame reads and parses it.
 
 /// One line of /proc/PID/maps.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -13,6 +13,21 @@ pub struct MapsEntry {
     pub inode: u64,
     /// A file path, `[vdso]`-style name, or empty for anonymous memory.
     pub path: String,
+}
+
+/// The mappings of `pid` now; None when they cannot be read or there are none (the process is
+/// gone, or exiting).
+pub fn read_maps(pid: u32) -> Option<Vec<MapsEntry>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let maps = parse_maps(&text);
+    (!maps.is_empty()).then_some(maps)
+}
+
+/// The mappings of `pid` now, as the symbolizer takes them for addresses no recorded mapping
+/// holds.
+pub fn read_for_symbolizer(pid: u32) -> Option<Vec<gpuflame_symbolizer::ProcessMapping>> {
+    let maps = read_maps(pid)?;
+    Some(maps.into_iter().map(|e| gpuflame_symbolizer::ProcessMapping { start: e.start, end: e.end, offset: e.offset, inode: e.inode, path: e.path }).collect())
 }
 
 /// Parses maps text; malformed lines are skipped (the file is the kernel's, but a process can

@@ -5,7 +5,7 @@ mod maps;
 mod procfs;
 mod tracker;
 
-pub use maps::{parse_maps, MapsEntry};
+pub use maps::{parse_maps, read_for_symbolizer, read_maps, MapsEntry};
 pub use tracker::{ProcessTracker, TrackerStats};
 
 /// The most kernel memory for unwind tables, in MiB (1 TiB). Here rather than with either flag

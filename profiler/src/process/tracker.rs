@@ -19,7 +19,7 @@ use gpuflame_symbolizer::{MappedFile, ModuleFile};
 use gpuflame_unwind::{load_bias, ExecutableKey, LoadSegment};
 
 use super::builder::TableBuilder;
-use super::maps::{parse_maps, MapsEntry};
+use super::maps::{read_maps, MapsEntry};
 use super::procfs::open_mapped_file;
 
 mod executables;
@@ -184,14 +184,10 @@ impl ProcessTracker {
         self.stats.maps_read += 1;
         // An exiting process has no mappings left to read: what was read before stays, for its
         // last samples.
-        let text = match fs::read_to_string(format!("/proc/{pid}/maps")) {
-            Ok(t) if !t.trim().is_empty() => t,
-            _ => {
-                self.exited(sampler, pid);
-                return;
-            }
+        let Some(all) = read_maps(pid) else {
+            self.exited(sampler, pid);
+            return;
         };
-        let all = parse_maps(&text);
         let entries: Vec<MapsEntry> = all.iter().filter(|e| e.executable).cloned().collect();
         let mut keys = Vec::new();
         let mut entry_keys = Vec::with_capacity(entries.len());

@@ -12,6 +12,8 @@ use gpuflame_bpf::{Sample, UnwindStatus, UserFrame};
 use gpuflame_pyframes::Interpreter;
 use gpuflame_symbolizer::{MappedFile, NameTag, PyFrame, PythonSymbolizer, Symbolizer, UserAddr};
 
+use crate::process::read_for_symbolizer;
+
 /// A user frame of a stack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum UserKey {
@@ -219,8 +221,8 @@ impl Stacks {
             .collect();
         let normalized = match files {
             _ if native.is_empty() => Vec::new(),
-            Some(files) => self.symbolizer.normalize_in(sample.pid, &native, files),
-            None => self.symbolizer.normalize(sample.pid, &native),
+            Some(files) => self.symbolizer.normalize_in(sample.pid, &native, files, || read_for_symbolizer(sample.pid)),
+            None => self.symbolizer.normalize(sample.pid, &native, || read_for_symbolizer(sample.pid)),
         };
         let mut normalized = normalized.into_iter();
         let mut user = Vec::with_capacity(sample.user_stack.len());
@@ -287,8 +289,8 @@ impl Stacks {
     /// A native address of a process (a kernel's host stub), normalized for naming later.
     pub fn code_address(&mut self, pid: u32, addr: u64, files: Option<&[MappedFile]>) -> UserAddr {
         let normalized = match files {
-            Some(files) => self.symbolizer.normalize_in(pid, &[addr], files),
-            None => self.symbolizer.normalize(pid, &[addr]),
+            Some(files) => self.symbolizer.normalize_in(pid, &[addr], files, || read_for_symbolizer(pid)),
+            None => self.symbolizer.normalize(pid, &[addr], || read_for_symbolizer(pid)),
         };
         normalized.into_iter().next().unwrap_or(UserAddr::Unmapped { addr })
     }

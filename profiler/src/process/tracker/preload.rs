@@ -9,7 +9,7 @@ use std::time::Duration;
 use gpuflame_bpf::BpfPrograms;
 
 use super::{ProcessTracker, TableState};
-use crate::process::maps::parse_maps;
+use crate::process::maps::read_maps;
 
 impl ProcessTracker {
     /// Builds the tables of `paths` for `pid` (a process about to exec them), waiting up to
@@ -27,10 +27,7 @@ impl ProcessTracker {
         }
         // The vDSO: the same image in every process, gpuflame's own included.
         let own = std::process::id();
-        let vdso = std::fs::read_to_string("/proc/self/maps")
-            .ok()
-            .and_then(|text| parse_maps(&text).into_iter().find(|e| e.path == "[vdso]"))
-            .and_then(|entry| self.vdso(own, &entry));
+        let vdso = read_maps(own).and_then(|maps| maps.into_iter().find(|e| e.path == "[vdso]")).and_then(|entry| self.vdso(own, &entry));
         keys.extend(vdso);
         for key in &keys {
             if let Some(exe) = self.executables.get_mut(key) {

@@ -6,7 +6,7 @@ use gpuflame_bpf::{BpfPrograms, PythonProcess};
 use gpuflame_pyframes::{find_interpreter_with, Interpreter, Mapping, PyError, NEWEST_KNOWN};
 
 use super::ProcessTracker;
-use crate::process::maps::{parse_maps, MapsEntry};
+use crate::process::maps::{read_maps, MapsEntry};
 use crate::process::procfs::{open_map_file, read_process_memory};
 
 /// A Python whose libpython was caught half mapped is asked again this long after, doubling.
@@ -77,10 +77,10 @@ impl ProcessTracker {
         let now = Instant::now();
         let due: Vec<u32> = self.python_retry.iter().filter(|(_, &(at, _))| at <= now).map(|(&pid, _)| pid).collect();
         for pid in due {
-            match std::fs::read_to_string(format!("/proc/{pid}/maps")) {
-                Ok(text) => self.find_python(sampler, pid, &parse_maps(&text)),
+            match read_maps(pid) {
+                Some(maps) => self.find_python(sampler, pid, &maps),
                 // Gone: its exit event tidies up the rest.
-                Err(_) => {
+                None => {
                     self.python_retry.remove(&pid);
                 }
             }
