@@ -5,7 +5,8 @@ use crate::offsets::PyOffsets;
 use crate::tables::TABLES;
 
 impl PyOffsets {
-    /// The table for a version without `_Py_DebugOffsets` (3.8 to 3.12).
+    /// The generated table of a version (3.8 to 3.13). Detection uses it up to 3.12; from 3.13 the
+    /// process's own `_Py_DebugOffsets` are read instead.
     pub fn for_version(major: u8, minor: u8) -> Option<&'static PyOffsets> {
         TABLES.iter().find(|t| t.version == (major, minor))
     }
