@@ -162,7 +162,7 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
     })?;
     eprintln!(
         "gpuflame agent: profiling the whole machine ({} processes) at {} Hz, pushing every {} s to {}",
-        session.processes().tracker().processes(),
+        session.processes().tracked(),
         cfg.frequency_hz,
         cfg.window.as_secs_f64(),
         gpuflame_server_upload::redact_url(&cfg.server)
@@ -196,10 +196,11 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
                 m.counters = session.programs().counters()?;
                 m.capacity = session.programs().unwind_capacity();
                 m.windows = windows;
-                m.processes_tracked = session.processes().tracker().processes();
-                m.maps_read = session.processes().tracker().stats.maps_read;
-                m.maps_reads_saved = session.processes().tracker().stats.reads_saved;
-                m.functions_from_prologues = session.processes().tracker().stats.functions_from_prologues as u64;
+                m.processes_tracked = session.processes().tracked();
+                let tracking = session.processes().tracking_stats(session.programs());
+                m.maps_read = tracking.maps_read;
+                m.maps_reads_saved = tracking.reads_saved;
+                m.functions_from_prologues = tracking.functions_from_prologues as u64;
                 m.series = stats;
                 m.ranks = session.rank_stats();
                 m.late = session.late_stats();

@@ -331,7 +331,7 @@ impl OomWriter {
                     pid = report.pid,
                     unplaced,
                     frames = report.stack.user.len(),
-                    files_known = session.processes().tracker().files(report.pid).map_or(0, <[_]>::len),
+                    files_known = session.processes().files_known(report.pid),
                     "the out-of-memory stack has frames in no known file: anonymous code, or the process's mappings were not read while it lived"
                 );
             }

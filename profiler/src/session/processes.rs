@@ -20,7 +20,7 @@ use gpuflame_symbolizer::MappedFile;
 
 use crate::cuda::ready::{WaitingProcesses, STATUS_WAITING};
 use crate::cuda::CudaHookManager;
-use crate::process::ProcessTracker;
+use crate::process::{ProcessTracker, TrackerStats};
 use crate::workload::rank::{ProcessLabels, RankReader, RankStats};
 use crate::workload::service::ServiceNamer;
 
@@ -77,8 +77,20 @@ impl Processes {
         self.names.as_mut()
     }
 
-    pub fn tracker(&self) -> &ProcessTracker {
-        &self.tracker
+    /// Processes followed now.
+    pub fn tracked(&self) -> usize {
+        self.tracker.processes()
+    }
+
+    /// What tracking the processes has done so far: tables, reads of maps, rows in BPF that no
+    /// table accounts for.
+    pub fn tracking_stats(&self, sampler: &BpfPrograms) -> TrackerStats {
+        TrackerStats { rows_unaccounted: self.tracker.rows_unaccounted(sampler), ..self.tracker.stats.clone() }
+    }
+
+    /// The files `pid` maps, as last read (a while after it exits too).
+    pub fn files_known(&self, pid: u32) -> usize {
+        self.tracker.files(pid).map_or(0, <[_]>::len)
     }
 
     pub(super) fn tracker_mut(&mut self) -> &mut ProcessTracker {
