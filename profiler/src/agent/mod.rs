@@ -1,13 +1,12 @@
-//! `gpuflame agent`: profiles the whole machine continuously and pushes every window to
-//! Pyroscope, one series per (service, profile type), each in a request of its own: Pyroscope
-//! stores the series of a request independently, so a request that is refused in part and
-//! resent would store the accepted ones twice.
+//! `gpuflame agent`: profiles the whole machine continuously and gives every window, one series
+//! per (service, profile type), to its sink (`sink.rs`): Pyroscope's push.
 
 pub mod config;
 pub mod labels;
 pub mod metrics;
 mod print_config;
 pub mod series;
+pub mod sink;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,8 +14,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 use gpuflame_bpf::Targets;
-use gpuflame_server_upload::{DropReason, LabelPair, PushConfig, PushItem, PushRequest, Queue, RawProfileSeries, RawSample, Uploader};
-use prost::Message;
+use gpuflame_server_upload::{DropReason, PushConfig, Queue, Uploader};
 use tokio::sync::watch;
 
 use crate::cuda::DutyCycle;
@@ -26,7 +24,7 @@ use crate::workload::{kube, pods};
 use crate::{preflight, UserError};
 use config::{AgentArgs, AgentConfig};
 use metrics::AgentMetrics;
-use series::Series;
+use sink::{PyroscopePush, Sink};
 
 pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
     let cfg = AgentConfig::resolve(args)?;
@@ -85,7 +83,9 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
         })?
     };
 
-    let result = profile_loop(&cfg, &stop, &queue, &metrics_state, &mut seq);
+    let labels: Vec<(String, String)> = cfg.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let mut push = PyroscopePush { queue: &queue, seq: &mut seq, hostname: &cfg.hostname, labels: &labels };
+    let result = profile_loop(&cfg, &stop, &mut push, &metrics_state);
     let _ = shutdown_tx.send(Some(Instant::now() + cfg.shutdown_timeout));
     let remaining = match upload_thread.join() {
         Ok(Ok(n)) => n,
@@ -130,7 +130,7 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
 }
 
 /// Samples in windows until stopped; returns the number of windows.
-fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &Mutex<AgentMetrics>, seq: &mut u64) -> anyhow::Result<u64> {
+fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, sink: &mut dyn Sink, metrics: &Mutex<AgentMetrics>) -> anyhow::Result<u64> {
     let mut namer = ServiceNamer::new(cfg.service_name_from, cfg.service_names.clone());
     // In a Kubernetes pod (the DaemonSet): this node's pods name and label their processes.
     match kube::KubeConfig::from_env(&cfg.hostname) {
@@ -176,7 +176,6 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
         max_bytes: series::MAX_PROFILE_BYTES,
     };
     let mut stats = series::Stats::default();
-    let hostname = cfg.hostname.clone();
     let run_id = format!("{:x}", SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64));
     let mut windows = 0u64;
     let mut total_samples = 0u64;
@@ -221,18 +220,12 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, queue: &Queue, metrics: &M
         // of its own, found in Grafana beside the process's other series.
         for oom in ooms.drain(..) {
             for s in series::split(&oom.snapshot, namer, &options, &mut stats) {
-                if let Some(body) = request(&s, MEMORY_AT_OOM, cfg, &hostname, &id) {
-                    queue.push(PushItem::new(*seq, body));
-                    *seq += 1;
-                }
+                sink.series(&s, MEMORY_AT_OOM, &id);
             }
         }
         for (kind, profile) in &window.profiles {
             for s in series::split(profile, namer, &options, &mut stats) {
-                if let Some(body) = request(&s, kind.descriptor().pyroscope, cfg, &hostname, &id) {
-                    queue.push(PushItem::new(*seq, body));
-                    *seq += 1;
-                }
+                sink.series(&s, kind.descriptor().pyroscope, &id);
             }
         }
         metrics.lock().unwrap_or_else(|p| p.into_inner()).series = stats;
@@ -266,24 +259,4 @@ fn log_ooms(session: &mut Session) -> Vec<Oom> {
         );
     }
     ooms
-}
-
-/// The push request of one series; none when its labels would have it refused (which the checks
-/// at start and the service names' limits should make impossible).
-fn request(s: &Series, name: &str, cfg: &AgentConfig, hostname: &str, id: &str) -> Option<Vec<u8>> {
-    let mut labels = vec![("__name__".to_string(), name.to_string()), ("service_name".into(), s.service.clone()), ("hostname".into(), hostname.to_string())];
-    if let Some(device) = s.device {
-        labels.push(("device".into(), device.to_string()));
-    }
-    labels.extend(s.labels.iter().cloned());
-    labels.extend(cfg.labels.iter().map(|(k, v)| (k.clone(), v.clone())));
-    if let Err(e) = labels::check_series(&labels) {
-        tracing::warn!(service = %s.service, error = %e, "a series Pyroscope would refuse is left out");
-        return None;
-    }
-    let series = RawProfileSeries {
-        labels: labels.into_iter().map(|(k, v)| LabelPair::new(k, v)).collect(),
-        samples: vec![RawSample { raw_profile: series::gzip(&s.profile), id: id.to_string() }],
-    };
-    Some(PushRequest { series: vec![series] }.encode_to_vec())
 }
