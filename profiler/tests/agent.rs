@@ -305,3 +305,39 @@ fn the_agents_metrics_say_how_long_records_waited_in_the_ring() {
     child.stop();
     assert!(lag >= 1_800, "the ring lag said {lag} ms after 2 s stopped");
 }
+
+/// Without a server, `--output-dir` is where every series goes: a gzipped pprof file each, named
+/// by window, type and service, only the agent's to read, and the run's last line counts them.
+#[test]
+fn an_output_directory_gets_a_pprof_file_per_series_without_a_server() {
+    require_bpf();
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let workload = spinner(dir.path(), "dirspin_bin", Some(("GPUFLAME_SERVICE_NAME", "dir-trainer")));
+    sleep(Duration::from_millis(300));
+    let out_dir = dir.path().join("out");
+    let out = Command::new(GPUFLAME)
+        .args(["agent", "--output-dir", out_dir.to_str().unwrap(), "--once", "--window", "3", "-F", "99"])
+        .env_remove("GPUFLAME_SERVER")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    drop(workload);
+
+    let names: Vec<String> = std::fs::read_dir(&out_dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let trainer: Vec<&String> = names.iter().filter(|n| n.ends_with("-process_cpu-dir-trainer.pb.gz")).collect();
+    assert_eq!(trainer.len(), 1, "one file for the service's CPU series: {names:?}");
+    let summary = stderr.lines().find(|l| l.starts_with("gpuflame agent:") && l.contains("windows")).unwrap_or_default();
+    assert!(summary.contains(&format!(", {} files written, 0 files failed", names.len())), "{summary}\n{names:?}");
+    let file = out_dir.join(trainer[0]);
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
+    // The file is a profile gpuflame (and so pprof) reads: the spinner's 3 s at 99 Hz.
+    let folded = dir.path().join("trainer.folded");
+    gpuflame_ok(&["convert", file.to_str().unwrap(), "-o", folded.to_str().unwrap()], 0);
+    let stacks = read_folded(&folded);
+    let samples = total(&stacks);
+    assert!((30..=320).contains(&samples), "{samples} samples for a 3 s window at 99 Hz:\n{}", describe(&stacks));
+    assert!(stacks.iter().all(|s| s.frames.iter().any(|f| f == "thread:dirspin_bin")), "{}", describe(&stacks));
+}

@@ -64,6 +64,14 @@ pub struct AgentArgs {
     /// Directory where undelivered profiles are kept across restarts.
     #[arg(long, value_name = "DIR", env = "GPUFLAME_SPOOL_DIR")]
     pub spool_dir: Option<PathBuf>,
+    /// Also (or, without --server, instead) writes each series of each window as a gzipped pprof
+    /// file in DIR, named WINDOW-N-TYPE-SERVICE[-deviceD].pb.gz; the oldest this run wrote go
+    /// past --output-dir-bytes.
+    #[arg(long, value_name = "DIR", env = "GPUFLAME_OUTPUT_DIR")]
+    pub output_dir: Option<PathBuf>,
+    /// The most bytes of files --output-dir keeps [default: 1073741824].
+    #[arg(long, value_name = "BYTES", env = "GPUFLAME_OUTPUT_DIR_BYTES")]
+    pub output_dir_bytes: Option<u64>,
     /// Seconds to deliver queued profiles after SIGTERM/SIGINT [default: 10].
     #[arg(long, value_name = "SECONDS", env = "GPUFLAME_SHUTDOWN_TIMEOUT")]
     pub shutdown_timeout: Option<f64>,
@@ -148,6 +156,8 @@ struct FileConfig {
     ca_cert: Option<PathBuf>,
     queue_bytes: Option<u64>,
     spool_dir: Option<PathBuf>,
+    output_dir: Option<PathBuf>,
+    output_dir_bytes: Option<u64>,
     shutdown_timeout: Option<f64>,
     max_backoff: Option<f64>,
     metrics_addr: Option<String>,
@@ -187,6 +197,8 @@ pub struct AgentConfig {
     pub ca_cert: Option<PathBuf>,
     pub queue_bytes: u64,
     pub spool_dir: Option<PathBuf>,
+    pub output_dir: Option<PathBuf>,
+    pub output_dir_bytes: u64,
     pub shutdown_timeout: Duration,
     pub max_backoff: Duration,
     pub metrics_addr: Option<String>,
@@ -347,6 +359,11 @@ impl AgentConfig {
                 Some(dir) if !args.print_config => Some(prepare_spool_dir(&dir).map_err(|e| err(e.to_string()))?),
                 other => other,
             },
+            output_dir: match args.output_dir.clone().or(file.output_dir) {
+                Some(dir) if !args.print_config => Some(prepare_spool_dir(&dir).map_err(|e| err(format!("--output-dir: {}", e.to_string().replacen("spool directory", "directory", 1))))?),
+                other => other,
+            },
+            output_dir_bytes: args.output_dir_bytes.or(file.output_dir_bytes).unwrap_or(1 << 30),
             shutdown_timeout: seconds(args.shutdown_timeout.or(file.shutdown_timeout).unwrap_or(10.0), "shutdown timeout", TIMEOUT_S)?,
             max_backoff: seconds(args.max_backoff.or(file.max_backoff).unwrap_or(30.0), "max backoff", TIMEOUT_S)?,
             metrics_addr,

@@ -1,5 +1,6 @@
 //! `gpuflame agent`: profiles the whole machine continuously and gives every window, one series
-//! per (service, profile type), to its sink (`sink.rs`): Pyroscope's push.
+//! per (service, profile type), to its sinks (`sink.rs`): Pyroscope's push, a directory of pprof
+//! files, or both.
 
 pub mod config;
 pub mod labels;
@@ -24,7 +25,7 @@ use crate::workload::{kube, pods};
 use crate::{preflight, UserError};
 use config::{AgentArgs, AgentConfig};
 use metrics::AgentMetrics;
-use sink::{PyroscopePush, Sink};
+use sink::{PprofDir, PyroscopePush, Sink};
 
 pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
     let cfg = AgentConfig::resolve(args)?;
@@ -32,8 +33,8 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
         print!("{}", cfg.to_toml());
         return Ok(0);
     }
-    if cfg.server.is_empty() {
-        return Err(UserError("the agent needs --server URL (or GPUFLAME_SERVER, or server in the config file)".into()).into());
+    if cfg.server.is_empty() && cfg.output_dir.is_none() {
+        return Err(UserError("the agent needs --server URL (or GPUFLAME_SERVER, or server in the config file), or --output-dir DIR".into()).into());
     }
     preflight::check_privileges()?;
     preflight::check_btf()?;
@@ -57,7 +58,10 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
         max_attempts: cfg.max_retries,
         max_age: cfg.max_age,
     };
-    let uploader = Uploader::new(push, Arc::clone(&queue)).map_err(|e| UserError(e.to_string()))?;
+    let uploader = match cfg.server.is_empty() {
+        true => None,
+        false => Some(Uploader::new(push, Arc::clone(&queue)).map_err(|e| UserError(e.to_string()))?),
+    };
     let metrics_listener = match &cfg.metrics_addr {
         Some(addr) => Some(std::net::TcpListener::bind(addr).map_err(|e| UserError(format!("cannot serve metrics on {addr}: {e}")))?),
         None => None,
@@ -78,14 +82,31 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
                 if let Some(listener) = metrics_listener {
                     tokio::spawn(metrics::serve(listener, state, qstats));
                 }
-                uploader.run(shutdown_rx).await
+                match uploader {
+                    Some(uploader) => uploader.run(shutdown_rx).await,
+                    // Files only: the runtime serves the metrics until the end.
+                    None => {
+                        let mut shutdown = shutdown_rx;
+                        let _ = shutdown.changed().await;
+                        0
+                    }
+                }
             }))
         })?
     };
 
     let labels: Vec<(String, String)> = cfg.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
     let mut push = PyroscopePush { queue: &queue, seq: &mut seq, hostname: &cfg.hostname, labels: &labels };
-    let result = profile_loop(&cfg, &stop, &mut push, &metrics_state);
+    let mut files = cfg.output_dir.clone().map(|dir| PprofDir::new(dir, cfg.output_dir_bytes));
+    let mut sinks: Vec<&mut dyn Sink> = Vec::new();
+    if !cfg.server.is_empty() {
+        sinks.push(&mut push);
+    }
+    if let Some(files) = files.as_mut() {
+        sinks.push(files);
+    }
+    let result = profile_loop(&cfg, &stop, &mut sinks, &metrics_state);
+    drop(sinks);
     let _ = shutdown_tx.send(Some(Instant::now() + cfg.shutdown_timeout));
     let remaining = match upload_thread.join() {
         Ok(Ok(n)) => n,
@@ -113,7 +134,7 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
     eprintln!(
         "gpuflame agent: {windows} windows, {queued} profiles queued, {} pushed, {} failed, {} dropped, {} retries, \
          {} dropped queue full, {} dropped retries exhausted, {} dropped too old, {} dropped at exit, \
-         {} profiles trimmed, {} stacks trimmed, {} kernel samples left out",
+         {} profiles trimmed, {} stacks trimmed, {} kernel samples left out{}",
         n(&s.pushed),
         n(&s.failed),
         n(&s.dropped),
@@ -125,12 +146,13 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
         m.series.trimmed_profiles,
         m.series.trimmed_stacks,
         m.series.kernel_samples_left_out,
+        files.map(|f| format!(", {} files written, {} files failed", f.written(), f.failed)).unwrap_or_default(),
     );
     Ok(0)
 }
 
 /// Samples in windows until stopped; returns the number of windows.
-fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, sink: &mut dyn Sink, metrics: &Mutex<AgentMetrics>) -> anyhow::Result<u64> {
+fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, sinks: &mut [&mut dyn Sink], metrics: &Mutex<AgentMetrics>) -> anyhow::Result<u64> {
     let mut namer = ServiceNamer::new(cfg.service_name_from, cfg.service_names.clone());
     // In a Kubernetes pod (the DaemonSet): this node's pods name and label their processes.
     match kube::KubeConfig::from_env(&cfg.hostname) {
@@ -160,13 +182,14 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, sink: &mut dyn Sink, metri
         check_unwinder: false,
         thread_reports: false,
     })?;
-    eprintln!(
-        "gpuflame agent: profiling the whole machine ({} processes) at {} Hz, pushing every {} s to {}",
-        session.processes().tracked(),
-        cfg.frequency_hz,
-        cfg.window.as_secs_f64(),
-        gpuflame_server_upload::redact_url(&cfg.server)
-    );
+    let mut to: Vec<String> = Vec::new();
+    if !cfg.server.is_empty() {
+        to.push(gpuflame_server_upload::redact_url(&cfg.server));
+    }
+    if let Some(dir) = &cfg.output_dir {
+        to.push(format!("{} (pprof files)", dir.display()));
+    }
+    eprintln!("gpuflame agent: profiling the whole machine ({} processes) at {} Hz, every {} s to {}", session.processes().tracked(), cfg.frequency_hz, cfg.window.as_secs_f64(), to.join(" and "));
     let options = series::Options {
         thread_names: cfg.thread_names,
         device: cfg.device_label,
@@ -220,12 +243,12 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, sink: &mut dyn Sink, metri
         // of its own, found in Grafana beside the process's other series.
         for oom in ooms.drain(..) {
             for s in series::split(&oom.snapshot, namer, &options, &mut stats) {
-                sink.series(&s, MEMORY_AT_OOM, &id);
+                sinks.iter_mut().for_each(|sink| sink.series(&s, MEMORY_AT_OOM, &id));
             }
         }
         for (kind, profile) in &window.profiles {
             for s in series::split(profile, namer, &options, &mut stats) {
-                sink.series(&s, kind.descriptor().pyroscope, &id);
+                sinks.iter_mut().for_each(|sink| sink.series(&s, kind.descriptor().pyroscope, &id));
             }
         }
         metrics.lock().unwrap_or_else(|p| p.into_inner()).series = stats;

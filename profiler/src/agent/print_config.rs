@@ -35,6 +35,10 @@ impl AgentConfig {
             out += &format!("ca_cert = {}\n", q(&c.display().to_string()));
         }
         out += &format!("queue_bytes = {}\n", self.queue_bytes);
+        if let Some(d) = &self.output_dir {
+            out += &format!("output_dir = {}\n", q(&d.display().to_string()));
+            out += &format!("output_dir_bytes = {}\n", self.output_dir_bytes);
+        }
         if let Some(d) = &self.spool_dir {
             out += &format!("spool_dir = {}\n", q(&d.display().to_string()));
         }
