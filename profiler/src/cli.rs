@@ -6,14 +6,21 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 pub use crate::process::MAX_UNWIND_MIB;
-use crate::profile_kind::{profiles_help, profiles_long_help};
+use crate::profile_kind::{overview_help, profiles_help, profiles_long_help};
 use crate::record::{RecordOptions, DEFAULT_FREQUENCY_HZ};
 
 /// The longest `record -d`: a year. Without -d a recording runs until Ctrl-C.
 pub const MAX_DURATION_S: f64 = 365.0 * 86400.0;
 
 #[derive(Parser, Debug)]
-#[command(name = "gpuflame", version, about = "Continuous profiler for AI infrastructure (eBPF): CPU flame graphs of whole machines, processes and commands")]
+#[command(
+    name = "gpuflame",
+    version,
+    about = "Continuous profiler for AI infrastructure (eBPF): CPU, off-CPU and wall time, GPU time and launches, \
+             CUDA API time, HBM and tensors in use, NCCL collectives and out-of-memory reports, by stack \
+             (Python lines included), of whole machines, processes and commands",
+    after_help = overview_help()
+)]
 pub struct Cli {
     /// More log output (-v info, -vv debug); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
@@ -28,7 +35,8 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Record a CPU profile of the whole machine, of processes, or of a command.
+    /// Record profiles (CPU by default; off-CPU, GPU time, HBM, tensors… with --profiles) of the
+    /// whole machine, of processes, or of a command.
     #[command(after_help = "Examples:
   gpuflame record -d 10 -o flame.svg               whole machine for 10 s, flame graph
   gpuflame record -p 1234 -p 5678 -o cpu.pb.gz     two processes until Ctrl-C, pprof
@@ -41,7 +49,8 @@ pub enum Command {
 The output format follows the extension (.svg, .pb.gz/.pprof, .folded/.txt) unless --format says.
 Ctrl-C stops the recording early and still writes the output. Needs root (or CAP_BPF + CAP_PERFMON).")]
     Record(RecordArgs),
-    /// Profile the whole machine continuously and push every window to Pyroscope.
+    /// Profile the whole machine continuously and push every window to Pyroscope (or write it as
+    /// pprof files).
     #[command(after_help = "Examples:
   gpuflame agent --server http://pyroscope:4040
   gpuflame agent --server https://profiles.example.com --tenant-id team-a \\
@@ -308,5 +317,16 @@ mod tests {
                 assert!(help.contains(&format!("  {:<13} {}", d.name, d.about)), "{sub} --help lacks {}: {help}", d.name);
             }
         }
+    }
+
+    /// `gpuflame --help` names every profile of the table, as `record --help` does.
+    #[test]
+    fn top_level_help_names_every_profile() {
+        use clap::CommandFactory;
+        let help = Cli::command().render_long_help().to_string();
+        for d in crate::profile_kind::DESCRIPTORS {
+            assert!(help.contains(&format!("  {:<13} {}", d.name, d.about)), "gpuflame --help lacks {}: {help}", d.name);
+        }
+        assert!(help.contains("GPU time") && help.contains("tensors"), "{help}");
     }
 }

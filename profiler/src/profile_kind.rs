@@ -355,6 +355,28 @@ pub fn profiles_long_help(verb: &str) -> String {
     help
 }
 
+/// `gpuflame --help`'s list of what it profiles, a line each, and the output formats.
+pub fn overview_help() -> String {
+    let mut help = String::from("Profiles (record --profiles, the agent's profiles):");
+    for d in DESCRIPTORS {
+        help.push_str(&format!("\n  {:<13} {}", d.name, d.about));
+    }
+    help.push_str(
+        "\n\nOutputs: flame graphs (.svg), pprof (.pb.gz), folded stacks (.folded), a memory timeline (SVG)\n\
+         and an in-use snapshot at each out-of-memory; the agent pushes to Pyroscope or writes pprof files.\n\n\
+         Examples:",
+    );
+    for (command, what) in [
+        ("gpuflame record -d 10 -o flame.svg", "the whole machine for 10 s"),
+        ("gpuflame record -o flame.svg -- python3 train.py", "a command, its Python lines included"),
+        ("gpuflame record --profiles cpu,gpu-time,hbm-inuse -o prof.svg -p 1234", ""),
+        ("gpuflame agent --server http://pyroscope:4040", "every window to Pyroscope"),
+    ] {
+        help.push_str(&format!("\n  {command:<50} {what}").trim_end().to_string());
+    }
+    help
+}
+
 impl FromStr for ProfileKind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {

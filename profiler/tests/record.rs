@@ -172,3 +172,28 @@ fn a_recording_stopped_for_two_seconds_says_how_long_records_waited_in_the_ring(
     assert!((1_800..=10_000).contains(&longest), "longest {longest} ms for a reader stopped 2 s:\n{stderr}");
     assert!(stderr.contains("gpuflame fell behind"), "no warning:\n{stderr}");
 }
+
+/// A record that finds almost nothing on the CPU says so and what to try; one that finds work does
+/// not. (An idle whole machine cannot be had beside other tests: its rule is a unit test in
+/// record/hint.rs; a busy one is tested here.)
+#[test]
+fn a_target_that_slept_gets_a_hint_and_busy_ones_do_not() {
+    require_bpf();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("h.folded");
+    let sleeper = Killed(Command::new("sleep").arg("60").spawn().unwrap());
+    let pid = sleeper.0.id().to_string();
+    let run = gpuflame_ok(&["record", "-p", &pid, "-d", "2", "-o", out.to_str().unwrap()], 0);
+    let log = String::from_utf8_lossy(&run.stderr);
+    assert!(log.contains("gpuflame: the target barely ran on a CPU (0 samples in 2.0 s at 99 Hz): where it waited shows with `--profiles off-cpu,wall`"), "{log}");
+    drop(sleeper);
+
+    // A spinning target, and the whole machine while it spins: no hint.
+    let spinner = Killed(Command::new(build_c(dir.path(), "chain", FP_FLAGS)).arg("60").spawn().unwrap());
+    let pid = spinner.0.id().to_string();
+    for args in [vec!["record", "-p", &pid, "-d", "2"], vec!["record", "-d", "2"]] {
+        let run = gpuflame_ok(&[&args[..], &["-o", out.to_str().unwrap()]].concat(), 0);
+        let log = String::from_utf8_lossy(&run.stderr);
+        assert!(!log.contains("barely ran") && !log.contains("nearly idle"), "{args:?}:\n{log}");
+    }
+}

@@ -1,6 +1,7 @@
 //! `gpuflame record`: one window of a session, written to files.
 
 mod command_files;
+mod hint;
 mod report;
 
 use std::io::BufWriter;
@@ -254,6 +255,14 @@ fn record(opts: &RecordOptions, format: Format, outputs: &[(ProfileKind, Output)
         }
     }
     end.report(&window.stats, window.duration, format, &written);
+    let recorded = match (opts.command.is_empty(), opts.pids.is_empty()) {
+        (false, _) => hint::Recorded::Command,
+        (true, false) => hint::Recorded::Pids,
+        (true, true) => hint::Recorded::Machine,
+    };
+    if let Some(hint) = hint::idle_hint(recorded, window.stats.samples, window.duration, opts.frequency_hz, &opts.profiles) {
+        eprintln!("gpuflame: {hint}");
+    }
 
     let code = match (child, child_status) {
         (Some(_), Some(s)) => target::exit_code(s),
