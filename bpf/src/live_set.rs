@@ -134,11 +134,9 @@ impl BpfPrograms {
                 bss.oom_holds_pending = 0;
             }
         }
-        // The frees the hold kept stay in the map, freed (at their time, which every read takes
-        // for freed), for the next allocation at their address: taking them out here would race
-        // with one writing into them.
-        // Held at the failure: allocated before it and not freed before it (those freed and
-        // kept for their address before the hold began are freed).
+        // The frees the hold kept stay in the map, freed at their time, for the next allocation
+        // at their address: taking them out here would race with one writing into them. Held at
+        // the failure: allocated before it and not freed before it.
         all.retain(|a| a.freed_ns == 0 || at.is_some_and(|at| a.freed_ns >= at));
         if let Some(at) = at {
             all.retain(|a| a.t_ns <= at);

@@ -13,8 +13,8 @@
  * again, and the next allocation at the address then writes the element in place, a look-up,
  * where an insert allocated an element and a delete gave it back (0.2 and 0.07 us a tensor).
  * Only the program of a free or an allocation at the address, which the allocator orders, and
- * user space for a process gone or a hold ended, take elements out: never one that an
- * allocation may be writing. */
+ * user space for a process gone, take elements out: never one that an allocation may be
+ * writing. */
 #ifndef GPUFLAME_LIVE_ALLOCATIONS_H
 #define GPUFLAME_LIVE_ALLOCATIONS_H
 
@@ -209,7 +209,8 @@ static __always_inline void live_allocated(__u32 pid, __u32 tid, __u64 addr, __u
 		if (live_take(kept, a))
 			event |= MEMORY_REPLACED;
 	} else if (bpf_map_update_elem(&live_allocations, &s->key, a, BPF_NOEXIST)) {
-		/* Its free was not seen (it came while nothing was attached), or the set is full. */
+		/* The set is full (or the address was taken since the look-up, which the allocator's
+		 * order rules out): the element there, if any, becomes this allocation's. */
 		if (bpf_map_update_elem(&live_allocations, &s->key, a, BPF_EXIST)) {
 			count(COUNTER_LIVE_FULL);
 			event |= MEMORY_UNTRACKED;

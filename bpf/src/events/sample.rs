@@ -107,7 +107,7 @@ const USER_GAP_MARK: u64 = PY_FRAME_TAG | types::frame_tag::FRAME_TAG_GAP.0 as u
 const PY_CALL_MARK: u64 = PY_FRAME_TAG | types::frame_tag::FRAME_TAG_PY_CALL.0 as u64;
 
 /// The tag the walker gives a code object whose name string has `length ^ hash` (as
-/// PyASCIIObject holds them; PY_NAME_TAG_SHIFT in events.h): user space checks it against the
+/// PyASCIIObject holds them; FRAME_TAG_NAME_SHIFT in python_layouts.h): user space checks it against the
 /// object it reads later.
 pub fn python_name_tag(length_xor_hash: u64) -> u16 {
     let x = length_xor_hash;

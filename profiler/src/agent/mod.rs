@@ -219,7 +219,7 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, sinks: &mut [&mut dyn Sink
                 m.capacity = session.programs().unwind_capacity();
                 m.windows = windows;
                 m.processes_tracked = session.processes().tracked();
-                let tracking = session.processes().tracking_stats(session.programs());
+                let tracking = session.processes().tracking_stats();
                 m.maps_read = tracking.maps_read;
                 m.maps_reads_saved = tracking.reads_saved;
                 m.functions_from_prologues = tracking.functions_from_prologues as u64;

@@ -71,16 +71,17 @@ impl PyroscopePush<'_> {
 pub struct PprofDir {
     dir: PathBuf,
     max_bytes: u64,
-    written: VecDeque<(PathBuf, u64)>,
+    /// The files this run wrote and has not removed, oldest first, with their sizes.
+    kept: VecDeque<(PathBuf, u64)>,
     bytes: u64,
     files: u64,
-    /// Series that could not be written (a full disk), said once each window at most.
+    /// Series that could not be written (a full disk, a name taken), each said in a warning.
     pub failed: u64,
 }
 
 impl PprofDir {
     pub fn new(dir: PathBuf, max_bytes: u64) -> Self {
-        PprofDir { dir, max_bytes, written: VecDeque::new(), bytes: 0, files: 0, failed: 0 }
+        PprofDir { dir, max_bytes, kept: VecDeque::new(), bytes: 0, files: 0, failed: 0 }
     }
 
     /// Files written this run (those removed since for room included).
@@ -106,22 +107,21 @@ impl Sink for PprofDir {
         let device = s.device.map(|d| format!("-device{d}")).unwrap_or_default();
         let path = self.dir.join(format!("{}-{}-{}-{}{device}.pb.gz", file_part(window), self.files, file_part(name), file_part(&s.service)));
         let body = series::gzip(&s.profile);
-        let written = match outfile::create_new(&path, 0o600) {
-            Ok(mut f) => f.write_all(&body).inspect_err(|_| {
+        let written = outfile::create_new(&path, 0o600).and_then(|mut f| {
+            f.write_all(&body).inspect_err(|_| {
                 // Ours, half written (a full disk): not left for a reader to take whole.
                 let _ = std::fs::remove_file(&path);
-            }),
-            Err(e) => Err(e),
-        };
+            })
+        });
         if let Err(e) = written {
             self.failed += 1;
             tracing::warn!(path = %path.display(), error = %e, "cannot write a series to the output directory");
             return;
         }
         self.bytes += body.len() as u64;
-        self.written.push_back((path, body.len() as u64));
-        while self.bytes > self.max_bytes && self.written.len() > 1 {
-            let Some((old, len)) = self.written.pop_front() else { break };
+        self.kept.push_back((path, body.len() as u64));
+        while self.bytes > self.max_bytes && self.kept.len() > 1 {
+            let Some((old, len)) = self.kept.pop_front() else { break };
             self.bytes -= len;
             if let Err(e) = std::fs::remove_file(&old) {
                 tracing::debug!(path = %old.display(), error = %e, "an old output file is gone already");

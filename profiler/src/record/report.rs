@@ -54,7 +54,7 @@ impl End {
             memory,
             malformed: session.programs().malformed_records(),
             capacity: session.programs().unwind_capacity(),
-            tracker: session.processes().tracking_stats(session.programs()),
+            tracker: TrackerStats { rows_unaccounted: session.processes().rows_unaccounted(session.programs()), ..session.processes().tracking_stats().clone() },
             unknown_python: session.unknown_python_frames(),
             off_cpu_threads_left: off_cpu.then(|| session.programs().off_cpu_threads().ok()).flatten(),
             ranks: session.rank_stats(),

@@ -82,10 +82,15 @@ impl Processes {
         self.tracker.processes()
     }
 
-    /// What tracking the processes has done so far: tables, reads of maps, rows in BPF that no
-    /// table accounts for.
-    pub fn tracking_stats(&self, sampler: &BpfPrograms) -> TrackerStats {
-        TrackerStats { rows_unaccounted: self.tracker.rows_unaccounted(sampler), ..self.tracker.stats.clone() }
+    /// What tracking the processes has done so far: tables, reads of maps (`rows_unaccounted` is
+    /// left to [`Self::rows_unaccounted`], which walks every table).
+    pub fn tracking_stats(&self) -> &TrackerStats {
+        &self.tracker.stats
+    }
+
+    /// Rows in BPF that no table accounts for (0 unless a bug).
+    pub fn rows_unaccounted(&self, sampler: &BpfPrograms) -> u64 {
+        self.tracker.rows_unaccounted(sampler)
     }
 
     /// The files `pid` maps, as last read (a while after it exits too).
