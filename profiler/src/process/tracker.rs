@@ -33,8 +33,10 @@ mod ready;
 mod room;
 mod stats;
 mod tables;
+mod tracked;
 
 pub use stats::TrackerStats;
+use tracked::{Mapped, Tracked, EXITED_GRACE};
 
 /// A table that found no room is not asked for again before this.
 const NO_ROOM_RETRY: Duration = Duration::from_secs(10);
@@ -76,41 +78,26 @@ pub struct ProcessTracker {
     keys_by_inode: HashMap<FileId, ExecutableKey>,
     /// Inodes found for files whose tables were loaded already, to publish (`published`).
     new_inodes: Vec<FileId>,
-    /// Files whose tables were built for a process before it ran (`preload`), kept while it
-    /// lives whether it maps them yet or not.
-    pinned: HashMap<u32, Vec<ExecutableKey>>,
+    /// Every process the tracker knows, live or exited a short while: the one map keyed by pid.
+    processes: HashMap<u32, Tracked>,
     /// Loaded tables of files that no process maps any more, kept a while for the next process
     /// that does (`idle`): when they became idle, oldest first.
     idle: VecDeque<(Instant, ExecutableKey)>,
     keep_idle: bool,
-    processes: HashMap<u32, Vec<ExecutableKey>>,
-    /// Each process's file mappings as last read, for symbolization after it exits; exited
-    /// processes stay a while, since their last samples may still be in flight.
-    files: HashMap<u32, Vec<MappedFile>>,
-    /// The CPython interpreter of each Python process.
-    pythons: HashMap<u32, Interpreter>,
-    /// Forked children that BPF unwinds with a copy of their parent's entry, by parent: until
-    /// their own maps are read (`fork.rs`).
-    forked: HashMap<u32, u32>,
-    /// The file mappings a forked child got from its parent, which its samples unwound with the
-    /// parent's mappings are named from; kept, like `files`, a while after it exits.
-    fork_files: HashMap<u32, Vec<MappedFile>>,
-    /// Each live process's executable mappings as last read, with the file each one maps.
-    entries: HashMap<u32, Vec<MapsEntry>>,
-    entry_keys: HashMap<u32, Vec<Option<ExecutableKey>>>,
-    python_warned: HashSet<u32>,
-    /// Pythons caught while ld.so mapped their libpython, to be looked for again (`python.rs`):
-    /// when, and the tries so far.
-    python_retry: HashMap<u32, (Instant, u32)>,
+    /// Processes with an interpreter in their record.
+    pythons: usize,
+    /// When Pythons caught half mapped are due to be looked for again (`python.rs`): a schedule,
+    /// each entry good while its record still says so.
+    python_retries: Vec<(Instant, u32)>,
     /// Pythons newer than the tables, named once each.
     python_newer_named: HashSet<(u8, u8)>,
-    /// Processes whose mappings were read since their tables were last all in ([`Self::take_ready`]).
-    unready: HashSet<u32>,
-    exited: Vec<(Instant, u32)>,
+    /// Exits, oldest first, whose records go once [`EXITED_GRACE`] has passed.
+    exited: VecDeque<(Instant, u32)>,
     /// With lazy reads (`lazy.rs`): how long a new program lives before its maps are read.
     read_delay: Option<Duration>,
-    /// Programs exec'd and not read yet, with when their exec was seen.
-    deferred: HashMap<u32, Instant>,
+    /// Programs exec'd, oldest first, to be read when due: each entry good while its record is
+    /// still deferred since then.
+    deferred: VecDeque<(Instant, u32)>,
     last_lazy_pass: Instant,
     started: Instant,
     pub stats: TrackerStats,
@@ -122,9 +109,6 @@ impl Default for ProcessTracker {
     }
 }
 
-/// How long the mappings of an exited process are kept for its last samples.
-const EXITED_GRACE: Duration = Duration::from_secs(5);
-
 impl ProcessTracker {
     pub fn new() -> Self {
         ProcessTracker {
@@ -133,23 +117,15 @@ impl ProcessTracker {
             executables: HashMap::new(),
             keys_by_inode: HashMap::new(),
             new_inodes: Vec::new(),
-            pinned: HashMap::new(),
+            processes: HashMap::new(),
             idle: VecDeque::new(),
             keep_idle: false,
-            processes: HashMap::new(),
-            files: HashMap::new(),
-            pythons: HashMap::new(),
-            forked: HashMap::new(),
-            fork_files: HashMap::new(),
-            entries: HashMap::new(),
-            entry_keys: HashMap::new(),
-            python_warned: HashSet::new(),
-            python_retry: HashMap::new(),
+            pythons: 0,
+            python_retries: Vec::new(),
             python_newer_named: HashSet::new(),
-            unready: HashSet::new(),
-            exited: Vec::new(),
+            exited: VecDeque::new(),
             read_delay: None,
-            deferred: HashMap::new(),
+            deferred: VecDeque::new(),
             last_lazy_pass: Instant::now(),
             started: Instant::now(),
             stats: TrackerStats::default(),
@@ -160,16 +136,18 @@ impl ProcessTracker {
         match event.kind {
             ProcessEventKind::Exec => {
                 // A new program: whatever interpreter ran before is gone.
-                self.pythons.remove(&event.pid);
-                self.python_warned.remove(&event.pid);
-                self.python_retry.remove(&event.pid);
+                if let Some(p) = self.processes.get_mut(&event.pid) {
+                    p.python_warned = false;
+                    p.python_retry = None;
+                }
+                self.set_python(event.pid, None);
                 match self.read_delay {
                     Some(_) => self.defer(sampler, event.pid),
                     None => self.refresh(sampler, event.pid),
                 }
             }
             // A program not read yet is read whole when it is due: its libraries with it.
-            ProcessEventKind::MmapExec if self.deferred.contains_key(&event.pid) => {}
+            ProcessEventKind::MmapExec if self.deferred(event.pid) => {}
             ProcessEventKind::Unknown | ProcessEventKind::MmapExec => self.refresh(sampler, event.pid),
             ProcessEventKind::NeedTable { addr } => self.need_table(sampler, event.pid, addr),
             ProcessEventKind::Exit => self.exited(sampler, event.pid),
@@ -177,10 +155,20 @@ impl ProcessTracker {
         }
     }
 
+    /// The record of `pid`, made if there is none, and live: an event of the process is news that
+    /// it lives, whoever had the pid before.
+    fn live(&mut self, pid: u32) -> &mut Tracked {
+        let p = self.processes.entry(pid).or_default();
+        p.exited_at = None;
+        p
+    }
+
     /// Reads the process's mappings again and describes them to BPF; files not seen before are
     /// queued for their tables. A process that is gone is forgotten.
     pub fn refresh(&mut self, sampler: &mut BpfPrograms, pid: u32) {
-        self.deferred.remove(&pid);
+        if let Some(p) = self.processes.get_mut(&pid) {
+            p.deferred = None;
+        }
         self.stats.maps_read += 1;
         // An exiting process has no mappings left to read: what was read before stays, for its
         // last samples.
@@ -230,17 +218,17 @@ impl ProcessTracker {
             }
         }
         self.publish_new_inodes(sampler);
-        self.files.insert(pid, files);
+        let p = self.live(pid);
+        p.files = Some(files);
         // Its own mappings from now on, not its parent's copy.
-        self.forked.remove(&pid);
+        p.forked_from = None;
         self.find_python(sampler, pid, &all);
-        self.entries.insert(pid, entries);
-        self.entry_keys.insert(pid, entry_keys);
-        self.unready.insert(pid);
+        let p = self.live(pid);
+        let old = p.mapped.replace(Mapped { keys, entries, entry_keys });
+        p.unready = true;
         self.push_process(sampler, pid);
-        let old = self.processes.insert(pid, keys);
         if let Some(old) = old {
-            self.release_unused(sampler, pid, &old);
+            self.release_unused(sampler, pid, &old.keys);
         }
     }
 
@@ -248,18 +236,22 @@ impl ProcessTracker {
     /// range of the same file at the same offset.
     fn read_before(&self, pid: u32, entry: &MapsEntry) -> Option<(ExecutableKey, Option<MappedFile>)> {
         let same = |e: &MapsEntry| (e.start, e.end, e.offset, e.inode, &e.dev) == (entry.start, entry.end, entry.offset, entry.inode, &entry.dev);
-        let i = self.entries.get(&pid)?.iter().position(same)?;
-        let key = self.entry_keys.get(&pid)?.get(i)?.clone()?;
-        let file = self.files.get(&pid).and_then(|files| files.iter().find(|f| (f.start, f.end) == (entry.start, entry.end)).cloned());
+        let p = self.processes.get(&pid)?;
+        let mapped = p.mapped.as_ref()?;
+        let i = mapped.entries.iter().position(same)?;
+        let key = mapped.entry_keys.get(i)?.clone()?;
+        let file = p.files.as_ref().and_then(|files| files.iter().find(|f| (f.start, f.end) == (entry.start, entry.end)).cloned());
         Some((key, file))
     }
 
     /// Describes the process's executable mappings to BPF as the tables stand now.
     fn push_process(&mut self, sampler: &mut BpfPrograms, pid: u32) {
-        let (Some(entries), Some(keys)) = (self.entries.get(&pid), self.entry_keys.get(&pid)) else { return };
-        let mappings: Vec<ExecMapping> = entries
+        let Some(p) = self.processes.get(&pid) else { return };
+        let Some(mapped) = &p.mapped else { return };
+        let mappings: Vec<ExecMapping> = mapped
+            .entries
             .iter()
-            .zip(keys)
+            .zip(&mapped.entry_keys)
             .map(|(entry, key)| {
                 let exe = key.as_ref().and_then(|k| self.executables.get(k));
                 let bias = exe.and_then(|e| load_bias(&e.segments, entry.start, entry.offset));
@@ -271,7 +263,7 @@ impl ProcessTracker {
                 ExecMapping { begin: entry.start, end: entry.end, load_bias: bias.unwrap_or(0), table }
             })
             .collect();
-        match sampler.set_process(pid, &mappings, self.forked.get(&pid).copied()) {
+        match sampler.set_process(pid, &mappings, p.forked_from) {
             Ok(0) => {}
             Ok(dropped) => {
                 self.stats.mappings_dropped += dropped;
@@ -281,43 +273,79 @@ impl ProcessTracker {
         }
     }
 
-    /// Forgets a process; evicts tables no other process uses.
+    /// The process exited: its tables go where no other process uses them; its files and
+    /// interpreter stay [`EXITED_GRACE`] for its last samples, and the records of those that
+    /// exited that long ago go.
     pub fn exited(&mut self, sampler: &mut BpfPrograms, pid: u32) {
+        let now = Instant::now();
         // A program never read has no entry in BPF: its exec dropped the old one, and nothing
         // described the new one.
-        match self.deferred.remove(&pid) {
-            Some(_) => self.stats.reads_saved += 1,
-            None => sampler.remove_process(pid),
-        }
-        self.unready.remove(&pid);
-        self.forked.remove(&pid);
-        self.python_retry.remove(&pid);
-        self.python_warned.remove(&pid);
-        self.entries.remove(&pid);
-        self.entry_keys.remove(&pid);
-        let now = Instant::now();
-        self.exited.push((now, pid));
-        while let Some(&(t, old)) = self.exited.first() {
-            if now.duration_since(t) < EXITED_GRACE {
-                break;
+        let (mapped, pinned) = match self.processes.get_mut(&pid) {
+            Some(p) => {
+                match p.deferred.take() {
+                    Some(_) => self.stats.reads_saved += 1,
+                    None => sampler.remove_process(pid),
+                }
+                p.unready = false;
+                p.forked_from = None;
+                p.python_retry = None;
+                p.python_warned = false;
+                p.exited_at = Some(now);
+                self.exited.push_back((now, pid));
+                (p.mapped.take(), p.pinned.take())
             }
-            self.exited.remove(0);
-            if !self.processes.contains_key(&old) {
-                self.files.remove(&old);
-                self.fork_files.remove(&old);
-                self.pythons.remove(&old);
+            None => {
+                sampler.remove_process(pid);
+                (None, None)
             }
+        };
+        self.forget_exited(now);
+        // The pinned files stay users' until the mapped ones are released: a file in both is
+        // released once.
+        if let Some(mapped) = mapped {
+            let still = pinned.clone().unwrap_or_default();
+            self.release(sampler, pid, &mapped.keys, &still);
         }
-        if let Some(keys) = self.processes.remove(&pid) {
-            self.release_unused(sampler, pid, &keys);
-        }
-        if let Some(keys) = self.pinned.remove(&pid) {
-            self.release_unused(sampler, pid, &keys);
+        if let Some(pinned) = pinned {
+            self.release(sampler, pid, &pinned, &[]);
         }
     }
 
+    /// Records of processes that exited [`EXITED_GRACE`] ago go, unless their pid lives again.
+    fn forget_exited(&mut self, now: Instant) {
+        while let Some(&(at, pid)) = self.exited.front() {
+            if now.duration_since(at) < EXITED_GRACE {
+                break;
+            }
+            self.exited.pop_front();
+            if self.processes.get(&pid).is_some_and(|p| p.forgettable(at)) {
+                self.set_python(pid, None);
+                self.processes.remove(&pid);
+            }
+        }
+    }
+
+    /// Sets or clears the interpreter of `pid`'s record, keeping the count of Pythons.
+    fn set_python(&mut self, pid: u32, interp: Option<Interpreter>) {
+        let Some(p) = self.processes.get_mut(&pid) else { return };
+        let had = p.python.is_some();
+        p.python = interp;
+        self.pythons = self.pythons + usize::from(p.python.is_some()) - usize::from(had);
+    }
+
+    /// `pid` no longer maps the files of `keys` (it re-read its maps, exec'd or exited).
     fn release_unused(&mut self, sampler: &mut BpfPrograms, pid: u32, keys: &[ExecutableKey]) {
-        let still: HashSet<ExecutableKey> = self.processes.get(&pid).into_iter().chain(self.pinned.get(&pid)).flatten().cloned().collect();
+        let still: Vec<ExecutableKey> = match self.processes.get(&pid) {
+            Some(p) => p.mapped.iter().flat_map(|m| &m.keys).chain(p.pinned.iter().flatten()).cloned().collect(),
+            None => Vec::new(),
+        };
+        self.release(sampler, pid, keys, &still);
+    }
+
+    /// Drops `pid` from the users of the files of `keys` but those in `still`; a file that no
+    /// process uses any more goes idle or goes.
+    fn release(&mut self, sampler: &mut BpfPrograms, pid: u32, keys: &[ExecutableKey], still: &[ExecutableKey]) {
+        let still: HashSet<&ExecutableKey> = still.iter().collect();
         for key in keys {
             if still.contains(key) {
                 continue;
@@ -367,20 +395,21 @@ impl ProcessTracker {
 
     /// The file mappings of a process (sorted by start), also for a while after it exited.
     pub fn files(&self, pid: u32) -> Option<&[MappedFile]> {
-        self.files.get(&pid).map(Vec::as_slice)
+        self.processes.get(&pid)?.files.as_deref()
     }
 
     /// The executable mappings of a live process, as last read.
     pub fn exec_entries(&self, pid: u32) -> Option<&[MapsEntry]> {
-        self.entries.get(&pid).map(Vec::as_slice)
+        Some(&self.processes.get(&pid)?.mapped.as_ref()?.entries)
     }
 
     /// The processes whose mappings are loaded.
     pub fn pids(&self) -> Vec<u32> {
-        self.entries.keys().copied().collect()
+        self.processes.iter().filter(|(_, p)| p.mapped.is_some()).map(|(&pid, _)| pid).collect()
     }
 
+    /// How many processes have their mappings loaded.
     pub fn processes(&self) -> usize {
-        self.processes.len()
+        self.processes.values().filter(|p| p.mapped.is_some()).count()
     }
 }

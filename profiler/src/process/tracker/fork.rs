@@ -15,16 +15,14 @@ use super::ProcessTracker;
 impl ProcessTracker {
     /// Process `child` forked from `parent` with a copy of the parent's entry in BPF.
     pub(super) fn forked(&mut self, sampler: &mut BpfPrograms, child: u32, parent: u32) {
-        let copied = (self.processes.get(&parent), self.entries.get(&parent), self.entry_keys.get(&parent));
-        let (Some(keys), Some(entries), Some(entry_keys)) = copied else {
+        let Some(mapped) = self.processes.get(&parent).and_then(|p| p.mapped.clone()) else {
             // The parent was forgotten before its child was seen (it exited, or its maps could
             // not be read): the copy may name tables that are gone. The child is read instead,
             // when its samples ask.
             sampler.remove_process(child);
             return;
         };
-        let (keys, entries, entry_keys) = (keys.clone(), entries.clone(), entry_keys.clone());
-        for key in &keys {
+        for key in &mapped.keys {
             if let Some(exe) = self.executables.get_mut(key) {
                 exe.users.insert(child);
             }
@@ -32,27 +30,28 @@ impl ProcessTracker {
         // The parent's files as its own child sees them: a parent that has not exec'd since its
         // own fork has its parent's.
         let files = self.files_as_unwound(parent).map(<[MappedFile]>::to_vec).unwrap_or_default();
-        self.fork_files.insert(child, files);
-        if let Some(interp) = self.pythons.get(&parent).cloned() {
-            self.pythons.insert(child, interp);
-        }
-        self.entries.insert(child, entries);
-        self.entry_keys.insert(child, entry_keys);
-        self.forked.insert(child, parent);
+        let interp = self.processes.get(&parent).and_then(|p| p.python.clone());
+        let c = self.live(child);
+        c.fork_files = Some(files);
+        c.forked_from = Some(parent);
         // A pid used again before its last owner's exit was handled: that one's tables go.
-        if let Some(old) = self.processes.insert(child, keys) {
-            self.release_unused(sampler, child, &old);
+        let old = c.mapped.replace(mapped);
+        if interp.is_some() {
+            self.set_python(child, interp);
+        }
+        if let Some(old) = old {
+            self.release_unused(sampler, child, &old.keys);
         }
     }
 
     /// The file mappings a process's stacks are unwound with now: its parent's, copied at fork,
     /// until its own are read.
     fn files_as_unwound(&self, pid: u32) -> Option<&[MappedFile]> {
-        match self.forked.contains_key(&pid) {
-            true => self.fork_files.get(&pid),
-            false => self.files.get(&pid),
+        let p = self.processes.get(&pid)?;
+        match p.forked_from {
+            Some(_) => p.fork_files.as_deref(),
+            None => p.files.as_deref(),
         }
-        .map(Vec::as_slice)
     }
 
     /// The file mappings to name a sample's frames by: those it was unwound with (see
@@ -60,7 +59,7 @@ impl ProcessTracker {
     pub fn files_of_sample(&self, pid: u32, forked_from: Option<u32>) -> Option<&[MappedFile]> {
         match forked_from {
             // The child's copy; the parent's own files if the fork was not seen.
-            Some(parent) => self.fork_files.get(&pid).or_else(|| self.files.get(&parent)).map(Vec::as_slice),
+            Some(parent) => self.processes.get(&pid).and_then(|p| p.fork_files.as_deref()).or_else(|| self.files(parent)),
             None => self.files(pid),
         }
     }

@@ -45,30 +45,39 @@ impl ProcessTracker {
 
     /// Whether `pid` runs a program whose maps are not read yet.
     pub fn deferred(&self, pid: u32) -> bool {
-        self.deferred.contains_key(&pid)
+        self.processes.get(&pid).is_some_and(|p| p.deferred.is_some())
     }
 
     /// `pid` exec'd: the old program's mappings are gone (BPF dropped its entry), the new one is
     /// read when it is due.
     pub(super) fn defer(&mut self, sampler: &mut BpfPrograms, pid: u32) {
-        self.unready.remove(&pid);
-        self.forked.remove(&pid);
-        self.entries.remove(&pid);
-        self.entry_keys.remove(&pid);
+        let now = Instant::now();
+        let p = self.live(pid);
+        p.unready = false;
+        p.forked_from = None;
         // Its samples from now on are the new program's: not to be named by the old one's files.
-        self.files.remove(&pid);
-        if let Some(keys) = self.processes.remove(&pid) {
-            self.release_unused(sampler, pid, &keys);
+        p.files = None;
+        p.deferred = Some(now);
+        let old = p.mapped.take();
+        self.deferred.push_back((now, pid));
+        if let Some(old) = old {
+            self.release_unused(sampler, pid, &old.keys);
         }
-        self.deferred.insert(pid, Instant::now());
+    }
+
+    /// Whether the deferral of `pid` at `since` still stands: not read, exited or exec'd again.
+    fn deferred_since(&self, pid: u32, since: Instant) -> bool {
+        self.processes.get(&pid).is_some_and(|p| p.deferred == Some(since))
     }
 
     /// How long until the next pass over the programs not read yet, if there are any. Passes
     /// come a delay apart at most, so that a stream of programs costs one wakeup a delay.
     pub fn next_lazy_pass(&self, now: Instant) -> Option<Duration> {
         let delay = self.read_delay?;
-        let oldest = self.deferred.values().min()?;
-        let at = (*oldest + delay).max(self.last_lazy_pass + delay);
+        // One read or gone already leaves the queue at the pass it is due at: a pass at most a
+        // delay for nothing, where a scan of the queue would cost every wait of the event loop.
+        let oldest = self.deferred.front()?.0;
+        let at = (oldest + delay).max(self.last_lazy_pass + delay);
         Some(at.saturating_duration_since(now))
     }
 
@@ -80,11 +89,20 @@ impl ProcessTracker {
             return Vec::new();
         }
         self.last_lazy_pass = now;
-        let due: Vec<u32> = self.deferred.iter().filter(|&(_, &since)| now.duration_since(since) >= delay).map(|(&pid, _)| pid).collect();
+        let mut due = Vec::new();
+        while let Some(&(since, pid)) = self.deferred.front() {
+            if now.duration_since(since) < delay {
+                break;
+            }
+            self.deferred.pop_front();
+            if self.deferred_since(pid, since) {
+                due.push(pid);
+            }
+        }
         for &pid in &due {
             self.refresh(sampler, pid);
         }
-        due.into_iter().filter(|pid| self.entries.contains_key(pid)).collect()
+        due.into_iter().filter(|&pid| self.exec_entries(pid).is_some()).collect()
     }
 }
 

@@ -37,7 +37,7 @@ impl ProcessTracker {
         self.publish_new_inodes(sampler);
         self.wait_for_tables(sampler, timeout);
         let ready = keys.iter().filter(|k| matches!(self.executables.get(k).map(|e| e.state), Some(TableState::Loaded(_) | TableState::NoTable))).count();
-        self.pinned.insert(pid, keys);
+        self.live(pid).pinned = Some(keys);
         ready
     }
 }

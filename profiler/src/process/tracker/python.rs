@@ -20,7 +20,7 @@ impl ProcessTracker {
     pub(super) fn find_python(&mut self, sampler: &mut BpfPrograms, pid: u32, entries: &[MapsEntry]) {
         // Found once per program: an import maps hundreds of extensions, each a refresh, and
         // finding the interpreter reads megabytes of symbols.
-        if self.pythons.contains_key(&pid) || self.python_warned.contains(&pid) {
+        if self.processes.get(&pid).is_some_and(|p| p.python.is_some() || p.python_warned) {
             return;
         }
         let maps: Vec<Mapping<'_>> = entries.iter().filter(|e| e.path.starts_with('/')).map(|e| Mapping { start: e.start, end: e.end, offset: e.offset, path: &e.path }).collect();
@@ -30,9 +30,6 @@ impl ProcessTracker {
         let found = find_interpreter_with(&maps, open, |addr, len| read_process_memory(pid, addr, len as u64));
         match found {
             Ok(Some(interp)) => {
-                if self.pythons.get(&pid) == Some(&interp) {
-                    return;
-                }
                 let py = PythonProcess { runtime: interp.runtime_addr, eval_ranges: interp.eval_ranges.clone(), none_addr: interp.none_addr, offsets: interp.offsets };
                 match sampler.set_python(pid, &py) {
                     Ok(()) => {
@@ -41,8 +38,10 @@ impl ProcessTracker {
                         if interp.version > NEWEST_KNOWN && self.python_newer_named.insert(interp.version) {
                             tracing::info!(pid, "Python {major}.{minor} is newer than gpuflame's tables (up to {}.{}): its frames are read where its _Py_DebugOffsets header shows them", NEWEST_KNOWN.0, NEWEST_KNOWN.1);
                         }
-                        self.pythons.insert(pid, interp);
-                        self.python_retry.remove(&pid);
+                        self.set_python(pid, Some(interp));
+                        if let Some(p) = self.processes.get_mut(&pid) {
+                            p.python_retry = None;
+                        }
                     }
                     Err(e) => tracing::warn!(pid, error = %e, "cannot describe the Python interpreter to the walker"),
                 }
@@ -51,20 +50,24 @@ impl ProcessTracker {
             // Caught between two mmaps of ld.so: a sign of nothing. Asked again soon, since the
             // process may map nothing more that would have it read again.
             Err(PyError::StillMapping(path)) => {
-                let tries = self.python_retry.get(&pid).map_or(0, |&(_, tries)| tries + 1);
+                let Some(p) = self.processes.get_mut(&pid) else { return };
+                let tries = p.python_retry.map_or(0, |(_, tries)| tries + 1);
                 if tries < STILL_MAPPING_TRIES {
                     tracing::debug!(pid, path, tries, "libpython is still being mapped: its interpreter is looked for again");
-                    self.python_retry.insert(pid, (Instant::now() + STILL_MAPPING_RETRY * (1 << tries), tries));
+                    let at = Instant::now() + STILL_MAPPING_RETRY * (1 << tries);
+                    p.python_retry = Some((at, tries));
+                    self.python_retries.push((at, pid));
                     return;
                 }
-                self.python_retry.remove(&pid);
-                if self.python_warned.insert(pid) {
+                p.python_retry = None;
+                if !std::mem::replace(&mut p.python_warned, true) {
                     tracing::warn!(pid, "{path}: _PyRuntime's address has not shown the file's data in {tries} tries; the process is profiled without Python frames");
                 }
             }
             Err(e) => {
-                self.python_retry.remove(&pid);
-                if self.python_warned.insert(pid) {
+                let Some(p) = self.processes.get_mut(&pid) else { return };
+                p.python_retry = None;
+                if !std::mem::replace(&mut p.python_warned, true) {
                     tracing::warn!(pid, "{e}; the process is profiled without Python frames");
                 }
             }
@@ -75,13 +78,20 @@ impl ProcessTracker {
     /// mapped, those whose time has come.
     pub fn retry_pythons(&mut self, sampler: &mut BpfPrograms) {
         let now = Instant::now();
-        let due: Vec<u32> = self.python_retry.iter().filter(|(_, &(at, _))| at <= now).map(|(&pid, _)| pid).collect();
-        for pid in due {
+        let (due, later): (Vec<_>, Vec<_>) = self.python_retries.iter().partition(|&&(at, _)| at <= now);
+        self.python_retries = later;
+        for (at, pid) in due {
+            // Found since, exec'd, exited, or due again later: not this entry's to do.
+            if self.processes.get(&pid).and_then(|p| p.python_retry).is_none_or(|(when, _)| when != at) {
+                continue;
+            }
             match read_maps(pid) {
                 Some(maps) => self.find_python(sampler, pid, &maps),
                 // Gone: its exit event tidies up the rest.
                 None => {
-                    self.python_retry.remove(&pid);
+                    if let Some(p) = self.processes.get_mut(&pid) {
+                        p.python_retry = None;
+                    }
                 }
             }
         }
@@ -89,16 +99,16 @@ impl ProcessTracker {
 
     /// How long until a process's interpreter is next looked for again, if one is to be.
     pub fn next_python_retry(&self, now: Instant) -> Option<Duration> {
-        self.python_retry.values().map(|&(at, _)| at.saturating_duration_since(now)).min()
+        self.python_retries.iter().map(|&(at, _)| at.saturating_duration_since(now)).min()
     }
 
     /// The CPython interpreter of a process, also for a while after it exited.
     pub fn python(&self, pid: u32) -> Option<&Interpreter> {
-        self.pythons.get(&pid)
+        self.processes.get(&pid)?.python.as_ref()
     }
 
     /// Whether a Python interpreter runs in some tracked process.
     pub fn has_python(&self) -> bool {
-        !self.pythons.is_empty()
+        self.pythons > 0
     }
 }

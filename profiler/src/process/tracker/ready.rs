@@ -9,17 +9,17 @@ impl ProcessTracker {
     /// all in now, each with how many executable mappings it has (as /proc/PID/maps lists them):
     /// a reader of the maps can tell a report of its latest mappings from an earlier one.
     pub fn take_ready(&mut self) -> Vec<(u32, usize)> {
+        let settled = |keys: &[Option<gpuflame_unwind::ExecutableKey>]| keys.iter().flatten().all(|k| matches!(self.executables.get(k).map(|e| e.state), Some(TableState::Loaded(_) | TableState::NoTable)));
         let ready: Vec<(u32, usize)> = self
-            .unready
+            .processes
             .iter()
-            .filter_map(|&pid| {
-                let keys = self.entry_keys.get(&pid)?;
-                let settled = keys.iter().flatten().all(|k| matches!(self.executables.get(k).map(|e| e.state), Some(TableState::Loaded(_) | TableState::NoTable)));
-                settled.then(|| (pid, self.entries.get(&pid).map_or(0, Vec::len)))
-            })
+            .filter(|(_, p)| p.unready)
+            .filter_map(|(&pid, p)| p.mapped.as_ref().filter(|m| settled(&m.entry_keys)).map(|m| (pid, m.entries.len())))
             .collect();
         for (pid, _) in &ready {
-            self.unready.remove(pid);
+            if let Some(p) = self.processes.get_mut(pid) {
+                p.unready = false;
+            }
         }
         ready
     }

@@ -19,8 +19,9 @@ impl ProcessTracker {
     /// copied stack that waits for it).
     pub fn need_table(&mut self, sampler: &mut BpfPrograms, pid: u32, addr: u64) {
         let find = |t: &Self| -> Option<ExecutableKey> {
-            let i = t.entries.get(&pid)?.iter().position(|e| e.start <= addr && addr < e.end)?;
-            t.entry_keys.get(&pid)?.get(i)?.clone()
+            let mapped = t.processes.get(&pid)?.mapped.as_ref()?;
+            let i = mapped.entries.iter().position(|e| e.start <= addr && addr < e.end)?;
+            mapped.entry_keys.get(i)?.clone()
         };
         let key = match find(self) {
             Some(k) => k,
@@ -54,7 +55,7 @@ impl ProcessTracker {
     /// own (an allocation, a launch), not a sample, and lost without a stack. Under load, a
     /// background build of libc took longer than a short CUDA program lived.
     pub fn build_soon(&mut self, pid: u32) {
-        let keys = self.processes.get(&pid).cloned().unwrap_or_default();
+        let keys = self.processes.get(&pid).and_then(|p| p.mapped.as_ref()).map(|m| m.keys.clone()).unwrap_or_default();
         for key in keys {
             if self.executables.get(&key).is_some_and(|exe| exe.state == (TableState::Queued { urgent: false })) {
                 self.build_now(key, false);
@@ -79,7 +80,7 @@ impl ProcessTracker {
     /// only on demand do not count: their tables come when a stack first needs them.
     pub fn tables_settled(&self, pid: u32) -> bool {
         let queued = |k: &ExecutableKey| matches!(self.executables.get(k).map(|e| e.state), Some(TableState::Queued { .. }));
-        self.processes.get(&pid).is_none_or(|keys| !keys.iter().any(queued))
+        self.processes.get(&pid).and_then(|p| p.mapped.as_ref()).is_none_or(|m| !m.keys.iter().any(queued))
     }
 
     /// Loads the tables built since the last call and tells the processes that map them.
