@@ -222,7 +222,7 @@ fn recorded() -> Vec<(String, Profile)> {
         if matches!(&event, Event::Cuda(c) if c.is_out_of_memory()) {
             collector.offer(&Input::LiveAtOom { pid: PID, live: &live.live() });
         }
-        collector.record(&event, ProcessView { files: Some(files), python: None });
+        collector.record(&event, ProcessView { files: Some(files), python: None, new_program: false });
     }
     collector.offer(&Input::LiveAtWindowEnd(&live.live()));
     let start = UNIX_EPOCH + Duration::from_secs(1_700_000_000);

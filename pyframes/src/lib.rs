@@ -9,6 +9,7 @@
 mod detect;
 mod layout;
 mod linetable;
+mod naming;
 mod offsets;
 mod tables;
 mod unicode;
@@ -17,5 +18,6 @@ mod versions;
 pub use detect::{find_interpreter, find_interpreter_with, Interpreter, Mapping, PyError};
 pub use layout::NEWEST_KNOWN;
 pub use linetable::line_for;
+pub use naming::{NameTag, PyFrame, PythonSymbolizer, MAX_STR_CHARS};
 pub use offsets::{DebugOffsetsError, FrameEntry, PyOffsets, DEBUG_OFFSETS_LEN, MAX_OBJECT_OFFSET, MAX_STRUCT_OFFSET};
 pub use unicode::{decode as decode_str, str_layout, StrLayout};

@@ -19,7 +19,6 @@ mod frames;
 mod modules;
 mod normalize_addrs;
 mod procmaps;
-mod python;
 mod symtab;
 
 pub use config::{configure, DebugConfig};
@@ -28,7 +27,6 @@ pub use files::{FileError, ModuleFile};
 pub use frames::{Symbol, SymbolLine};
 pub use modules::{Module, ModuleId};
 pub use procmaps::ProcessMapping;
-pub use python::{NameTag, PyFrame, PythonSymbolizer};
 
 use std::collections::HashMap;
 use std::sync::Arc;

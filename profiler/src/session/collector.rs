@@ -40,7 +40,7 @@ impl Collector {
     /// Takes one record, with its process as the registry knows it.
     pub fn record(&mut self, event: &Event, process: ProcessView<'_>) {
         let (stacks, sources) = (&mut self.stacks, &mut self.sources);
-        let ProcessView { files, python } = process;
+        let ProcessView { files, python, .. } = process;
         match event {
             Event::Sample(sample) => {
                 let stack = stacks.stack(sample, files, python, false);
@@ -94,7 +94,7 @@ impl Collector {
     /// A thread's stack as the profiles would have it: a CPU sample's, or a wait's (its
     /// off-CPU state as its leaf). For `gpuflame dump`.
     pub fn stack_key(&mut self, sample: &Sample, process: ProcessView<'_>, wait: Option<OffCpuState>) -> StackKey {
-        let ProcessView { files, python } = process;
+        let ProcessView { files, python, .. } = process;
         match wait {
             Some(state) => {
                 let mut key = self.stacks.wait_stack(sample, files, python);
@@ -109,6 +109,11 @@ impl Collector {
     pub fn symbolize(&mut self, mut profile: Profile, values: StackValues, labels: &ProcessLabels) -> Profile {
         self.stacks.build(&mut profile, values, SystemTime::now(), Duration::ZERO, labels);
         profile
+    }
+
+    /// A process runs a new program (the registry says): its old program's names go.
+    pub fn program_changed(&mut self, pid: u32) {
+        self.stacks.program_changed(pid);
     }
 
     /// Processes the registry says are gone: exited now (their last records may still come in

@@ -9,7 +9,8 @@
 //!   initialisation.
 //!
 //! Whatever else holds something per process (the stacks' symbol caches, the sources' memory)
-//! forgets it when the registry says the process is gone ([`Gone`]).
+//! forgets it when the registry says the process is gone ([`Gone`]), or runs a new program
+//! ([`News::new_program`], [`ProcessView::new_program`]): the registry alone hears exits and execs.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -20,6 +21,7 @@ use gpuflame_symbolizer::MappedFile;
 
 use crate::cuda::ready::{WaitingProcesses, STATUS_WAITING};
 use crate::cuda::CudaHookManager;
+use super::programs::{identify, MainThreadNames};
 use crate::process::{ProcessTracker, TrackerStats};
 use crate::workload::rank::{ProcessLabels, RankReader, RankStats};
 use crate::workload::service::ServiceNamer;
@@ -42,6 +44,14 @@ pub struct CudaState {
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Gone(pub Vec<u32>);
 
+/// What a process event told the registry that others must hear: a process that runs a new
+/// program (exec), or processes gone.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct News {
+    pub new_program: Option<u32>,
+    pub gone: Gone,
+}
+
 /// A record's process, as the registry knows it at the record.
 #[derive(Clone, Copy, Default)]
 pub struct ProcessView<'a> {
@@ -49,6 +59,9 @@ pub struct ProcessView<'a> {
     /// a new program's by now.
     pub files: Option<&'a [MappedFile]>,
     pub python: Option<&'a Interpreter>,
+    /// The record is the first the registry saw of a new program in its process, whose exec
+    /// event did not come first: what named the old program's frames goes.
+    pub new_program: bool,
 }
 
 pub struct Processes {
@@ -62,6 +75,8 @@ pub struct Processes {
     dead: HashSet<u32>,
     /// Processes whose records were seen, for exits that were lost.
     seen: HashSet<u32>,
+    /// The program each process runs, by its main thread's name: for execs whose event came late.
+    programs: MainThreadNames,
     /// Service, pod and container names (the agent's series), when asked for.
     names: Option<ServiceNamer>,
     cuda: Option<CudaState>,
@@ -69,7 +84,7 @@ pub struct Processes {
 
 impl Processes {
     pub fn new(tracker: ProcessTracker, ranks: RankReader, names: Option<ServiceNamer>, cuda: Option<CudaState>) -> Self {
-        Processes { tracker, ranks, labels: HashMap::new(), dying: HashSet::new(), dead: HashSet::new(), seen: HashSet::new(), names, cuda }
+        Processes { tracker, ranks, labels: HashMap::new(), dying: HashSet::new(), dead: HashSet::new(), seen: HashSet::new(), programs: MainThreadNames::default(), names, cuda }
     }
 
     /// Service names, when the session was started with them.
@@ -135,13 +150,13 @@ impl Processes {
     /// A process event: the tracker reads or forgets the process, its rank is read at exec, the
     /// CUDA it maps is hooked. `refreshed`: processes read in this batch already (a burst of
     /// mmaps, a Python importing extensions, needs one read). An exit is the one way out.
-    pub fn event(&mut self, sampler: &mut BpfPrograms, ev: ProcessEvent, refreshed: &mut Vec<u32>) -> Gone {
+    pub fn event(&mut self, sampler: &mut BpfPrograms, ev: ProcessEvent, refreshed: &mut Vec<u32>) -> News {
         if matches!(ev.kind, ProcessEventKind::NeedTable { .. }) {
             self.tracker.handle(sampler, ev);
-            return Gone::default();
+            return News::default();
         }
         if matches!(ev.kind, ProcessEventKind::MmapExec | ProcessEventKind::Unknown) && refreshed.contains(&ev.pid) {
-            return Gone::default();
+            return News::default();
         }
         let seen = Instant::now();
         tracing::debug!(pid = ev.pid, kind = ?ev.kind, "process event");
@@ -149,7 +164,7 @@ impl Processes {
             ProcessEventKind::Exit => {
                 refreshed.retain(|&p| p != ev.pid);
                 self.exited(sampler, ev.pid);
-                return Gone(vec![ev.pid]);
+                return News { new_program: None, gone: Gone(vec![ev.pid]) };
             }
             // Read late (lazy reads), a new program's environment is read with its maps, or at
             // its first record.
@@ -169,7 +184,12 @@ impl Processes {
             _ => refreshed.push(ev.pid),
         }
         self.hook_cuda(sampler, ev.pid, seen);
-        Gone::default()
+        let exec = ev.kind == ProcessEventKind::Exec;
+        if exec {
+            // Its next name is the new program's, no news.
+            self.programs.forget(ev.pid);
+        }
+        News { new_program: exec.then_some(ev.pid), gone: Gone::default() }
     }
 
     /// The one way out: everything kept of `pid` goes, but its labels, which its last records
@@ -177,6 +197,7 @@ impl Processes {
     fn exited(&mut self, sampler: &mut BpfPrograms, pid: u32) {
         self.tracker.exited(sampler, pid);
         self.ranks.forget(pid);
+        self.programs.forget(pid);
         self.seen.remove(&pid);
         self.dying.insert(pid);
         if let Some(c) = self.cuda.as_mut() {
@@ -193,9 +214,9 @@ impl Processes {
                 n.observe(sample.pid);
             }
         }
-        let labels = self.ranks.on_record(sample.pid, sample.tid, &sample.comm);
+        let (new_program, labels) = identify(&mut self.programs, &mut self.ranks, sample.pid, sample.tid, &sample.comm);
         self.set_labels(sample.pid, labels);
-        ProcessView { files: self.tracker.files_of_sample(sample.pid, sample.forked_from), python: self.tracker.python(sample.pid) }
+        ProcessView { files: self.tracker.files_of_sample(sample.pid, sample.forked_from), python: self.tracker.python(sample.pid), new_program }
     }
 
     /// Whether the tracker has read `pid`'s maps.
@@ -270,6 +291,7 @@ impl Processes {
             // Unless the pid is another process's by now, or the same one's late records came.
             if !self.seen.contains(&pid) {
                 self.labels.remove(&pid);
+                self.programs.forget(pid);
                 if let Some(n) = self.names.as_mut() {
                     n.forget(pid);
                 }

@@ -10,7 +10,8 @@ use std::collections::HashMap;
 
 use gpuflame_bpf::{Sample, UnwindStatus, UserFrame};
 use gpuflame_pyframes::Interpreter;
-use gpuflame_symbolizer::{MappedFile, NameTag, PyFrame, PythonSymbolizer, Symbolizer, UserAddr};
+use gpuflame_pyframes::{NameTag, PyFrame, PythonSymbolizer};
+use gpuflame_symbolizer::{MappedFile, Symbolizer, UserAddr};
 
 use crate::process::read_for_symbolizer;
 
@@ -107,7 +108,6 @@ pub struct Stacks {
     python: PythonSymbolizer,
     py_frames: Vec<PyFrame>,
     py_index: HashMap<PyFrame, u32>,
-    comms: HashMap<u32, String>,
     /// Stacks of hooked calls already seen, by their raw frames: a launch loop repeats a few
     /// stacks millions of times, and naming Python frames costs reads of the process's memory.
     call_stacks: HashMap<(u32, u32, Vec<UserFrame>), StackKey>,
@@ -140,7 +140,6 @@ impl Stacks {
             python: PythonSymbolizer::new(),
             py_frames: Vec::new(),
             py_index: HashMap::new(),
-            comms: HashMap::new(),
             call_stacks: HashMap::new(),
             wait_stacks: HashMap::new(),
         }
@@ -164,7 +163,6 @@ impl Stacks {
     /// window: another thread of the process waiting at the same place gets the same stack, with
     /// its own tid and name.
     pub fn wait_stack(&mut self, sample: &Sample, files: Option<&[MappedFile]>, python: Option<&Interpreter>) -> StackKey {
-        self.note_comm(sample);
         if sample.leaf_file.is_some() {
             return self.stack(sample, files, python, false);
         }
@@ -187,26 +185,17 @@ impl Stacks {
         s
     }
 
-    /// A new command name of a process's main thread means exec: its old mappings are gone.
-    /// (Other threads have names of their own.)
-    fn note_comm(&mut self, sample: &Sample) {
-        if sample.tid == sample.pid {
-            if let Some(old) = self.comms.insert(sample.pid, sample.comm.clone()) {
-                if old != sample.comm {
-                    self.symbolizer.forget_process(sample.pid);
-                    self.python.forget_process(sample.pid);
-                    self.wait_stacks.retain(|k, _| k.0 != sample.pid);
-                }
-            }
-        } else {
-            self.comms.entry(sample.pid).or_insert_with(|| sample.comm.clone());
-        }
+    /// The process runs a new program (the registry says): what named the old one's frames goes.
+    pub fn program_changed(&mut self, pid: u32) {
+        self.symbolizer.forget_process(pid);
+        self.python.forget_process(pid);
+        self.call_stacks.retain(|k, _| k.0 != pid);
+        self.wait_stacks.retain(|k, _| k.0 != pid);
     }
 
     /// The stack of a sample. `at_return`: the leaf is a return address too (a stack taken when
     /// a hooked function returned), so its call instruction is what is looked up.
     pub fn stack(&mut self, sample: &Sample, files: Option<&[MappedFile]>, python: Option<&Interpreter>, at_return: bool) -> StackKey {
-        self.note_comm(sample);
         // Native addresses go through normalization in one batch; Python frames are named now,
         // while the process and its code objects are alive.
         let native: Vec<u64> = sample
@@ -304,7 +293,6 @@ impl Stacks {
     /// already; what was cached to name their frames goes.
     pub fn forget(&mut self, pids: &[u32]) {
         for pid in pids {
-            self.comms.remove(pid);
             self.symbolizer.forget_process(*pid);
             self.python.forget_process(*pid);
         }

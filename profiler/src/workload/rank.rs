@@ -7,7 +7,7 @@
 //! value that is not a small number would make a series per value or break Pyroscope's limits:
 //! only decimal integers are kept.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use super::environ;
@@ -36,12 +36,12 @@ pub struct RankStats {
     pub cut: u64,
 }
 
-/// Reads each process's identity when its records first arrive, and again after it execs.
+/// Reads each process's identity when its records first arrive, and again when the registry
+/// says it runs a new program (which may have a new environment).
 pub struct RankReader {
     labels: RankLabels,
-    /// The processes read, with the name of their main thread since then when known: a new name
-    /// means a new program (exec), which may have a new environment.
-    known: HashMap<u32, Option<String>>,
+    /// The processes read since their last exec.
+    known: HashSet<u32>,
     /// Processes whose environment could not be read, with when it was last tried: tried again
     /// at a record after [`RETRY_UNREADABLE`], not at every one (a dead rank's last records
     /// arrive after its exit, each of them a failed open).
@@ -54,42 +54,26 @@ const RETRY_UNREADABLE: Duration = Duration::from_millis(200);
 
 impl RankReader {
     pub fn new(labels: RankLabels) -> Self {
-        RankReader { labels, known: HashMap::new(), unreadable: HashMap::new(), stats: RankStats::default() }
+        RankReader { labels, known: HashSet::new(), unreadable: HashMap::new(), stats: RankStats::default() }
     }
 
-    /// A record of thread `tid` (named `comm`) of process `pid` arrived: the process's labels
-    /// when they are to be set now (read for the first time, or again), else none. A failed read
-    /// gives none: the labels read before stay (a record read after its process exited is no
-    /// news of who the process was).
-    pub fn on_record(&mut self, pid: u32, tid: u32, comm: &str) -> Option<Vec<(String, String)>> {
-        if self.labels.is_empty() || pid == 0 {
+    /// A record of process `pid` arrived: the process's labels when they are to be set now (read
+    /// for the first time since its exec), else none. A failed read gives none: the labels read
+    /// before stay (a record read after its process exited is no news of who the process was).
+    pub fn on_record(&mut self, pid: u32) -> Option<Vec<(String, String)>> {
+        if self.labels.is_empty() || pid == 0 || self.known.contains(&pid) {
             return None;
         }
-        // Called for every record: the name is copied only when it is news.
-        let main = (tid == pid).then_some(comm);
-        match self.known.get_mut(&pid) {
-            None => {
-                if self.unreadable.get(&pid).is_some_and(|t| t.elapsed() < RETRY_UNREADABLE) {
-                    return None;
-                }
-            }
-            Some(seen) => match (seen.as_deref(), main) {
-                (Some(old), Some(new)) if old != new => {}
-                (None, Some(new)) => {
-                    *seen = Some(new.to_string());
-                    return None;
-                }
-                _ => return None,
-            },
+        if self.unreadable.get(&pid).is_some_and(|t| t.elapsed() < RETRY_UNREADABLE) {
+            return None;
         }
         let labels = self.read(pid)?;
-        self.known.insert(pid, main.map(str::to_string));
+        self.known.insert(pid);
         Some(labels)
     }
 
     /// `pid` exec'd: it is read now, while it surely lives (a rank that lives a second can be
-    /// gone by the time a loaded agent reads its first record, and its labels with it), and its
-    /// main thread's name is taken from its next record.
+    /// gone by the time a loaded agent reads its first record, and its labels with it).
     pub fn exec(&mut self, pid: u32) -> Option<Vec<(String, String)>> {
         self.known.remove(&pid);
         self.unreadable.remove(&pid);
@@ -97,7 +81,7 @@ impl RankReader {
             return None;
         }
         let labels = self.read(pid)?;
-        self.known.insert(pid, None);
+        self.known.insert(pid);
         Some(labels)
     }
 
@@ -109,7 +93,7 @@ impl RankReader {
 
     /// Keeps only the processes `keep` says are still there (exits can be lost).
     pub fn retain(&mut self, keep: impl Fn(u32) -> bool) {
-        self.known.retain(|&pid, _| keep(pid));
+        self.known.retain(|&pid| keep(pid));
         self.unreadable.retain(|&pid, _| keep(pid));
     }
 
@@ -159,7 +143,7 @@ mod tests {
     fn identity_of(envs: &[(&str, &str)]) -> (Option<Vec<(String, String)>>, RankStats) {
         let mut child = sleeper(envs);
         let mut reader = RankReader::new(RankLabels::default());
-        let got = reader.on_record(child.id(), child.id(), "sleep");
+        let got = reader.on_record(child.id());
         let _ = child.kill();
         let _ = child.wait();
         (got, reader.stats())
@@ -200,10 +184,10 @@ mod tests {
         let pid = child.id();
         child.wait().expect("wait");
         let mut reader = RankReader::new(RankLabels::default());
-        assert_eq!(reader.on_record(pid, pid, "true"), None);
+        assert_eq!(reader.on_record(pid), None);
         assert_eq!(reader.exec(pid), None);
         // Its further records do not each try /proc again.
-        assert_eq!(reader.on_record(pid, pid, "true"), None);
+        assert_eq!(reader.on_record(pid), None);
         assert_eq!(reader.stats(), RankStats { unreadable: 2, ..Default::default() });
     }
 
@@ -218,32 +202,8 @@ mod tests {
         let _ = child.kill();
         let _ = child.wait();
         reader.forget(pid);
-        assert_eq!(reader.on_record(pid, pid, "sleep"), None);
-        assert_eq!(reader.on_record(pid, pid + 1, "worker"), None);
+        assert_eq!(reader.on_record(pid), None);
+        assert_eq!(reader.on_record(pid), None);
         assert_eq!(reader.stats().unreadable, 1);
-    }
-
-    #[test]
-    fn a_process_is_read_once_and_again_after_exec() {
-        let mut child = sleeper(&[("RANK", "3")]);
-        let pid = child.id();
-        let mut reader = RankReader::new(RankLabels::default());
-        // First seen in another thread's record: read; the main thread's name is learnt after.
-        assert_eq!(reader.on_record(pid, pid + 1, "worker"), Some(labels(&[("rank", "3")])));
-        assert_eq!(reader.on_record(pid, pid, "sleep"), None);
-        assert_eq!(reader.on_record(pid, pid + 1, "other"), None);
-        // A new name of its main thread: read again. An exec report: read at once, not at the
-        // next record.
-        assert_eq!(reader.on_record(pid, pid, "python3"), Some(labels(&[("rank", "3")])));
-        assert_eq!(reader.exec(pid), Some(labels(&[("rank", "3")])));
-        assert_eq!(reader.on_record(pid, pid + 1, "worker"), None);
-        assert_eq!(reader.on_record(pid, pid, "python3"), None);
-        let _ = child.kill();
-        let _ = child.wait();
-        assert_eq!(reader.stats().environments_read, 3);
-        // Turned off: nothing is read.
-        let mut off = RankReader::new(RankLabels::none());
-        assert_eq!(off.on_record(pid, pid, "sleep"), None);
-        assert_eq!(off.stats(), RankStats::default());
     }
 }

@@ -1,11 +1,12 @@
-//! Python code objects → function, file and line, read from the process's memory while it runs.
+//! Python code objects → function, file and line, read from the process's memory while it runs:
+//! the naming side of the interpreter, as `detect.rs` is its finding and `offsets.rs` its layouts.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
-use gpuflame_pyframes::{decode_str, line_for, str_layout, PyOffsets};
+use crate::{decode_str, line_for, str_layout, PyOffsets};
 
 /// A Python frame as it is shown.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
