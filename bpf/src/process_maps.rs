@@ -63,7 +63,7 @@ impl UnwindMaps {
         };
         let mut value = types::py_process {
             runtime: py.runtime,
-            none_object: if o.version >= (3, 13) { py.none_addr } else { 0 },
+            none_object: if o.shim_holds_none() { py.none_addr } else { 0 },
             o: types::py_offsets {
                 runtime_interpreters_head: off(o.runtime_interpreters_head),
                 interp_threads_head: off(o.interp_threads_head),
@@ -80,8 +80,8 @@ impl UnwindMaps {
                 code_name: off(o.code_qualname.unwrap_or(o.code_name)),
                 frame_kind,
                 owner_cstack,
-                code_tagged: u8::from(o.version >= (3, 14)),
-                eval_by_shim: u8::from(o.version >= (3, 12)),
+                code_tagged: u8::from(o.code_tagged()),
+                eval_by_shim: u8::from(o.eval_by_shim()),
             },
             ..Default::default()
         };

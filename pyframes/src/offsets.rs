@@ -49,6 +49,23 @@ pub struct PyOffsets {
 }
 
 impl PyOffsets {
+    /// 3.13+: a shim frame holds `None` in its code slot, by which the walker finds the first
+    /// shim of a process in a native frame; it is told `None`'s address.
+    pub fn shim_holds_none(&self) -> bool {
+        self.version >= (3, 13)
+    }
+
+    /// 3.14+: the frame's code is a tagged stack reference, its low bits flags.
+    pub fn code_tagged(&self) -> bool {
+        self.version >= (3, 14)
+    }
+
+    /// 3.12+: each call of the eval loop is known by its C-stack shim frame, not by the loop's
+    /// address range (`python_shims.h`).
+    pub fn eval_by_shim(&self) -> bool {
+        self.version >= (3, 12)
+    }
+
     /// Offsets from the `_Py_DebugOffsets` header that 3.13+ put at the start of `_PyRuntime`
     /// (`bytes` from there, [`DEBUG_OFFSETS_LEN`] long). A version past the known layouts is read
     /// where its sections are found by their shape ([`crate::layout`]). The header is in the
