@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use gpuflame_elfread::{consts, open_regular, ElfError, ElfFile, OpenError};
 
+use crate::layout::NEWEST_KNOWN;
 use crate::offsets::{DebugOffsetsError, PyOffsets, DEBUG_OFFSETS_LEN};
 
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +45,14 @@ pub struct Interpreter {
     /// `_Py_NoneStruct`, None (0 when not found): 3.13+ puts it in the C-stack shim frame of each
     /// eval-loop call, which is how the walker knows that frame on the stack unaided.
     pub none_addr: u64,
+}
+
+impl Interpreter {
+    /// Newer than the layouts gpuflame knows (it is read by its own `_Py_DebugOffsets`): the
+    /// newest known, to say so.
+    pub fn past_known_layouts(&self) -> Option<(u8, u8)> {
+        (self.version > NEWEST_KNOWN).then_some(NEWEST_KNOWN)
+    }
 }
 
 const MAX_EVAL_RANGES: usize = 16;

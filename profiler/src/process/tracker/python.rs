@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use gpuflame_bpf::{BpfPrograms, PythonProcess};
-use gpuflame_pyframes::{find_interpreter_with, Interpreter, Mapping, PyError, NEWEST_KNOWN};
+use gpuflame_pyframes::{find_interpreter_with, Interpreter, Mapping, PyError};
 
 use super::ProcessTracker;
 use crate::process::maps::{read_maps, MapsEntry};
@@ -35,8 +35,8 @@ impl ProcessTracker {
                     Ok(()) => {
                         tracing::debug!(pid, version = ?interp.version, "Python process");
                         let (major, minor) = interp.version;
-                        if interp.version > NEWEST_KNOWN && self.python_newer_named.insert(interp.version) {
-                            tracing::info!(pid, "Python {major}.{minor} is newer than gpuflame's tables (up to {}.{}): its frames are read where its _Py_DebugOffsets header shows them", NEWEST_KNOWN.0, NEWEST_KNOWN.1);
+                        if let Some((known_major, known_minor)) = interp.past_known_layouts().filter(|_| self.python_newer_named.insert(interp.version)) {
+                            tracing::info!(pid, "Python {major}.{minor} is newer than gpuflame's tables (up to {known_major}.{known_minor}): its frames are read where its _Py_DebugOffsets header shows them");
                         }
                         self.set_python(pid, Some(interp));
                         if let Some(p) = self.processes.get_mut(&pid) {
