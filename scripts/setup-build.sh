@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs what building and running gpuflame need on Debian/Ubuntu, as root: a C toolchain with
-# clang for the BPF programs, libelf, zlib, pkg-config, and Rust. Needs nothing outside this
-# repository; does nothing that is already there, so it is cheap to run before every build.
+# clang for the BPF programs, libelf, zlib, pkg-config, Rust, and python3 for the README's demo.
+# Needs nothing outside this repository; does nothing that is already there, so it is cheap to
+# run before every build.
 set -euo pipefail
 
 need=()
-for pkg in clang llvm libelf-dev zlib1g-dev pkg-config build-essential curl ca-certificates; do
+for pkg in clang llvm libelf-dev zlib1g-dev pkg-config build-essential curl ca-certificates python3; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -1,7 +1,9 @@
-//! A user's first run (issue #13): a clone of this repository in a directory with nothing beside
-//! it, with what earlier test set-ups installed hidden, runs the README's main command
-//! (`scripts/gpuflame record -d 5 -o flame.svg`) and gets a flame graph with samples in it.
-//! Run as root: the command loads BPF programs.
+//! A user's first run (issues #13, #58): a clone of this repository in a directory with nothing
+//! beside it, with what earlier test set-ups installed hidden, runs the README's main command
+//! (`scripts/gpuflame record -o flame.svg -- python3 examples/demo.py`) and gets a flame graph
+//! with Python, native and kernel frames in it; then the whole-machine command beside it
+//! (`scripts/gpuflame record -d 5 -o flame.svg`), which gets samples. Run as root: the command
+//! loads BPF programs.
 
 mod common;
 
@@ -16,11 +18,17 @@ fn git(dir: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-/// The samples of the flame graph's root frame, whose tooltip reads `all (1,234 samples, 100%)`.
-fn svg_samples(svg: &str) -> u64 {
+/// The tooltips of the flame graph's frames, `name (1,234 samples, 12.5%)` each.
+fn svg_titles(svg: &str) -> Vec<String> {
     let doc = roxmltree::Document::parse_with_options(svg, roxmltree::ParsingOptions { allow_dtd: true, ..Default::default() }).expect("well-formed XML");
     assert!(doc.root_element().has_tag_name("svg"), "not an SVG document");
-    let title = doc.descendants().filter(|n| n.has_tag_name("title")).filter_map(|n| n.text()).find(|t| t.starts_with("all (")).expect("a root frame");
+    doc.descendants().filter(|n| n.has_tag_name("title")).filter_map(|n| n.text()).map(str::to_string).collect()
+}
+
+/// The samples of the flame graph's root frame, whose tooltip reads `all (1,234 samples, 100%)`.
+fn svg_samples(svg: &str) -> u64 {
+    let titles = svg_titles(svg);
+    let title = titles.iter().find(|t| t.starts_with("all (")).expect("a root frame");
     let count = title["all (".len()..].split(' ').next().unwrap().replace(',', "");
     count.parse().unwrap_or_else(|_| panic!("root frame {title:?}"))
 }
@@ -58,16 +66,23 @@ fn the_readmes_first_command_works_in_a_bare_clone() {
             command.env(keep, v);
         }
     }
-    let script = r#"mount -t tmpfs -o mode=0755 gpuflame-first-run /opt && cd "$1" && exec scripts/gpuflame record -d 5 -o flame.svg"#;
+    let script = r#"mount -t tmpfs -o mode=0755 gpuflame-first-run /opt && cd "$1" && scripts/gpuflame record -o flame.svg -- python3 examples/demo.py && exec scripts/gpuflame record -d 5 -o machine.svg"#;
     let started = std::time::Instant::now();
     let out = command.args(["--mount", "--propagation", "private", "sh", "-c", script, "sh"]).arg(&clone).output().expect("unshare (util-linux) is needed");
     let output = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     eprintln!("first run: {:.0} s\n{output}", started.elapsed().as_secs_f64());
-    assert!(out.status.success(), "scripts/gpuflame record -d 5 -o flame.svg exited with {:?}:\n{output}", out.status);
+    assert!(out.status.success(), "the README's commands exited with {:?}:\n{output}", out.status);
     // Minutes of building are not silent: the script says so, then cargo shows its progress.
     assert!(output.contains("gpuflame: building the release binary") && output.contains("Compiling gpuflame"), "the build was silent:\n{output}");
 
+    // The demo's graph: its Python functions, zlib's deflate under them, the kernel's getrandom.
     let svg = std::fs::read_to_string(clone.join("flame.svg")).unwrap_or_else(|e| panic!("no flame.svg in the clone ({e}):\n{output}"));
+    let titles = svg_titles(&svg);
+    for (what, frame) in [("Python", "compress_batch (demo.py"), ("Python", "fresh_batch (demo.py"), ("native", "deflate"), ("kernel", "sys_getrandom")] {
+        assert!(titles.iter().any(|t| t.contains(frame)), "no {what} frame {frame:?} in the demo's flame graph ({} samples):\n{output}", svg_samples(&svg));
+    }
+    // The whole machine's, beside it.
+    let svg = std::fs::read_to_string(clone.join("machine.svg")).unwrap_or_else(|e| panic!("no machine.svg in the clone ({e}):\n{output}"));
     let samples = svg_samples(&svg);
     assert!(samples > 0, "a flame graph without samples:\n{output}");
     let beside = dir.path().join("shared");

@@ -25,7 +25,7 @@ import sys
 MIB = 1 << 20
 CHECKS = ["cpu", "python", "offcpu", "dump", "cuda", "agent"]
 # The guest's steps that make up each check.
-STEPS = {"cpu": ["cpu"], "python": ["python"], "offcpu": ["offcpu"], "dump": ["dump"], "cuda": ["cuda-hbm", "cuda-tensors", "cuda-tensor-hooks"], "agent": ["agent"]}
+STEPS = {"cpu": ["cpu", "cpu-idle", "cpu-busy"], "python": ["python"], "offcpu": ["offcpu"], "dump": ["dump"], "cuda": ["cuda-hbm", "cuda-tensors", "cuda-tensor-hooks"], "agent": ["agent"]}
 CHAIN = [f"f{i:02d}" for i in range(1, 41)]
 # The first frame of a whole stack of the main thread: `_start` (here and in the guests:
 # _start;__libc_start_main_impl;__libc_start_call_main;main;f01, glibc's internal names
@@ -185,6 +185,12 @@ def cpu_criterion(steps):
         return f"cpu {n} samples of deep (want >= 50)"
     if whole < 0.99 * n:
         return f"cpu {100 * whole / n:.0f}% whole ({whole}/{n})"
+    # A first recording of an idle machine says so; a busy one does not.
+    idle = "the machine was nearly idle"
+    if idle not in "\n".join(steps["cpu-idle"].stderr):
+        return "cpu: an idle whole-machine recording gave no hint"
+    if idle in "\n".join(steps["cpu-busy"].stderr):
+        return "cpu: a busy whole-machine recording said the machine was idle"
     return None
 
 

@@ -119,6 +119,11 @@ step() {
 # cpu: the 40-deep chain built without frame pointers, 3 s of CPU.
 step cpu $G record -F 99 -o deep.folded -- $M/deep 3
 
+# cpu, the first impression: the whole machine for 2 s while the guest is idle must say so and
+# what to try; the same while deep spins must not.
+step cpu-idle $G record -d 2 -o idle.folded
+step cpu-busy sh -c "$M/deep 6 & $G record -d 2 -o busy.folded; rc=\$?; wait; exit \$rc"
+
 # python: Debian's python3.11, spinning under three named functions.
 step python $G record -F 99 -o py.folded -- /usr/bin/python3.11 $M/spin.py 3
 
