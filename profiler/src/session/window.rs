@@ -24,6 +24,8 @@ pub enum Flow {
 #[derive(Debug, Clone, Default)]
 pub struct WindowStats {
     pub samples: u64,
+    /// Of those, gpuflame's own (building tables, symbolizing): not the machine's work.
+    pub own_samples: u64,
     /// Samples with a user stack, and those of them that reached the outermost frame.
     pub user_stacks: u64,
     pub complete_user_stacks: u64,
@@ -33,6 +35,7 @@ pub struct WindowStats {
 impl WindowStats {
     pub(super) fn sample(&mut self, sample: &Sample) {
         self.samples += 1;
+        self.own_samples += u64::from(sample.pid == own_pid());
         if sample.unwind.has_user_stack() {
             self.user_stacks += 1;
             self.complete_user_stacks += u64::from(sample.unwind.is_complete());
@@ -49,6 +52,12 @@ impl WindowStats {
     pub fn complete_fraction(&self) -> Option<f64> {
         (self.user_stacks > 0).then(|| self.complete_user_stacks as f64 / self.user_stacks as f64)
     }
+}
+
+/// gpuflame's pid, read once: a sample's is compared with it.
+fn own_pid() -> u32 {
+    static OWN: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *OWN.get_or_init(std::process::id)
 }
 
 pub(super) struct OpenWindow {
