@@ -36,7 +36,8 @@ mod tables;
 mod tracked;
 
 pub use stats::TrackerStats;
-use tracked::{Mapped, Tracked, EXITED_GRACE};
+use tracked::{Mapped, Tracked};
+use super::EXITED_GRACE;
 
 /// A table that found no room is not asked for again before this.
 const NO_ROOM_RETRY: Duration = Duration::from_secs(10);

@@ -19,8 +19,6 @@ pub struct Collector {
     profiles: Vec<ProfileKind>,
     frequency_hz: u64,
     stats: WindowStats,
-    /// Processes that exited in this window: what names their frames goes once it is closed.
-    exited: Vec<u32>,
 }
 
 impl Collector {
@@ -33,7 +31,6 @@ impl Collector {
             profiles: profiles.to_vec(),
             frequency_hz,
             stats: WindowStats::default(),
-            exited: Vec::new(),
         }
     }
 
@@ -116,13 +113,18 @@ impl Collector {
         self.stacks.program_changed(pid);
     }
 
+    /// Processes the registry forgot (exited long enough ago that no record of theirs can come):
+    /// what names their frames goes.
+    pub fn processes_forgotten(&mut self, pids: &[u32]) {
+        self.stacks.forget(pids);
+    }
+
     /// Processes the registry says are gone: exited now (their last records may still come in
     /// this window), or found gone at a window's end (their exit was lost).
     pub fn processes_gone(&mut self, gone: &Gone) {
         for &pid in &gone.0 {
             self.stacks.process_exited(pid);
             self.offer(&Input::ProcessExited(pid));
-            self.exited.push(pid);
         }
     }
 
@@ -146,7 +148,6 @@ impl Collector {
         }
         profiles.sort_by_key(|(k, _)| *k);
         self.stacks.window_closed();
-        self.stacks.forget(&std::mem::take(&mut self.exited));
         (profiles, std::mem::take(&mut self.stats))
     }
 

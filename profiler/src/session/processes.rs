@@ -3,8 +3,9 @@
 //!
 //! - its mappings, unwind tables and Python: the tracker (`process/`);
 //! - who it is: its rank in a distributed job, read once per program while it lives, for `record`
-//!   and the agent alike; its service, pod and container, for the agent's series; both kept a
-//!   window past its exit (its last records are read late);
+//!   and the agent alike; its service, pod and container, for the agent's series; both kept past
+//!   its exit by the one rule for exited processes ([`EXITED_GRACE`]: its last records are read
+//!   late);
 //! - the CUDA it maps, hooked (`cuda/hooks.rs`), and whether it waits for its tables at CUDA's
 //!   initialisation.
 //!
@@ -12,7 +13,7 @@
 //! forgets it when the registry says the process is gone ([`Gone`]), or runs a new program
 //! ([`News::new_program`], [`ProcessView::new_program`]): the registry alone hears exits and execs.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use gpuflame_bpf::{BpfPrograms, CuptiStatus, ProcessEvent, ProcessEventKind, Sample};
@@ -22,7 +23,7 @@ use gpuflame_symbolizer::MappedFile;
 use crate::cuda::ready::{WaitingProcesses, STATUS_WAITING};
 use crate::cuda::CudaHookManager;
 use super::programs::{identify, MainThreadNames};
-use crate::process::{ProcessTracker, TrackerStats};
+use crate::process::{ProcessTracker, TrackerStats, EXITED_GRACE};
 use crate::workload::rank::{ProcessLabels, RankReader, RankStats};
 use crate::workload::service::ServiceNamer;
 
@@ -43,6 +44,15 @@ pub struct CudaState {
 /// Processes that exited, or were found gone: what holds anything of theirs lets it go.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Gone(pub Vec<u32>);
+
+/// At a window's close: processes found gone (their exit was lost), and processes forgotten,
+/// exited [`EXITED_GRACE`] ago or more, whose records can no longer come: what a window is built
+/// with of them goes, after this one was built.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Closed {
+    pub gone: Gone,
+    pub forgotten: Vec<u32>,
+}
 
 /// What a process event told the registry that others must hear: a process that runs a new
 /// program (exec), or processes gone.
@@ -68,11 +78,10 @@ pub struct Processes {
     tracker: ProcessTracker,
     ranks: RankReader,
     labels: ProcessLabels,
-    /// Processes that exited during this window, and during the one before: their labels and
-    /// names outlive them by a window (a loaded agent reads a short-lived rank's last records
-    /// seconds after it exited: its collectives went out unlabelled, its CPU samples labelled).
-    dying: HashSet<u32>,
-    dead: HashSet<u32>,
+    /// Exits, oldest first: their labels and names stay until the first window close
+    /// [`EXITED_GRACE`] after (a loaded agent reads a short-lived rank's last records seconds
+    /// after it exited: its collectives went out unlabelled, its CPU samples labelled).
+    exits: VecDeque<(Instant, u32)>,
     /// Processes whose records were seen, for exits that were lost.
     seen: HashSet<u32>,
     /// The program each process runs, by its main thread's name: for execs whose event came late.
@@ -84,7 +93,7 @@ pub struct Processes {
 
 impl Processes {
     pub fn new(tracker: ProcessTracker, ranks: RankReader, names: Option<ServiceNamer>, cuda: Option<CudaState>) -> Self {
-        Processes { tracker, ranks, labels: HashMap::new(), dying: HashSet::new(), dead: HashSet::new(), seen: HashSet::new(), programs: MainThreadNames::default(), names, cuda }
+        Processes { tracker, ranks, labels: HashMap::new(), exits: VecDeque::new(), seen: HashSet::new(), programs: MainThreadNames::default(), names, cuda }
     }
 
     /// Service names, when the session was started with them.
@@ -199,7 +208,7 @@ impl Processes {
         self.ranks.forget(pid);
         self.programs.forget(pid);
         self.seen.remove(&pid);
-        self.dying.insert(pid);
+        self.exits.push_back((Instant::now(), pid));
         if let Some(c) = self.cuda.as_mut() {
             c.hooks.process_exited(pid);
         }
@@ -283,11 +292,17 @@ impl Processes {
         }
     }
 
-    /// A window closed: labels and names of processes that exited in the one before go, and processes whose exit was
-    /// lost (a full ring) are found gone and let go of by the one way out. What else holds
-    /// something of theirs is told.
-    pub fn window_closed(&mut self, sampler: &mut BpfPrograms) -> Gone {
-        for pid in std::mem::replace(&mut self.dead, std::mem::take(&mut self.dying)) {
+    /// A window closed (and was built): processes that exited [`EXITED_GRACE`] ago or more are
+    /// forgotten, and processes whose exit was lost (a full ring) are found gone and let go of by
+    /// the one way out. What else holds something of theirs is told.
+    pub fn window_closed(&mut self, sampler: &mut BpfPrograms) -> Closed {
+        let now = Instant::now();
+        let mut forgotten = Vec::new();
+        while let Some(&(at, pid)) = self.exits.front() {
+            if now.duration_since(at) < EXITED_GRACE {
+                break;
+            }
+            self.exits.pop_front();
             // Unless the pid is another process's by now, or the same one's late records came.
             if !self.seen.contains(&pid) {
                 self.labels.remove(&pid);
@@ -295,6 +310,7 @@ impl Processes {
                 if let Some(n) = self.names.as_mut() {
                     n.forget(pid);
                 }
+                forgotten.push(pid);
             }
         }
         let lost: Vec<u32> = self.seen.iter().copied().filter(|&pid| !crate::target::process_alive(pid)).collect();
@@ -304,7 +320,7 @@ impl Processes {
         // One asleep at cuInit for seconds was read again after it was gone: what the rank
         // reader holds of processes never seen in a record goes too.
         self.ranks.retain(crate::target::process_alive);
-        Gone(lost)
+        Closed { gone: Gone(lost), forgotten }
     }
 
     /// Says which processes' stacks can be whole from now on (see [`ProcessTracker::take_ready`]).

@@ -53,7 +53,9 @@ impl Session {
         }
         let (profiles, stats) = self.collector.close(coverage, open.wall, duration, self.processes.labels());
         // Exits can be lost: a process is forgotten once it is gone, not when it has no record.
-        let gone = self.processes.window_closed(&mut self.sampler);
+        let closed = self.processes.window_closed(&mut self.sampler);
+        self.collector.processes_forgotten(&closed.forgotten);
+        let gone = closed.gone;
         self.live.gone(&gone);
         self.collector.processes_gone(&gone);
         if let Some(live) = live {
