@@ -6,7 +6,9 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
-use crate::{decode_str, line_for, str_layout, PyOffsets};
+use crate::linetable::line_for;
+use crate::offsets::PyOffsets;
+use crate::unicode::{decode as decode_str, str_layout};
 
 /// A Python frame as it is shown.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -37,7 +37,7 @@ mod tracked;
 
 pub use stats::TrackerStats;
 use tracked::{Mapped, Tracked};
-use super::EXITED_GRACE;
+pub use tracked::EXITED_GRACE;
 
 /// A table that found no room is not asked for again before this.
 const NO_ROOM_RETRY: Duration = Duration::from_secs(10);

@@ -4,7 +4,8 @@
 use std::time::{Duration, SystemTime};
 
 use gpuflame_bpf::{Event, OffCpuState, Sample, TrapCost};
-use super::processes::{Gone, ProcessView};
+use super::order::record_sample;
+use super::processes::{Gone, News, ProcessView};
 use super::window::{Oom, WindowStats};
 use crate::cuda::Coverage;
 use crate::profile::Profile;
@@ -37,7 +38,10 @@ impl Collector {
     /// Takes one record, with its process as the registry knows it.
     pub fn record(&mut self, event: &Event, process: ProcessView<'_>) {
         let (stacks, sources) = (&mut self.stacks, &mut self.sources);
-        let ProcessView { files, python, .. } = process;
+        let ProcessView { files, python, new_program } = process;
+        if let (true, Some(s)) = (new_program, record_sample(event)) {
+            stacks.program_changed(s.pid);
+        }
         match event {
             Event::Sample(sample) => {
                 let stack = stacks.stack(sample, files, python, false);
@@ -91,7 +95,10 @@ impl Collector {
     /// A thread's stack as the profiles would have it: a CPU sample's, or a wait's (its
     /// off-CPU state as its leaf). For `gpuflame dump`.
     pub fn stack_key(&mut self, sample: &Sample, process: ProcessView<'_>, wait: Option<OffCpuState>) -> StackKey {
-        let ProcessView { files, python, .. } = process;
+        let ProcessView { files, python, new_program } = process;
+        if new_program {
+            self.stacks.program_changed(sample.pid);
+        }
         match wait {
             Some(state) => {
                 let mut key = self.stacks.wait_stack(sample, files, python);
@@ -108,9 +115,13 @@ impl Collector {
         profile
     }
 
-    /// A process runs a new program (the registry says): its old program's names go.
-    pub fn program_changed(&mut self, pid: u32) {
-        self.stacks.program_changed(pid);
+    /// What the registry heard in a process event: a process that runs a new program (its old
+    /// program's names go), processes gone.
+    pub fn heard(&mut self, news: &News) {
+        if let Some(pid) = news.new_program {
+            self.stacks.program_changed(pid);
+        }
+        self.processes_gone(&news.gone);
     }
 
     /// Processes the registry forgot (exited long enough ago that no record of theirs can come):

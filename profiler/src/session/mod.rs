@@ -261,11 +261,8 @@ impl Session {
             match event {
                 Event::Process(ev) => {
                     let news = self.processes.event(&mut self.sampler, ev, &mut refreshed);
-                    if let Some(pid) = news.new_program {
-                        self.collector.program_changed(pid);
-                    }
                     self.live.gone(&news.gone);
-                    self.collector.processes_gone(&news.gone);
+                    self.collector.heard(&news);
                 }
                 Event::CuptiStatus(status) => {
                     self.processes.cupti_status(&mut self.sampler, &status);
@@ -307,9 +304,6 @@ impl Session {
 
     fn collect(&mut self, event: Event) {
         let view = record_sample(&event).map(|s| self.processes.record(s)).unwrap_or_default();
-        if let (true, Some(s)) = (view.new_program, record_sample(&event)) {
-            self.collector.program_changed(s.pid);
-        }
         self.collector.record(&event, view);
     }
 
@@ -370,9 +364,6 @@ impl Session {
         let mut values = Vec::with_capacity(stacks.len());
         for (i, sample) in stacks {
             let view = self.processes.record(&sample);
-            if view.new_program {
-                self.collector.program_changed(sample.pid);
-            }
             let key = self.collector.stack_key(&sample, view, threads_now::leaf_of(&threads[i]));
             values.push((key, None, vec![i as i64 + 1]));
         }

@@ -1,17 +1,24 @@
 //! What the tracker knows of one process, in one record: the tracker's one map keyed by pid holds
 //! these. A record is made by the process's first event (a read of its maps, its fork, its exec
 //! or a preload) and lives `Live → Exited { at } → Forgotten`: an exited process keeps the files
-//! and the interpreter its last samples are named by for [`crate::process::EXITED_GRACE`] (the one
-//! rule for exited processes), then its record goes.
+//! and the interpreter its last samples are named by for [`EXITED_GRACE`] (the one rule for exited
+//! processes), then its record goes.
 //! Its pid used again in the meantime makes the record live again.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use gpuflame_pyframes::Interpreter;
 use gpuflame_symbolizer::MappedFile;
 use gpuflame_unwind::ExecutableKey;
 
 use crate::process::maps::MapsEntry;
+
+/// How long after its exit a process's records can still come (they wait in rings of their own,
+/// read late on a loaded machine): the one rule for how long what gpuflame keeps of an exited
+/// process stays. What names its records (this record) stays this long; what a window is built
+/// with (its labels and names, the stacks' caches) until the first window close at least this
+/// long after the exit (`session/processes.rs`).
+pub const EXITED_GRACE: Duration = Duration::from_secs(5);
 
 /// One process, as the tracker knows it.
 #[derive(Default)]
