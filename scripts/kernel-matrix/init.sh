@@ -120,16 +120,9 @@ step() {
 step cpu $G record -F 99 -o deep.folded -- $M/deep 3
 
 # cpu, the first impression: the whole machine for 2 s while the guest is idle must say so and
-# what to try; the same while deep spins must not. The guest is idle but for its kernel's
-# housekeeping, which under TCG on a loaded host took a third of a CPU collapsing gpuflame's own
-# memory into huge pages (khugepaged): off for this step, as a machine at rest would not be
-# doing it. deep spins longer than the recording can take to start, and is stopped after it.
-thp=/sys/kernel/mm/transparent_hugepage/enabled
-thp_was=$(sed -n 's/.*\[\(.*\)\].*/\1/p' $thp 2>/dev/null)
-[ -n "$thp_was" ] && echo never >$thp
-sleep 1
+# what to try; the same while deep spins must not. deep spins longer than the recording can take
+# to start under TCG on a loaded host, and is stopped after it.
 step cpu-idle $G record -d 2 -o idle.folded
-[ -n "$thp_was" ] && echo "$thp_was" >$thp
 step cpu-busy sh -c "$M/deep 120 & d=\$!; $G record -d 2 -o busy.folded; rc=\$?; kill \$d; exit \$rc"
 
 # python: Debian's python3.11, spinning under three named functions.

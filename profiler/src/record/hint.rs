@@ -13,9 +13,10 @@ pub(super) enum Recorded {
     Command,
 }
 
-/// The hint after `samples` CPU samples in `duration` at `frequency_hz` (gpuflame's own left
-/// out: building tables at its start is no work of the machine's), when they are fewer than a
-/// twentieth of one CPU busy all along; none for a command (it may just be quick), a
+/// The hint after `samples` CPU samples of programs in `duration` at `frequency_hz` (gpuflame's
+/// own and the kernel's threads left out: building tables at its start, or the kernel's
+/// housekeeping, is no work a user asked for), when they are fewer than a twentieth of one CPU
+/// busy all along; none for a command (it may just be quick), a
 /// recording under a second, or one without the CPU profile.
 pub(super) fn idle_hint(recorded: Recorded, samples: u64, duration: Duration, frequency_hz: u64, profiles: &[ProfileKind]) -> Option<String> {
     let secs = duration.as_secs_f64();

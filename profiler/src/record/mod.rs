@@ -260,7 +260,7 @@ fn record(opts: &RecordOptions, format: Format, outputs: &[(ProfileKind, Output)
         (true, false) => hint::Recorded::Pids,
         (true, true) => hint::Recorded::Machine,
     };
-    if let Some(hint) = hint::idle_hint(recorded, window.stats.samples - window.stats.own_samples, window.duration, opts.frequency_hz, &opts.profiles) {
+    if let Some(hint) = hint::idle_hint(recorded, window.stats.program_samples, window.duration, opts.frequency_hz, &opts.profiles) {
         eprintln!("gpuflame: {hint}");
     }
 

@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant, SystemTime};
 
-use gpuflame_bpf::Sample;
+use gpuflame_bpf::{Sample, UnwindStatus};
 
 use crate::cuda::Coverage;
 use crate::profile::Profile;
@@ -24,8 +24,9 @@ pub enum Flow {
 #[derive(Debug, Clone, Default)]
 pub struct WindowStats {
     pub samples: u64,
-    /// Of those, gpuflame's own (building tables, symbolizing): not the machine's work.
-    pub own_samples: u64,
+    /// Of those, the samples of programs: neither gpuflame's own (building tables, symbolizing)
+    /// nor the kernel's threads (housekeeping, which a slow guest on a loaded host magnifies).
+    pub program_samples: u64,
     /// Samples with a user stack, and those of them that reached the outermost frame.
     pub user_stacks: u64,
     pub complete_user_stacks: u64,
@@ -35,7 +36,7 @@ pub struct WindowStats {
 impl WindowStats {
     pub(super) fn sample(&mut self, sample: &Sample) {
         self.samples += 1;
-        self.own_samples += u64::from(sample.pid == own_pid());
+        self.program_samples += u64::from(sample.pid != own_pid() && sample.unwind != UnwindStatus::KernelThread);
         if sample.unwind.has_user_stack() {
             self.user_stacks += 1;
             self.complete_user_stacks += u64::from(sample.unwind.is_complete());
