@@ -304,8 +304,7 @@ impl ProcessTracker {
         // The pinned files stay users' until the mapped ones are released: a file in both is
         // released once.
         if let Some(mapped) = mapped {
-            let still = pinned.clone().unwrap_or_default();
-            self.release(sampler, pid, &mapped.keys, &still);
+            self.release(sampler, pid, &mapped.keys, pinned.as_deref().unwrap_or_default());
         }
         if let Some(pinned) = pinned {
             self.release(sampler, pid, &pinned, &[]);

@@ -35,8 +35,11 @@ impl ProcessTracker {
                     Ok(()) => {
                         tracing::debug!(pid, version = ?interp.version, "Python process");
                         let (major, minor) = interp.version;
-                        if let Some((known_major, known_minor)) = interp.past_known_layouts().filter(|_| self.python_newer_named.insert(interp.version)) {
-                            tracing::info!(pid, "Python {major}.{minor} is newer than gpuflame's tables (up to {known_major}.{known_minor}): its frames are read where its _Py_DebugOffsets header shows them");
+                        // Said once per version.
+                        if let Some((known_major, known_minor)) = interp.past_known_layouts() {
+                            if self.python_newer_named.insert(interp.version) {
+                                tracing::info!(pid, "Python {major}.{minor} is newer than gpuflame's tables (up to {known_major}.{known_minor}): its frames are read where its _Py_DebugOffsets header shows them");
+                            }
                         }
                         self.set_python(pid, Some(interp));
                         if let Some(p) = self.processes.get_mut(&pid) {
