@@ -213,7 +213,7 @@ pub(crate) fn hand_built() -> Profile {
 fn recorded() -> Vec<(String, Profile)> {
     let files: &[gpuflame_symbolizer::MappedFile] = &[];
     let mut collector = Collector::new(&ProfileKind::ALL, 99, TrapCost::default(), 0);
-    let no_labels = Default::default();
+    let no_labels = gpuflame::workload::rank::ProcessLabels::new();
     let mut live = LiveModel::default();
     for mut event in events() {
         if let Event::Memory(m) = &mut event {

@@ -12,7 +12,7 @@ use crate::profile::Profile;
 use crate::profile_kind::ProfileKind;
 use crate::sources::{self, Input, OomReport, Sources, SourceStats, WindowInfo};
 use crate::stacks::{StackKey, StackValues, Stacks};
-use crate::workload::rank::ProcessLabels;
+use crate::workload::rank::LabelsByPid;
 
 pub struct Collector {
     stacks: Stacks,
@@ -110,7 +110,7 @@ impl Collector {
     }
 
     /// These stacks symbolized, each with its values (`gpuflame dump`).
-    pub fn symbolize(&mut self, mut profile: Profile, values: StackValues, labels: &ProcessLabels) -> Profile {
+    pub fn symbolize(&mut self, mut profile: Profile, values: StackValues, labels: &dyn LabelsByPid) -> Profile {
         self.stacks.build(&mut profile, values, SystemTime::now(), Duration::ZERO, labels);
         profile
     }
@@ -142,7 +142,7 @@ impl Collector {
     /// The window's profiles, symbolized, in the order of [`ProfileKind`], and its samples; a
     /// new window starts. `coverage`: of the duty-cycled CUDA hooks, when CUDA is hooked.
     /// `labels`: the processes' labels, as the registry knows them.
-    pub fn close(&mut self, coverage: Option<Coverage>, start: SystemTime, duration: Duration, labels: &ProcessLabels) -> (Vec<(ProfileKind, Profile)>, WindowStats) {
+    pub fn close(&mut self, coverage: Option<Coverage>, start: SystemTime, duration: Duration, labels: &dyn LabelsByPid) -> (Vec<(ProfileKind, Profile)>, WindowStats) {
         let exact = Coverage { attached: duration, elapsed: duration, exact: true, trap_cost: TrapCost::default(), window: Duration::ZERO };
         let info = WindowInfo { frequency_hz: self.frequency_hz, coverage: coverage.unwrap_or(exact), length: duration };
         let mut profiles = Vec::new();
@@ -163,7 +163,7 @@ impl Collector {
     }
 
     /// The out-of-memory failures seen since the last call, with their snapshots as of `at`.
-    pub fn take_ooms(&mut self, at: SystemTime, labels: &ProcessLabels) -> Vec<Oom> {
+    pub fn take_ooms(&mut self, at: SystemTime, labels: &dyn LabelsByPid) -> Vec<Oom> {
         let reports: Vec<OomReport> = self.sources.memory.as_mut().map(|m| m.take_ooms()).unwrap_or_default();
         reports
             .into_iter()

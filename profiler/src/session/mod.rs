@@ -8,7 +8,6 @@ mod late;
 mod live_set;
 mod order;
 mod processes;
-mod programs;
 mod run_window;
 mod threads_now;
 mod waiting;
@@ -367,7 +366,7 @@ impl Session {
             let key = self.collector.stack_key(&sample, view, threads_now::leaf_of(&threads[i]));
             values.push((key, None, vec![i as i64 + 1]));
         }
-        let labels = self.processes.labels().clone();
+        let labels = self.processes.labels_now();
         let stacks = self.collector.symbolize(threads_now::thread_profile(), values, &labels);
         Ok(ThreadsNow { threads, stacks, labels })
     }

@@ -13,7 +13,7 @@
 //! forgets it when the registry says the process is gone ([`Gone`]), or runs a new program
 //! ([`News::new_program`], [`ProcessView::new_program`]): the registry alone hears exits and execs.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use gpuflame_bpf::{BpfPrograms, CuptiStatus, ProcessEvent, ProcessEventKind, Sample};
@@ -22,10 +22,14 @@ use gpuflame_symbolizer::MappedFile;
 
 use crate::cuda::ready::{WaitingProcesses, STATUS_WAITING};
 use crate::cuda::CudaHookManager;
-use super::programs::{identify, MainThreadNames};
+use process::{labels_now, Process, Records};
+use programs::identify;
 use crate::process::{ProcessTracker, TrackerStats, EXITED_GRACE};
-use crate::workload::rank::{ProcessLabels, RankReader, RankStats};
+use crate::workload::rank::{LabelsByPid, ProcessLabels, RankReader, RankStats};
 use crate::workload::service::ServiceNamer;
+
+mod process;
+mod programs;
 
 /// How often the event loop looks for finished tables while some are being built.
 const TABLE_POLL: Duration = Duration::from_millis(10);
@@ -77,15 +81,13 @@ pub struct ProcessView<'a> {
 pub struct Processes {
     tracker: ProcessTracker,
     ranks: RankReader,
-    labels: ProcessLabels,
+    /// Each process: who it is, the program it runs, whether its records were seen, and its exit
+    /// (`process.rs`); the tracker holds its mappings.
+    records: Records,
     /// Exits, oldest first: their labels and names stay until the first window close
     /// [`EXITED_GRACE`] after (a loaded agent reads a short-lived rank's last records seconds
     /// after it exited: its collectives went out unlabelled, its CPU samples labelled).
     exits: VecDeque<(Instant, u32)>,
-    /// Processes whose records were seen, for exits that were lost.
-    seen: HashSet<u32>,
-    /// The program each process runs, by its main thread's name: for execs whose event came late.
-    programs: MainThreadNames,
     /// Service, pod and container names (the agent's series), when asked for.
     names: Option<ServiceNamer>,
     cuda: Option<CudaState>,
@@ -93,7 +95,7 @@ pub struct Processes {
 
 impl Processes {
     pub fn new(tracker: ProcessTracker, ranks: RankReader, names: Option<ServiceNamer>, cuda: Option<CudaState>) -> Self {
-        Processes { tracker, ranks, labels: HashMap::new(), exits: VecDeque::new(), seen: HashSet::new(), programs: MainThreadNames::default(), names, cuda }
+        Processes { tracker, ranks, records: HashMap::new(), exits: VecDeque::new(), names, cuda }
     }
 
     /// Service names, when the session was started with them.
@@ -139,21 +141,25 @@ impl Processes {
     }
 
     /// Every process's labels, those that exited this window's included.
-    pub fn labels(&self) -> &ProcessLabels {
-        &self.labels
+    pub fn labels(&self) -> &dyn LabelsByPid {
+        &self.records
     }
 
-    fn set_labels(&mut self, pid: u32, labels: Option<Vec<(String, String)>>) {
-        match labels {
-            // A program that exec'd one without labels has none.
-            Some(l) if l.is_empty() => {
-                self.labels.remove(&pid);
-            }
-            Some(l) => {
-                self.labels.insert(pid, l);
-            }
-            None => {}
-        }
+    /// Every process's labels now, as a value of their own.
+    pub fn labels_now(&self) -> ProcessLabels {
+        labels_now(&self.records)
+    }
+
+    /// The registry's record of `pid`, made if there is none.
+    fn record_of(&mut self, pid: u32) -> &mut Process {
+        self.records.entry(pid).or_default()
+    }
+
+    /// `pid` runs a new program, or was not read yet (lazy reads): who it is is read now.
+    fn read_identity(&mut self, pid: u32) {
+        let p = self.records.entry(pid).or_default();
+        let labels = self.ranks.exec(pid, &mut p.rank);
+        p.set_labels(labels);
     }
 
     /// A process event: the tracker reads or forgets the process, its rank is read at exec, the
@@ -169,6 +175,11 @@ impl Processes {
         }
         let seen = Instant::now();
         tracing::debug!(pid = ev.pid, kind = ?ev.kind, "process event");
+        if ev.kind != ProcessEventKind::Exit {
+            if let Some(p) = self.records.get_mut(&ev.pid) {
+                p.live();
+            }
+        }
         match ev.kind {
             ProcessEventKind::Exit => {
                 refreshed.retain(|&p| p != ev.pid);
@@ -177,11 +188,8 @@ impl Processes {
             }
             // Read late (lazy reads), a new program's environment is read with its maps, or at
             // its first record.
-            ProcessEventKind::Exec if self.tracker.lazy() => self.ranks.forget(ev.pid),
-            ProcessEventKind::Exec => {
-                let labels = self.ranks.exec(ev.pid);
-                self.set_labels(ev.pid, labels);
-            }
+            ProcessEventKind::Exec if self.tracker.lazy() => self.record_of(ev.pid).rank.forget(),
+            ProcessEventKind::Exec => self.read_identity(ev.pid),
             _ => {}
         }
         self.tracker.handle(sampler, ev);
@@ -196,7 +204,7 @@ impl Processes {
         let exec = ev.kind == ProcessEventKind::Exec;
         if exec {
             // Its next name is the new program's, no news.
-            self.programs.forget(ev.pid);
+            self.record_of(ev.pid).main_thread.forget();
         }
         News { new_program: exec.then_some(ev.pid), gone: Gone::default() }
     }
@@ -204,11 +212,12 @@ impl Processes {
     /// The one way out: everything kept of `pid` goes, but its labels, which its last records
     /// (read late on a loaded machine) still need for a window.
     fn exited(&mut self, sampler: &mut BpfPrograms, pid: u32) {
+        let now = Instant::now();
         self.tracker.exited(sampler, pid);
-        self.ranks.forget(pid);
-        self.programs.forget(pid);
-        self.seen.remove(&pid);
-        self.exits.push_back((Instant::now(), pid));
+        if let Some(p) = self.records.get_mut(&pid) {
+            p.exited(now);
+        }
+        self.exits.push_back((now, pid));
         if let Some(c) = self.cuda.as_mut() {
             c.hooks.process_exited(pid);
         }
@@ -217,14 +226,20 @@ impl Processes {
     /// A record with a stack arrived: who its process is is read if it was not (once, and again
     /// after an exec); the view of it that the record's stack is made with.
     pub fn record(&mut self, sample: &Sample) -> ProcessView<'_> {
-        // Named at its first record while it lives: a short one is gone by the window's end.
-        if sample.pid != 0 && self.seen.insert(sample.pid) {
-            if let Some(n) = self.names.as_mut() {
-                n.observe(sample.pid);
+        let mut new_program = false;
+        if sample.pid != 0 {
+            let p = self.records.entry(sample.pid).or_default();
+            // Named at its first record while it lives: a short one is gone by the window's end.
+            if !p.seen {
+                p.seen = true;
+                if let Some(n) = self.names.as_mut() {
+                    n.observe(sample.pid);
+                }
             }
+            let labels;
+            (new_program, labels) = identify(&mut p.main_thread, &mut p.rank, &mut self.ranks, sample.pid, sample.tid, &sample.comm);
+            p.set_labels(labels);
         }
-        let (new_program, labels) = identify(&mut self.programs, &mut self.ranks, sample.pid, sample.tid, &sample.comm);
-        self.set_labels(sample.pid, labels);
         ProcessView { files: self.tracker.files_of_sample(sample.pid, sample.forked_from), python: self.tracker.python(sample.pid), new_program }
     }
 
@@ -261,8 +276,7 @@ impl Processes {
     /// kept on time.
     pub fn after_batch(&mut self, sampler: &mut BpfPrograms) {
         for pid in self.tracker.read_due(sampler) {
-            let labels = self.ranks.exec(pid);
-            self.set_labels(pid, labels);
+            self.read_identity(pid);
             self.hook_cuda(sampler, pid, Instant::now());
         }
         self.tracker.poll_tables(sampler);
@@ -303,23 +317,21 @@ impl Processes {
                 break;
             }
             self.exits.pop_front();
-            // Unless the pid is another process's by now, or the same one's late records came.
-            if !self.seen.contains(&pid) {
-                self.labels.remove(&pid);
-                self.programs.forget(pid);
+            // Unless the same process's late records came, or another's with its pid.
+            if self.records.get(&pid).is_none_or(Process::forgettable) {
+                self.records.remove(&pid);
                 if let Some(n) = self.names.as_mut() {
                     n.forget(pid);
                 }
                 forgotten.push(pid);
             }
         }
-        let lost: Vec<u32> = self.seen.iter().copied().filter(|&pid| !crate::target::process_alive(pid)).collect();
+        // Those live, or whose records came after their exit. One asleep at cuInit for seconds,
+        // never seen in a record, was read again after it was gone: it is found gone too.
+        let lost: Vec<u32> = self.records.iter().filter(|(_, p)| p.is_live() || p.seen).map(|(&pid, _)| pid).filter(|&pid| !crate::target::process_alive(pid)).collect();
         for &pid in &lost {
             self.exited(sampler, pid);
         }
-        // One asleep at cuInit for seconds was read again after it was gone: what the rank
-        // reader holds of processes never seen in a record goes too.
-        self.ranks.retain(crate::target::process_alive);
         Closed { gone: Gone(lost), forgotten }
     }
 

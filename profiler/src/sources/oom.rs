@@ -15,7 +15,7 @@ use crate::frame::{FrameKind, NamedFrame};
 use crate::profile::Profile;
 use crate::profile_kind::ProfileKind;
 use crate::stacks::{StackKey, StackValues, Stacks, TailFrame};
-use crate::workload::rank::ProcessLabels;
+use crate::workload::rank::LabelsByPid;
 
 /// Holders listed in the report, biggest first.
 pub const TOP_HOLDERS: usize = 5;
@@ -41,7 +41,7 @@ pub struct OomReport {
 
 impl OomReport {
     /// The in-use profile of the process that failed, the failed request included.
-    pub fn snapshot(&self, stacks: &mut Stacks, at: SystemTime, labels: &ProcessLabels) -> Profile {
+    pub fn snapshot(&self, stacks: &mut Stacks, at: SystemTime, labels: &dyn LabelsByPid) -> Profile {
         let mut values = site_values(&self.holders);
         let mut failing = self.stack.clone();
         failing.tail.push(TailFrame::Marker(format!("[out of memory] {} requested", human_bytes(self.requested))));

@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use gpuflame_symbolizer::{demangle, Symbol, UserAddr};
 
-use crate::workload::rank::ProcessLabels;
+use crate::workload::rank::{LabelsByPid, ProcessLabels};
 use super::{StackKey, StackValues, Stacks, TailFrame, UserKey};
 use crate::frame::{FrameKind, NamedFrame};
 use crate::output::fold::fold;
@@ -18,7 +18,7 @@ impl Stacks {
     /// Fills `profile` with these stacks, their values, device labels and their processes'
     /// labels, symbolized.
     /// `labels`: of the processes, as the registry knows them (their rank in a job).
-    pub fn build(&mut self, profile: &mut Profile, values: StackValues, start: SystemTime, duration: Duration, process_labels: &ProcessLabels) {
+    pub fn build(&mut self, profile: &mut Profile, values: StackValues, start: SystemTime, duration: Duration, process_labels: &dyn LabelsByPid) {
         profile.time_nanos = start.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64);
         profile.duration_nanos = duration.as_nanos() as i64;
 
@@ -109,8 +109,8 @@ impl Stacks {
             }
             let labels = Labels { pid: Some(key.pid), tid: Some(key.tid), comm: Some(key.comm.clone()), device: *device };
             b.add_values(stack, labels, vals);
-            if let Some(labels) = process_labels.get(&key.pid) {
-                profile.process_labels.entry(key.pid).or_insert_with(|| labels.clone());
+            if let Some(labels) = process_labels.labels_of(key.pid) {
+                profile.process_labels.entry(key.pid).or_insert_with(|| labels.to_vec());
             }
         }
         b.finish(profile);

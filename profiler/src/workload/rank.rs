@@ -7,7 +7,7 @@
 //! value that is not a small number would make a series per value or break Pyroscope's limits:
 //! only decimal integers are kept.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use super::environ;
@@ -17,8 +17,21 @@ pub use super::rank_labels::{RankLabels, DEFAULT};
 /// nothing.
 const MAX_VALUE: usize = 256;
 
-/// Each process's labels (its rank in a job), by pid.
+/// Each process's labels (its rank in a job), by pid, as they were at one moment.
 pub type ProcessLabels = HashMap<u32, Vec<(String, String)>>;
+
+/// Each process's labels, as whoever holds the processes knows them: the registry's records of
+/// them (`session/process.rs`), or a [`ProcessLabels`] taken from those.
+pub trait LabelsByPid {
+    /// `pid`'s labels; none when it has none.
+    fn labels_of(&self, pid: u32) -> Option<&[(String, String)]>;
+}
+
+impl LabelsByPid for ProcessLabels {
+    fn labels_of(&self, pid: u32) -> Option<&[(String, String)]> {
+        self.get(&pid).map(Vec::as_slice)
+    }
+}
 
 /// What reading identities counted, for `-v` and the agent's metrics.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -36,16 +49,33 @@ pub struct RankStats {
     pub cut: u64,
 }
 
+/// Where reading one process's identity stands; kept in the registry's record of the process
+/// (`session/process.rs`), so that it goes with the process.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum RankRead {
+    /// Not read since its last exec.
+    #[default]
+    Unread,
+    Read,
+    /// Its environment could not be read, last tried then: tried again at a record after
+    /// [`RETRY_UNREADABLE`], not at every one (a dead rank's last records arrive after its exit,
+    /// each of them a failed open).
+    Unreadable { at: Instant },
+}
+
+impl RankRead {
+    /// The process exited or runs a new program: a process that reuses the pid, or the new
+    /// program, is read anew.
+    pub fn forget(&mut self) {
+        *self = RankRead::Unread;
+    }
+}
+
 /// Reads each process's identity when its records first arrive, and again when the registry
-/// says it runs a new program (which may have a new environment).
+/// says it runs a new program (which may have a new environment). Where each process's read
+/// stands is the process's ([`RankRead`]).
 pub struct RankReader {
     labels: RankLabels,
-    /// The processes read since their last exec.
-    known: HashSet<u32>,
-    /// Processes whose environment could not be read, with when it was last tried: tried again
-    /// at a record after [`RETRY_UNREADABLE`], not at every one (a dead rank's last records
-    /// arrive after its exit, each of them a failed open).
-    unreadable: HashMap<u32, Instant>,
     stats: RankStats,
 }
 
@@ -54,47 +84,29 @@ const RETRY_UNREADABLE: Duration = Duration::from_millis(200);
 
 impl RankReader {
     pub fn new(labels: RankLabels) -> Self {
-        RankReader { labels, known: HashSet::new(), unreadable: HashMap::new(), stats: RankStats::default() }
+        RankReader { labels, stats: RankStats::default() }
     }
 
     /// A record of process `pid` arrived: the process's labels when they are to be set now (read
     /// for the first time since its exec), else none. A failed read gives none: the labels read
     /// before stay (a record read after its process exited is no news of who the process was).
-    pub fn on_record(&mut self, pid: u32) -> Option<Vec<(String, String)>> {
-        if self.labels.is_empty() || pid == 0 || self.known.contains(&pid) {
-            return None;
+    pub fn on_record(&mut self, pid: u32, state: &mut RankRead) -> Option<Vec<(String, String)>> {
+        match *state {
+            _ if self.labels.is_empty() || pid == 0 => None,
+            RankRead::Read => None,
+            RankRead::Unreadable { at } if at.elapsed() < RETRY_UNREADABLE => None,
+            _ => self.read(pid, state),
         }
-        if self.unreadable.get(&pid).is_some_and(|t| t.elapsed() < RETRY_UNREADABLE) {
-            return None;
-        }
-        let labels = self.read(pid)?;
-        self.known.insert(pid);
-        Some(labels)
     }
 
     /// `pid` exec'd: it is read now, while it surely lives (a rank that lives a second can be
     /// gone by the time a loaded agent reads its first record, and its labels with it).
-    pub fn exec(&mut self, pid: u32) -> Option<Vec<(String, String)>> {
-        self.known.remove(&pid);
-        self.unreadable.remove(&pid);
+    pub fn exec(&mut self, pid: u32, state: &mut RankRead) -> Option<Vec<(String, String)>> {
+        state.forget();
         if self.labels.is_empty() || pid == 0 {
             return None;
         }
-        let labels = self.read(pid)?;
-        self.known.insert(pid);
-        Some(labels)
-    }
-
-    /// `pid` exited; a process that reuses it is read anew.
-    pub fn forget(&mut self, pid: u32) {
-        self.known.remove(&pid);
-        self.unreadable.remove(&pid);
-    }
-
-    /// Keeps only the processes `keep` says are still there (exits can be lost).
-    pub fn retain(&mut self, keep: impl Fn(u32) -> bool) {
-        self.known.retain(|&pid| keep(pid));
-        self.unreadable.retain(|&pid, _| keep(pid));
+        self.read(pid, state)
     }
 
     pub fn stats(&self) -> RankStats {
@@ -102,7 +114,7 @@ impl RankReader {
     }
 
     /// The process's labels, or none when its environment cannot be read.
-    fn read(&mut self, pid: u32) -> Option<Vec<(String, String)>> {
+    fn read(&mut self, pid: u32, state: &mut RankRead) -> Option<Vec<(String, String)>> {
         let env = match environ::read(pid, &self.labels.vars(), MAX_VALUE) {
             Ok(env) => env,
             Err(e) => {
@@ -110,11 +122,11 @@ impl RankReader {
                 tracing::debug!(pid, error = %e, "no rank labels: the environment cannot be read");
                 // Tried again at a later record: an exec report can be read before /proc shows
                 // the process.
-                self.unreadable.insert(pid, Instant::now());
+                *state = RankRead::Unreadable { at: Instant::now() };
                 return None;
             }
         };
-        self.unreadable.remove(&pid);
+        *state = RankRead::Read;
         self.stats.environments_read += 1;
         if env.cut {
             self.stats.cut += 1;
@@ -143,7 +155,7 @@ mod tests {
     fn identity_of(envs: &[(&str, &str)]) -> (Option<Vec<(String, String)>>, RankStats) {
         let mut child = sleeper(envs);
         let mut reader = RankReader::new(RankLabels::default());
-        let got = reader.on_record(child.id());
+        let got = reader.on_record(child.id(), &mut RankRead::default());
         let _ = child.kill();
         let _ = child.wait();
         (got, reader.stats())
@@ -184,10 +196,11 @@ mod tests {
         let pid = child.id();
         child.wait().expect("wait");
         let mut reader = RankReader::new(RankLabels::default());
-        assert_eq!(reader.on_record(pid), None);
-        assert_eq!(reader.exec(pid), None);
+        let mut state = RankRead::default();
+        assert_eq!(reader.on_record(pid, &mut state), None);
+        assert_eq!(reader.exec(pid, &mut state), None);
         // Its further records do not each try /proc again.
-        assert_eq!(reader.on_record(pid), None);
+        assert_eq!(reader.on_record(pid, &mut state), None);
         assert_eq!(reader.stats(), RankStats { unreadable: 2, ..Default::default() });
     }
 
@@ -198,12 +211,13 @@ mod tests {
         let mut child = sleeper(&[("RANK", "2")]);
         let pid = child.id();
         let mut reader = RankReader::new(RankLabels::default());
-        assert_eq!(reader.exec(pid), Some(labels(&[("rank", "2")])));
+        let mut state = RankRead::default();
+        assert_eq!(reader.exec(pid, &mut state), Some(labels(&[("rank", "2")])));
         let _ = child.kill();
         let _ = child.wait();
-        reader.forget(pid);
-        assert_eq!(reader.on_record(pid), None);
-        assert_eq!(reader.on_record(pid), None);
+        state.forget();
+        assert_eq!(reader.on_record(pid, &mut state), None);
+        assert_eq!(reader.on_record(pid, &mut state), None);
         assert_eq!(reader.stats().unreadable, 1);
     }
 }

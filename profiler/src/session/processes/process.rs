@@ -1,0 +1,81 @@
+//! One process, as the registry holds it: who it is (its rank's labels, read once per program),
+//! the program it runs (its main thread's name), whether its records were seen, and where it
+//! stands: `Live → Exited { at } → Forgotten`, by the one rule for exited processes
+//! ([`EXITED_GRACE`](crate::process::EXITED_GRACE)). Its mappings, tables and Python are the tracker's record of it
+//! (`process/tracker/tracked.rs`), under the same rule; the registry owns both.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use super::programs::MainThreadName;
+use crate::workload::rank::{LabelsByPid, ProcessLabels, RankRead};
+
+/// One process, as the registry knows it besides its mappings.
+#[derive(Debug, Default)]
+pub struct Process {
+    /// Its rank's labels; empty when it has none. Kept past its exit, for its last records.
+    labels: Vec<(String, String)>,
+    /// Where reading them stands since its last exec.
+    pub(super) rank: RankRead,
+    /// The program it runs, as its records show it: for execs whose event came late.
+    pub(super) main_thread: MainThreadName,
+    /// Records of it were seen since it was last found live: a process whose exit was lost is
+    /// looked for among these.
+    pub(super) seen: bool,
+    /// When its exit was heard or found; None while it lives.
+    exited_at: Option<Instant>,
+}
+
+impl Process {
+    pub fn labels(&self) -> &[(String, String)] {
+        &self.labels
+    }
+
+    /// Labels read now; none read leaves the last ones (a failed read is no news of who the
+    /// process is), and an empty read takes them away (a program exec'd one without labels).
+    pub(super) fn set_labels(&mut self, labels: Option<Vec<(String, String)>>) {
+        if let Some(l) = labels {
+            self.labels = l;
+        }
+    }
+
+    /// An event of the process: it lives, whoever had the pid before.
+    pub(super) fn live(&mut self) {
+        self.exited_at = None;
+    }
+
+    /// Its exit, heard or found: what is read of a program goes, its labels stay for its last
+    /// records until it is forgotten.
+    pub(super) fn exited(&mut self, at: Instant) {
+        self.rank.forget();
+        self.main_thread.forget();
+        self.seen = false;
+        self.exited_at = Some(at);
+    }
+
+    /// Whether, `EXITED_GRACE` after an exit, nothing can name it any more: no record of it
+    /// came since (a pid taken by another process since, and not seen yet, is read anew).
+    pub(super) fn forgettable(&self) -> bool {
+        !self.seen
+    }
+
+    /// Whether it lives, as far as the registry heard.
+    pub(super) fn is_live(&self) -> bool {
+        self.exited_at.is_none()
+    }
+}
+
+/// The registry's records, by pid: the labels of every process, the exited not yet forgotten
+/// included.
+pub(super) type Records = HashMap<u32, Process>;
+
+impl LabelsByPid for Records {
+    fn labels_of(&self, pid: u32) -> Option<&[(String, String)]> {
+        self.get(&pid).map(Process::labels).filter(|l| !l.is_empty())
+    }
+}
+
+/// Every process's labels now, as a value of their own (a snapshot handed out with its stacks).
+pub(super) fn labels_now(records: &Records) -> ProcessLabels {
+    records.iter().filter(|(_, p)| !p.labels.is_empty()).map(|(&pid, p)| (pid, p.labels.clone())).collect()
+}
