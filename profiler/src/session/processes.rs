@@ -214,8 +214,8 @@ impl Processes {
     fn exited(&mut self, sampler: &mut BpfPrograms, pid: u32) {
         let now = Instant::now();
         self.tracker.exited(sampler, pid);
-        if let Some(p) = self.records.get_mut(&pid) {
-            p.exited(now);
+        if self.records.get_mut(&pid).is_some_and(|p| !p.exited(now)) {
+            self.records.remove(&pid);
         }
         self.exits.push_back((now, pid));
         if let Some(c) = self.cuda.as_mut() {

@@ -45,12 +45,15 @@ impl Process {
     }
 
     /// Its exit, heard or found: what is read of a program goes, its labels stay for its last
-    /// records until it is forgotten.
-    pub(super) fn exited(&mut self, at: Instant) {
+    /// records until it is forgotten. Whether anything of it is kept: a record without labels
+    /// goes at once (a long `record -a` on a machine that runs hundreds of processes a second
+    /// has one window, closed at its end).
+    pub(super) fn exited(&mut self, at: Instant) -> bool {
         self.rank.forget();
         self.main_thread.forget();
         self.seen = false;
         self.exited_at = Some(at);
+        !self.labels.is_empty()
     }
 
     /// Whether, `EXITED_GRACE` after an exit, nothing can name it any more: no record of it
