@@ -22,14 +22,8 @@ pub struct ProcessUnwindView<'a> {
     rules: HashMap<u16, Option<UnwindRule>>,
 }
 
-/// The evaluation loop of a Python process, as the walker knows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PythonEval {
-    /// The eval loop's code (3.11 and before: its frames are found by address).
-    pub ranges: Vec<(u64, u64)>,
-    /// 3.12+: an eval-loop frame is known by the shim frame in it.
-    pub by_shim: bool,
-}
+/// The evaluation loop of a Python process, as the walker knows it (pyframes' splicing rule).
+pub use gpuflame_pyframes::PythonEval;
 
 impl BpfPrograms {
     /// The unwind state BPF has for `pid`, or None when it has none.

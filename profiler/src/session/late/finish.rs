@@ -5,7 +5,8 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
-use gpuflame_bpf::{ProcessUnwindView, PythonEval, Sample, StackCopy, UnwindStatus, UserFrame};
+use gpuflame_bpf::{ProcessUnwindView, Sample, StackCopy, UnwindStatus, UserFrame};
+use gpuflame_pyframes::PythonEval;
 use gpuflame_unwind::{walk_copied, CodeAt, ProcessCode, Walk, WalkEnd, WalkedFrame};
 
 /// Native frames a finished stack holds at most, as many as a BPF walk's sample.
@@ -98,18 +99,11 @@ fn merged(user: &[UserFrame], walk: &Walk, python: Option<&PythonEval>) -> Vec<U
     let gap = user.iter().position(|f| *f == UserFrame::Gap).unwrap_or(user.len());
     let mut out: Vec<UserFrame> = user[..gap].to_vec();
     let mut calls = calls_after_gap(user.get(gap + 1..).unwrap_or(&[])).into_iter().peekable();
-    let holds_call = |f: &WalkedFrame, call: Option<&Call>| -> bool {
-        let (Some(py), Some(call)) = (python, call) else { return false };
-        if py.by_shim {
-            call.shim != 0 && f.cfa != 0 && f.sp <= call.shim && call.shim < f.cfa
-        } else {
-            py.ranges.iter().any(|&(lo, hi)| lo <= f.ip && f.ip < hi)
-        }
-    };
-    // By address (before 3.12), the frame BPF stopped at had its Python frames put in already.
-    let by_shim = python.is_some_and(|p| p.by_shim);
+    // Which frame runs a call is pyframes' rule (the walker's, in BPF).
+    let holds_call = |f: &WalkedFrame, call: Option<&Call>| python.zip(call).is_some_and(|(py, call)| py.runs_call(f.ip, f.sp, f.cfa, call.shim));
+    let stopped_may_hold = python.is_some_and(PythonEval::stopped_frame_may_hold_a_call);
     for (i, f) in walk.frames.iter().enumerate() {
-        if (i > 0 || by_shim) && holds_call(f, calls.peek()) {
+        if (i > 0 || stopped_may_hold) && holds_call(f, calls.peek()) {
             if i == 0 && out.last() == Some(&UserFrame::Native(f.ip)) {
                 out.pop();
             }
