@@ -238,16 +238,16 @@ fn profile_loop(cfg: &AgentConfig, stop: &AtomicBool, sinks: &mut [&mut dyn Sink
         total_samples += window.stats.samples;
         let id = format!("{run_id}-{windows}");
         windows += 1;
-        let namer = session.service_names().context("the agent's session names services")?;
+        let mut services = session.service_names().context("the agent's session names services")?;
         // What was in use when memory ran out, by stack, with the failing call: a profile type
         // of its own, found in Grafana beside the process's other series.
         for oom in ooms.drain(..) {
-            for s in series::split(&oom.snapshot, namer, &options, &mut stats) {
+            for s in series::split(&oom.snapshot, &mut services, &options, &mut stats) {
                 sinks.iter_mut().for_each(|sink| sink.series(&s, MEMORY_AT_OOM, &id));
             }
         }
         for (kind, profile) in &window.profiles {
-            for s in series::split(profile, namer, &options, &mut stats) {
+            for s in series::split(profile, &mut services, &options, &mut stats) {
                 sinks.iter_mut().for_each(|sink| sink.series(&s, kind.descriptor().pyroscope, &id));
             }
         }

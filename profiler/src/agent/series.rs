@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 
-use crate::workload::service::{Hint, Owner, ServiceNamer, KERNEL_SERVICE};
+use crate::workload::service::{Hint, Owner, Services, KERNEL_SERVICE};
 use crate::output::pprof::{self, LabelStyle};
 use crate::output::pprof_proto as pb;
 use crate::frame::FrameKind;
@@ -81,7 +81,7 @@ pub struct Series {
 pub const STYLE: LabelStyle = LabelStyle { comm_key: "thread_name", device_as_string: true, process_labels: false };
 
 /// Cuts `profile` into series; none when nothing was sampled.
-pub fn split(profile: &Profile, namer: &mut ServiceNamer, opts: &Options, stats: &mut Stats) -> Vec<Series> {
+pub fn split(profile: &Profile, services: &mut Services<'_>, opts: &Options, stats: &mut Stats) -> Vec<Series> {
     let mut hints: HashMap<u32, (Option<&str>, &str)> = HashMap::new();
     for s in &profile.samples {
         let pid = s.labels.pid.unwrap_or(0);
@@ -96,8 +96,7 @@ pub fn split(profile: &Profile, namer: &mut ServiceNamer, opts: &Options, stats:
         .into_iter()
         .map(|(pid, (leader_comm, thread_comm))| {
             // Named first: that reads the process, whose workload labels follow.
-            let owner = namer.owner(pid, Hint { leader_comm, thread_comm });
-            let mut labels = namer.labels(pid);
+            let (owner, mut labels) = services.of(pid, Hint { leader_comm, thread_comm });
             labels.extend(profile.process_labels.get(&pid).into_iter().flatten().cloned());
             (pid, (owner, labels))
         })
@@ -256,8 +255,9 @@ mod tests {
             max_samples: MAX_SAMPLES,
             max_bytes: MAX_PROFILE_BYTES,
         };
-        let mut namer = ServiceNamer::new(crate::workload::service::NameFrom::Comm, vec![]);
-        let series = split(&p, &mut namer, &opts, &mut Stats::default());
+        let namer = crate::workload::service::ServiceNamer::new(crate::workload::service::NameFrom::Comm, vec![]);
+        let mut store: std::collections::HashMap<u32, Option<crate::workload::service::ProcessService>> = std::collections::HashMap::new();
+        let series = split(&p, &mut Services { namer: &namer, store: &mut store }, &opts, &mut Stats::default());
         let got: Vec<_> = series.iter().map(|s| (s.service.as_str(), s.labels.clone(), s.profile.sample.len())).collect();
         let l = |r: &str| vec![("rank".to_string(), r.to_string()), ("world_size".to_string(), "2".to_string())];
         assert_eq!(got, [("train", vec![], 1), ("train", l("0"), 1), ("train", l("1"), 1)]);

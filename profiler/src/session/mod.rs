@@ -35,7 +35,7 @@ use crate::process::ProcessTracker;
 use crate::profile_kind::{needs_of, CudaHooks, ProfileKind};
 use crate::sources::{Input, SourceStats};
 use crate::workload::rank::{RankLabels, RankReader, RankStats};
-use crate::workload::service::ServiceNamer;
+use crate::workload::service::{ServiceNamer, Services};
 use crate::UserError;
 
 /// How long a session waits for the tables of small files before sampling starts.
@@ -407,7 +407,7 @@ impl Session {
     }
 
     /// Service names, when the session was started with them (the agent's series).
-    pub fn service_names(&mut self) -> Option<&mut ServiceNamer> {
+    pub fn service_names(&mut self) -> Option<Services<'_>> {
         self.processes.service_names()
     }
 

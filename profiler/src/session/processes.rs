@@ -26,7 +26,7 @@ use process::{labels_now, Process, Records};
 use programs::identify;
 use crate::process::{ProcessTracker, TrackerStats, EXITED_GRACE};
 use crate::workload::rank::{LabelsByPid, ProcessLabels, RankReader, RankStats};
-use crate::workload::service::ServiceNamer;
+use crate::workload::service::{ServiceNamer, Services};
 
 mod process;
 mod programs;
@@ -98,9 +98,9 @@ impl Processes {
         Processes { tracker, ranks, records: HashMap::new(), exits: VecDeque::new(), names, cuda }
     }
 
-    /// Service names, when the session was started with them.
-    pub fn service_names(&mut self) -> Option<&mut ServiceNamer> {
-        self.names.as_mut()
+    /// Service names, when the session was started with them, each process's kept in its record.
+    pub fn service_names(&mut self) -> Option<Services<'_>> {
+        Some(Services { namer: self.names.as_ref()?, store: &mut self.records })
     }
 
     /// Processes followed now.
@@ -232,8 +232,8 @@ impl Processes {
             // Named at its first record while it lives: a short one is gone by the window's end.
             if !p.seen {
                 p.seen = true;
-                if let Some(n) = self.names.as_mut() {
-                    n.observe(sample.pid);
+                if let Some(n) = &self.names {
+                    n.observe(sample.pid, &mut p.service);
                 }
             }
             let labels;
@@ -320,9 +320,6 @@ impl Processes {
             // Unless the same process's late records came, or another's with its pid.
             if self.records.get(&pid).is_none_or(Process::forgettable) {
                 self.records.remove(&pid);
-                if let Some(n) = self.names.as_mut() {
-                    n.forget(pid);
-                }
                 forgotten.push(pid);
             }
         }

@@ -73,8 +73,10 @@ fn read_stat(pid: u32) -> Option<Stat> {
     Some(Stat { comm, kernel: flags & PF_KTHREAD != 0, start_time })
 }
 
-/// What is known of a live process: read once, and again after an exec or a reuse of its pid.
-struct Known {
+/// What is known of a live process's service: read once, and again after an exec or a reuse of
+/// its pid. Kept where the process is ([`ServiceStore`]: the registry's record of it).
+#[derive(Debug)]
+pub struct ProcessService {
     stat: Stat,
     /// From its environment or a rule: wins over everything else.
     explicit: Option<String>,
@@ -83,17 +85,46 @@ struct Known {
     workload: CgroupWorkload,
 }
 
+/// Where each process's [`ProcessService`] is kept while the process is known: the registry's
+/// records of processes, or a map of its own.
+pub trait ServiceStore {
+    /// The place of `pid`'s, when a place is kept for it (none for a process the registry
+    /// forgot: it is read for the moment, and not kept).
+    fn place(&mut self, pid: u32) -> Option<&mut Option<ProcessService>>;
+}
+
+impl ServiceStore for HashMap<u32, Option<ProcessService>> {
+    fn place(&mut self, pid: u32) -> Option<&mut Option<ProcessService>> {
+        Some(self.entry(pid).or_default())
+    }
+}
+
+/// The agent's naming of services, with where each process's is kept.
+pub struct Services<'a> {
+    pub namer: &'a ServiceNamer,
+    pub store: &'a mut dyn ServiceStore,
+}
+
+impl Services<'_> {
+    /// The owner of `pid`'s samples and its workload labels ([`ServiceNamer::owner`],
+    /// [`ServiceNamer::labels`]).
+    pub fn of(&mut self, pid: u32, hint: Hint<'_>) -> (Owner, Vec<(String, String)>) {
+        let mut none = None;
+        let place = self.store.place(pid).unwrap_or(&mut none);
+        (self.namer.owner(pid, hint, place), self.namer.labels(place.as_ref()))
+    }
+}
+
 pub struct ServiceNamer {
     from: NameFrom,
     rules: Vec<NameRule>,
-    cache: HashMap<u32, Known>,
     /// This node's pods, when the agent runs in Kubernetes.
     pods: Option<(Pods, String)>,
 }
 
 impl ServiceNamer {
     pub fn new(from: NameFrom, rules: Vec<NameRule>) -> Self {
-        ServiceNamer { from, rules, cache: HashMap::new(), pods: None }
+        ServiceNamer { from, rules, pods: None }
     }
 
     /// Names and labels the processes of this node's pods after them (`NAMESPACE/CONTAINER`).
@@ -102,41 +133,34 @@ impl ServiceNamer {
         self
     }
 
-    /// Whether `pid` was named already (it may have exec'd since: [`ServiceNamer::observe`]
-    /// tells).
-    pub fn knows(&self, pid: u32) -> bool {
-        self.cache.contains_key(&pid)
-    }
-
-    /// Names `pid` from /proc while it lives: once, and again after an exec or a reuse of the
-    /// pid. Called as soon as a process shows in the samples, since short-lived ones are gone by
-    /// the end of the window.
-    pub fn observe(&mut self, pid: u32) {
+    /// Names `pid` from /proc while it lives, into `known`: once, and again after an exec or a
+    /// reuse of the pid. Called as soon as a process shows in the samples, since short-lived ones
+    /// are gone by the end of the window.
+    pub fn observe(&self, pid: u32, known: &mut Option<ProcessService>) {
         if pid == 0 {
             return;
         }
         let Some(stat) = read_stat(pid) else { return };
-        if self.cache.get(&pid).is_some_and(|k| k.stat == stat) {
+        if known.as_ref().is_some_and(|k| k.stat == stat) {
             return;
         }
-        let known = if stat.kernel {
-            Known { stat, explicit: None, default: String::new(), workload: CgroupWorkload::default() }
+        *known = Some(if stat.kernel {
+            ProcessService { stat, explicit: None, default: String::new(), workload: CgroupWorkload::default() }
         } else {
             let (explicit, default) = self.resolve(pid, &stat.comm);
-            Known { stat, explicit, default, workload: CgroupWorkload::of_pid(pid) }
-        };
-        self.cache.insert(pid, known);
+            ProcessService { stat, explicit, default, workload: CgroupWorkload::of_pid(pid) }
+        });
     }
 
     /// The owner of `pid`'s samples: its service (the process's own name, never a thread's,
     /// unless a rule or its environment says otherwise), or the kernel. A process that exited
     /// before it could be read is named from its main thread's samples, else from a thread's.
-    pub fn owner(&mut self, pid: u32, hint: Hint<'_>) -> Owner {
+    pub fn owner(&self, pid: u32, hint: Hint<'_>, known: &mut Option<ProcessService>) -> Owner {
         if pid == 0 {
             return Owner::Kernel;
         }
-        self.observe(pid);
-        let Some(k) = self.cache.get(&pid) else { return Owner::Process(finish(hint.leader_comm.unwrap_or(hint.thread_comm))) };
+        self.observe(pid, known);
+        let Some(k) = known.as_ref() else { return Owner::Process(finish(hint.leader_comm.unwrap_or(hint.thread_comm))) };
         if k.stat.kernel {
             return Owner::Kernel;
         }
@@ -150,17 +174,17 @@ impl ServiceNamer {
         }
     }
 
-    fn pod_of(&self, k: &Known) -> Option<(PodInfo, Option<String>)> {
+    fn pod_of(&self, k: &ProcessService) -> Option<(PodInfo, Option<String>)> {
         let (pods, _) = self.pods.as_ref()?;
         let pod = pods.get(k.workload.pod_uid.as_deref()?)?;
         let container = k.workload.container_id.as_ref().and_then(|id| pod.containers.get(id).cloned());
         Some((pod, container))
     }
 
-    /// The workload labels of `pid`'s series: namespace, pod, container, node and app for a
+    /// The workload labels of a process's series: namespace, pod, container, node and app for a
     /// pod's process the API knows; else what its cgroup says (pod_uid, container_id).
-    pub fn labels(&self, pid: u32) -> Vec<(String, String)> {
-        let Some(k) = self.cache.get(&pid).filter(|k| !k.stat.kernel) else { return Vec::new() };
+    pub fn labels(&self, known: Option<&ProcessService>) -> Vec<(String, String)> {
+        let Some(k) = known.filter(|k| !k.stat.kernel) else { return Vec::new() };
         let mut out = Vec::new();
         let mut put = |name: &str, value: &str| out.push((name.to_string(), finish(value)));
         match self.pod_of(k) {
@@ -221,11 +245,6 @@ impl ServiceNamer {
         };
         (None, finish(&default))
     }
-
-    /// Forgets a process that exited.
-    pub fn forget(&mut self, pid: u32) {
-        self.cache.remove(&pid);
-    }
 }
 
 /// A service name Pyroscope takes: sanitized like every name, within the label value limit, and
@@ -272,7 +291,7 @@ mod tests {
     }
 
     fn service(n: &mut ServiceNamer, pid: u32) -> String {
-        match n.owner(pid, Hint { leader_comm: None, thread_comm: "thread" }) {
+        match n.owner(pid, Hint { leader_comm: None, thread_comm: "thread" }, &mut None) {
             Owner::Process(s) => s,
             Owner::Kernel => KERNEL_SERVICE.into(),
         }
@@ -297,14 +316,14 @@ mod tests {
 
     #[test]
     fn kernel_threads_and_gone_processes() {
-        let mut n = ServiceNamer::new(NameFrom::Comm, vec![]);
+        let n = ServiceNamer::new(NameFrom::Comm, vec![]);
         // kthreadd is pid 2 on every Linux, unless the test runs in a pid namespace.
         if fs::read_to_string("/proc/2/comm").is_ok_and(|c| c.trim() == "kthreadd") {
-            assert_eq!(n.owner(2, Hint { leader_comm: None, thread_comm: "kthreadd" }), Owner::Kernel);
+            assert_eq!(n.owner(2, Hint { leader_comm: None, thread_comm: "kthreadd" }, &mut None), Owner::Kernel);
         }
-        assert_eq!(n.owner(0, Hint { leader_comm: None, thread_comm: "swapper/0" }), Owner::Kernel);
+        assert_eq!(n.owner(0, Hint { leader_comm: None, thread_comm: "swapper/0" }, &mut None), Owner::Kernel);
         let gone = Hint { leader_comm: Some("main"), thread_comm: "worker" };
-        assert_eq!(n.owner(u32::MAX - 1, gone), Owner::Process("main".into()));
+        assert_eq!(n.owner(u32::MAX - 1, gone, &mut None), Owner::Process("main".into()));
     }
 
     #[test]

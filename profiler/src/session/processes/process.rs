@@ -1,5 +1,5 @@
-//! One process, as the registry holds it: who it is (its rank's labels, read once per program),
-//! the program it runs (its main thread's name), whether its records were seen, and where it
+//! One process, as the registry holds it: who it is (its rank's labels, read once per program;
+//! for the agent its service, pod and container, read at its first record), the program it runs (its main thread's name), whether its records were seen, and where it
 //! stands: `Live → Exited { at } → Forgotten`, by the one rule for exited processes
 //! ([`EXITED_GRACE`](crate::process::EXITED_GRACE)). Its mappings, tables and Python are the tracker's record of it
 //! (`process/tracker/tracked.rs`), under the same rule; the registry owns both.
@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use super::programs::MainThreadName;
 use crate::workload::rank::{LabelsByPid, ProcessLabels, RankRead};
+use crate::workload::service::{ProcessService, ServiceStore};
 
 /// One process, as the registry knows it besides its mappings.
 #[derive(Debug, Default)]
@@ -17,6 +18,9 @@ pub struct Process {
     labels: Vec<(String, String)>,
     /// Where reading them stands since its last exec.
     pub(super) rank: RankRead,
+    /// Its service, pod and container (the agent's series), read at its first record while it
+    /// lives; kept past its exit, like its labels.
+    pub(super) service: Option<ProcessService>,
     /// The program it runs, as its records show it: for execs whose event came late.
     pub(super) main_thread: MainThreadName,
     /// Records of it were seen since it was last found live: a process whose exit was lost is
@@ -46,14 +50,14 @@ impl Process {
 
     /// Its exit, heard or found: what is read of a program goes, its labels stay for its last
     /// records until it is forgotten. Whether anything of it is kept: a record without labels
-    /// goes at once (a long `record -a` on a machine that runs hundreds of processes a second
-    /// has one window, closed at its end).
+    /// or a service goes at once (a long `record -a` on a machine that runs hundreds of
+    /// processes a second has one window, closed at its end).
     pub(super) fn exited(&mut self, at: Instant) -> bool {
         self.rank.forget();
         self.main_thread.forget();
         self.seen = false;
         self.exited_at = Some(at);
-        !self.labels.is_empty()
+        !self.labels.is_empty() || self.service.is_some()
     }
 
     /// Whether, `EXITED_GRACE` after an exit, nothing can name it any more: no record of it
@@ -75,6 +79,12 @@ pub(super) type Records = HashMap<u32, Process>;
 impl LabelsByPid for Records {
     fn labels_of(&self, pid: u32) -> Option<&[(String, String)]> {
         self.get(&pid).map(Process::labels).filter(|l| !l.is_empty())
+    }
+}
+
+impl ServiceStore for Records {
+    fn place(&mut self, pid: u32) -> Option<&mut Option<ProcessService>> {
+        self.get_mut(&pid).map(|p| &mut p.service)
     }
 }
 
