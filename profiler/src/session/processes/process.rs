@@ -92,3 +92,46 @@ impl ServiceStore for Records {
 pub(super) fn labels_now(records: &Records) -> ProcessLabels {
     records.iter().filter(|(_, p)| !p.labels.is_empty()).map(|(&pid, p)| (pid, p.labels.clone())).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rank(n: &str) -> Vec<(String, String)> {
+        vec![("rank".to_string(), n.to_string())]
+    }
+
+    #[test]
+    fn an_exited_process_is_kept_only_for_what_its_last_records_need() {
+        // Nothing of it is needed: it goes at its exit.
+        assert!(!Process::default().exited(Instant::now()));
+        let mut p = Process { rank: RankRead::Read, seen: true, ..Default::default() };
+        p.set_labels(Some(rank("1")));
+        assert!(!p.main_thread.record(7, 7, "python3"));
+        assert!(p.exited(Instant::now()));
+        // Read anew if its pid lives again; its labels stay for its last records.
+        assert_eq!(p.rank, RankRead::Unread);
+        assert!(!p.is_live() && p.forgettable());
+        assert!(!p.main_thread.record(7, 7, "other"), "a first name after the exit is no news");
+        assert_eq!(p.labels(), rank("1"));
+        // A late record: not forgotten at the next window close.
+        p.seen = true;
+        assert!(!p.forgettable());
+        // An event of the process: it lives (a new process with its pid).
+        p.live();
+        assert!(p.is_live());
+    }
+
+    #[test]
+    fn a_failed_read_keeps_the_labels_and_an_empty_one_takes_them_away() {
+        let mut records = Records::new();
+        records.entry(3).or_default().set_labels(Some(rank("0")));
+        records.entry(3).or_default().set_labels(None);
+        assert_eq!(records.labels_of(3), Some(rank("0").as_slice()));
+        records.entry(3).or_default().set_labels(Some(Vec::new()));
+        assert_eq!(records.labels_of(3), None);
+        assert_eq!(records.labels_of(4), None);
+        records.entry(4).or_default().set_labels(Some(rank("1")));
+        assert_eq!(labels_now(&records), ProcessLabels::from([(4, rank("1"))]));
+    }
+}
