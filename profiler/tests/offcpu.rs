@@ -207,6 +207,9 @@ fn a_process_exiting_while_a_thread_sleeps_has_its_time_counted_and_leaves_no_en
     let parked = under(&off, &["park_forever", "park_inner", "do_nanosleep_[k]", "[off-cpu: sleeping]"]);
     assert!((0.45e9..1.0e9).contains(&(parked as f64)), "the parked thread has {parked} ns\n{ctx}");
     assert_eq!(threads_left(&stderr), 0, "per-thread entries outlived their threads\n{ctx}");
+    // No CPU sample was asked for: the summary counts the profile's stacks, not "0 samples".
+    let summary = stderr.lines().find(|l| l.starts_with("gpuflame: ") && l.contains(" incomplete stacks")).unwrap_or_else(|| panic!("no summary line\n{ctx}"));
+    assert!(summary.starts_with("gpuflame: off-cpu ") && summary.contains(" stacks from ") && !summary.contains(" 0 stacks"), "{summary}");
 }
 
 #[test]

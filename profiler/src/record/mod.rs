@@ -223,6 +223,7 @@ fn record(opts: &RecordOptions, format: Format, outputs: &[(ProfileKind, Output)
     let timeline = opts.memory_timeline_path().map(|path| (path, session.memory_timeline()));
     drop(session);
 
+    let head = report::recorded(&window.stats, &window.profiles);
     let mut profiles = window.profiles;
     if !opts.command.is_empty() {
         for (_, profile) in profiles.iter_mut() {
@@ -254,7 +255,7 @@ fn record(opts: &RecordOptions, format: Format, outputs: &[(ProfileKind, Output)
             }
         }
     }
-    end.report(&window.stats, window.duration, format, &written);
+    end.report(&head, &window.stats, window.duration, format, &written);
     let recorded = match (opts.command.is_empty(), opts.pids.is_empty()) {
         (false, _) => hint::Recorded::Command,
         (true, false) => hint::Recorded::Pids,

@@ -1,6 +1,7 @@
 //! What a recording says when it ends: the summary line, and with `-v` what the unwinder, the
 //! off-CPU program and the CUDA hooks counted, with warnings where something was lost.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use gpuflame_bpf::{Counters, UnwindCapacity};
@@ -9,6 +10,8 @@ use crate::cuda::hooks::{AllocatorFollowed, HookStats};
 use crate::cuda::Coverage;
 use crate::output::Format;
 use crate::process::TrackerStats;
+use crate::profile::Profile;
+use crate::profile_kind::ProfileKind;
 use crate::session::{LateStats, Session, UnwinderCheck, Window, WindowStats, WaitingStats};
 use crate::sources::SourceStats;
 use crate::workload::rank::RankStats;
@@ -30,6 +33,19 @@ pub(super) struct End {
     ring_lag: Duration,
     /// `--check-unwinder`: the lines that say how the unwinders compared.
     check: Option<Vec<String>>,
+}
+
+/// The summary's head: the CPU samples, or where the CPU profile was not asked for, each
+/// profile's stacks (an off-CPU or a tensor recording takes no CPU sample: "0 samples from 0
+/// processes" read as if nothing was recorded).
+pub(super) fn recorded(stats: &WindowStats, profiles: &[(ProfileKind, Profile)]) -> String {
+    let cpu = format!("{} samples from {} processes", stats.samples, stats.processes());
+    if stats.samples > 0 || profiles.is_empty() || profiles.iter().any(|(k, _)| *k == ProfileKind::Cpu) {
+        return cpu;
+    }
+    let pids: HashSet<u32> = profiles.iter().flat_map(|(_, p)| p.samples.iter().filter_map(|s| s.labels.pid)).collect();
+    let each: Vec<String> = profiles.iter().map(|(kind, p)| format!("{kind} {} stacks", p.samples.len())).collect();
+    format!("{} from {} processes", each.join(", "), pids.len())
 }
 
 impl End {
@@ -66,16 +82,15 @@ impl End {
         })
     }
 
-    /// The summary line, then what went wrong or, with `-v`, what was counted.
-    pub(super) fn report(&self, stats: &WindowStats, duration: Duration, format: Format, written: &[String]) {
+    /// The summary line, then what went wrong or, with `-v`, what was counted. `head`: what was
+    /// recorded ([`recorded`]).
+    pub(super) fn report(&self, head: &str, stats: &WindowStats, duration: Duration, format: Format, written: &[String]) {
         let counters = &self.counters;
         // A stack BPF cut for want of a table and finished whole later is complete.
         let failed = (counters.kernel_stack_failed + counters.user_stack_failed).saturating_sub(self.late.finished_whole);
         let malformed = self.malformed;
         eprintln!(
-            "gpuflame: {} samples from {} processes in {:.1} s ({} lost, {failed} incomplete stacks{}{}{}) → {} ({format})",
-            stats.samples,
-            stats.processes(),
+            "gpuflame: {head} in {:.1} s ({} lost, {failed} incomplete stacks{}{}{}) → {} ({format})",
             duration.as_secs_f64(),
             counters.lost,
             stats.complete_fraction().map_or(String::new(), |c| format!(", {:.1}% of user stacks complete", c * 100.0)),
