@@ -214,7 +214,7 @@ impl Processes {
     fn exited(&mut self, sampler: &mut BpfPrograms, pid: u32) {
         let now = Instant::now();
         self.tracker.exited(sampler, pid);
-        if self.records.get_mut(&pid).is_some_and(|p| !p.exited(now)) {
+        if self.records.get_mut(&pid).is_some_and(|p| !p.exited()) {
             self.records.remove(&pid);
         }
         self.exits.push_back((now, pid));

@@ -91,8 +91,10 @@ impl RankReader {
     /// for the first time since its exec), else none. A failed read gives none: the labels read
     /// before stay (a record read after its process exited is no news of who the process was).
     pub fn on_record(&mut self, pid: u32, state: &mut RankRead) -> Option<Vec<(String, String)>> {
+        if self.labels.is_empty() || pid == 0 {
+            return None;
+        }
         match *state {
-            _ if self.labels.is_empty() || pid == 0 => None,
             RankRead::Read => None,
             RankRead::Unreadable { at } if at.elapsed() < RETRY_UNREADABLE => None,
             _ => self.read(pid, state),

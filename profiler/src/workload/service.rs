@@ -1,6 +1,5 @@
 //! Which service a process belongs to: the `service_name` label of its profiles.
 
-use std::collections::HashMap;
 use std::fs;
 
 use regex::Regex;
@@ -93,7 +92,9 @@ pub trait ServiceStore {
     fn place(&mut self, pid: u32) -> Option<&mut Option<ProcessService>>;
 }
 
-impl ServiceStore for HashMap<u32, Option<ProcessService>> {
+/// A store of its own, for the tests of what uses one.
+#[cfg(test)]
+impl ServiceStore for std::collections::HashMap<u32, Option<ProcessService>> {
     fn place(&mut self, pid: u32) -> Option<&mut Option<ProcessService>> {
         Some(self.entry(pid).or_default())
     }

@@ -1,11 +1,12 @@
 //! One process, as the registry holds it: who it is (its rank's labels, read once per program;
-//! for the agent its service, pod and container, read at its first record), the program it runs (its main thread's name), whether its records were seen, and where it
-//! stands: `Live → Exited { at } → Forgotten`, by the one rule for exited processes
-//! ([`EXITED_GRACE`](crate::process::EXITED_GRACE)). Its mappings, tables and Python are the tracker's record of it
+//! for the agent its service, pod and container, read at its first record), the program it runs
+//! (its main thread's name), whether its records were seen, and where it stands: `Live → Exited
+//! → Forgotten`, by the one rule for exited processes
+//! ([`EXITED_GRACE`](crate::process::EXITED_GRACE) after the exit, whose time the registry's
+//! queue of exits keeps). Its mappings, tables and Python are the tracker's record of it
 //! (`process/tracker/tracked.rs`), under the same rule; the registry owns both.
 
 use std::collections::HashMap;
-use std::time::Instant;
 
 use super::programs::MainThreadName;
 use crate::workload::rank::{LabelsByPid, ProcessLabels, RankRead};
@@ -26,8 +27,8 @@ pub struct Process {
     /// Records of it were seen since it was last found live: a process whose exit was lost is
     /// looked for among these.
     pub(super) seen: bool,
-    /// When its exit was heard or found; None while it lives.
-    exited_at: Option<Instant>,
+    /// Its exit was heard or found, and no event of it came since.
+    exited: bool,
 }
 
 impl Process {
@@ -45,18 +46,18 @@ impl Process {
 
     /// An event of the process: it lives, whoever had the pid before.
     pub(super) fn live(&mut self) {
-        self.exited_at = None;
+        self.exited = false;
     }
 
     /// Its exit, heard or found: what is read of a program goes, its labels stay for its last
     /// records until it is forgotten. Whether anything of it is kept: a record without labels
     /// or a service goes at once (a long `record -a` on a machine that runs hundreds of
     /// processes a second has one window, closed at its end).
-    pub(super) fn exited(&mut self, at: Instant) -> bool {
+    pub(super) fn exited(&mut self) -> bool {
         self.rank.forget();
         self.main_thread.forget();
         self.seen = false;
-        self.exited_at = Some(at);
+        self.exited = true;
         !self.labels.is_empty() || self.service.is_some()
     }
 
@@ -68,7 +69,7 @@ impl Process {
 
     /// Whether it lives, as far as the registry heard.
     pub(super) fn is_live(&self) -> bool {
-        self.exited_at.is_none()
+        !self.exited
     }
 }
 
@@ -104,11 +105,11 @@ mod tests {
     #[test]
     fn an_exited_process_is_kept_only_for_what_its_last_records_need() {
         // Nothing of it is needed: it goes at its exit.
-        assert!(!Process::default().exited(Instant::now()));
+        assert!(!Process::default().exited());
         let mut p = Process { rank: RankRead::Read, seen: true, ..Default::default() };
         p.set_labels(Some(rank("1")));
         assert!(!p.main_thread.record(7, 7, "python3"));
-        assert!(p.exited(Instant::now()));
+        assert!(p.exited());
         // Read anew if its pid lives again; its labels stay for its last records.
         assert_eq!(p.rank, RankRead::Unread);
         assert!(!p.is_live() && p.forgettable());
